@@ -1,0 +1,1 @@
+"""A tiny comma-separated list parser."""

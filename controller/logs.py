@@ -1,0 +1,76 @@
+"""structlog set-up (entry points only) and the redaction processor.
+
+Every log line passes :func:`redact`: values of secret-looking keys are dropped, and any
+string that contains an absolute host path under a known private root or the value of a
+secret-looking environment variable is masked.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+from collections.abc import MutableMapping
+from typing import Any
+
+import structlog
+
+_SECRET_KEY = re.compile(r"(?i)(key|token|secret|password|passwd|authorization|cookie|credential)")
+REDACTED = "[redacted]"
+
+
+def _secret_values() -> list[str]:
+    return [
+        v
+        for k, v in os.environ.items()
+        if _SECRET_KEY.search(k) and len(v) >= 6
+    ]
+
+
+def _private_roots() -> list[str]:
+    roots = [str(os.path.expanduser("~"))]
+    home = os.environ.get("PATCHBOX_HOME")
+    if home:
+        roots.append(home)
+    return sorted({r for r in roots if r not in ("", "/")}, key=len, reverse=True)
+
+
+def _scrub(text: str, secrets: list[str], roots: list[str]) -> str:
+    for value in secrets:
+        if value in text:
+            text = text.replace(value, REDACTED)
+    for root in roots:
+        if root in text:
+            text = text.replace(root, "<path>")
+    return text
+
+
+def redact(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    secrets = _secret_values()
+    roots = _private_roots()
+    for key in list(event):
+        value = event[key]
+        if _SECRET_KEY.search(key):
+            event[key] = REDACTED
+        elif isinstance(value, str):
+            event[key] = _scrub(value, secrets, roots)
+    return event
+
+
+def configure(*, json_output: bool = False, level: int = logging.INFO) -> None:
+    """Sends logs to stderr; called once by the CLI."""
+    renderer: Any = (
+        structlog.processors.JSONRenderer() if json_output else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso"),
+            redact,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )

@@ -1,0 +1,43 @@
+"""Where patchbox keeps its state, and where its sandbox image recipe lives."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def patchbox_home() -> Path:
+    """``$PATCHBOX_HOME``, else the user's data directory for patchbox (created 0700)."""
+    env = os.environ.get("PATCHBOX_HOME")
+    if env:
+        home = Path(env)
+    else:
+        data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+        home = Path(data) / "patchbox"
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return home
+
+
+def sandbox_image_dir() -> Path:
+    """The ``sandbox-image`` folder: inside the installed package, or beside it in a checkout."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "sandbox_image", here.parent / "sandbox-image"):
+        if (candidate / "Dockerfile").is_file():
+            return candidate
+    msg = "the sandbox-image folder is missing from this installation"
+    raise FileNotFoundError(msg)
+
+
+def owned_temp_dir(prefix: str) -> Path:
+    """A private temp folder under ``$PATCHBOX_HOME/tmp`` marked with this controller's
+    identity, so the reaper can remove it if this process dies before it does."""
+    import socket  # noqa: PLC0415 - only needed here
+    import tempfile  # noqa: PLC0415 - only needed here
+
+    from controller.labels import current_identity  # noqa: PLC0415 - avoids an import cycle
+
+    root = patchbox_home() / "tmp"
+    root.mkdir(mode=0o700, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+    (folder / ".owner").write_text(f"{current_identity().token}\n{socket.gethostname()}\n")
+    return folder

@@ -1,0 +1,71 @@
+"""Removes what a crashed controller left behind (SPEC 4.4), found by label."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import docker
+import docker.errors
+import structlog
+
+from controller.labels import CONTROLLER, HOST, OWNER_FILTER, controller_alive
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class ReapReport:
+    containers: list[str] = field(default_factory=list)
+    volumes: list[str] = field(default_factory=list)
+    folders: list[str] = field(default_factory=list)
+    failures: int = 0
+
+
+def reap(client: docker.DockerClient, tmp_root: Path | None = None, *, everything: bool = False) -> ReapReport:
+    """Removes labelled containers and volumes whose controller is gone.
+
+    ``everything`` removes them whatever their controller (``patchbox`` itself never does
+    that; tests use it to prove a clean slate). Temp folders under ``tmp_root`` carry the
+    controller token in a ``.owner`` file and are judged the same way.
+    """
+    report = ReapReport()
+    for container in client.containers.list(all=True, filters={"label": OWNER_FILTER}):
+        labels = container.labels
+        if everything or not controller_alive(labels.get(CONTROLLER, ""), labels.get(HOST, "")):
+            try:
+                container.remove(force=True, v=True)
+                report.containers.append(container.short_id)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as exc:
+                report.failures += 1
+                log.error("reap_container_failed", container=container.short_id, error=str(exc.explanation))
+    for volume in client.volumes.list(filters={"label": OWNER_FILTER}):
+        labels = volume.attrs.get("Labels") or {}
+        if everything or not controller_alive(labels.get(CONTROLLER, ""), labels.get(HOST, "")):
+            try:
+                volume.remove(force=True)
+                report.volumes.append(volume.name or "")
+            except docker.errors.APIError as exc:
+                report.failures += 1
+                log.error("reap_volume_failed", volume=volume.name, error=str(exc.explanation))
+    if tmp_root is not None and tmp_root.is_dir():
+        for folder in tmp_root.iterdir():
+            owner = folder / ".owner"
+            try:
+                token, host = owner.read_text().split("\n")[:2]
+            except (OSError, ValueError):
+                token, host = "", ""
+            if everything or not controller_alive(token, host):
+                shutil.rmtree(folder, ignore_errors=True)
+                report.folders.append(folder.name)
+    if report.containers or report.volumes or report.folders:
+        log.info(
+            "reaped",
+            containers=len(report.containers),
+            volumes=len(report.volumes),
+            folders=len(report.folders),
+        )
+    return report

@@ -1,0 +1,115 @@
+"""The sandbox edge: what the rest of the controller may rely on, whatever runs the agent."""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from controller.limits import Limits
+
+Runtime = Literal["runc", "runsc"]
+
+
+class SandboxSpec(BaseModel):
+    """What to start: trusted configuration only."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    image: str
+    """The sandbox image (built by ``patchbox image build``)."""
+    limits: Limits = Field(default_factory=Limits)
+    runtime: Runtime = "runc"
+    """``runsc`` runs the container under gVisor."""
+    job_id: str
+    ready_timeout: float = 60.0
+    """Seconds from create to a completed handshake."""
+
+
+class _Result(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class HelloResult(_Result):
+    protocol: int
+    agent: str = Field(max_length=64)
+    python: str = Field(max_length=32)
+    uid: int
+    gid: int
+
+
+class ListFilesResult(_Result):
+    files: list[str] = Field(max_length=10000)
+    truncated: bool
+
+
+class ReadFileResult(_Result):
+    path: str = Field(max_length=4096)
+    startLine: int = Field(ge=1)  # noqa: N815 - wire name
+    endLine: int = Field(ge=0)  # noqa: N815 - wire name
+    totalLines: int = Field(ge=0)  # noqa: N815 - wire name
+    content: str = Field(max_length=1024 * 1024)
+    truncated: bool
+
+
+class PutArchiveResult(_Result):
+    entries: int = Field(ge=0)
+    bytes: int = Field(ge=0)
+
+
+class RunResult(_Result):
+    """The outcome of one process in the sandbox, as the agent reports it.
+
+    ``oom_killed`` is not the agent's word: the controller sets it from the Docker API.
+    """
+
+    exitCode: int | None  # noqa: N815 - wire name
+    signal: int | None
+    timedOut: bool  # noqa: N815 - wire name
+    cancelled: bool
+    spawnError: str | None = Field(max_length=256)  # noqa: N815 - wire name
+    output: str = Field(max_length=4 * 1024 * 1024)
+    outputBytes: int = Field(ge=0)  # noqa: N815 - wire name
+    truncated: bool
+    durationMs: int = Field(ge=0)  # noqa: N815 - wire name
+
+
+class Channel(Protocol):
+    """A byte stream to and from the agent's stdin/stdout.
+
+    ``recv`` returns agent stdout bytes, ``b""`` at end of stream, and raises
+    ``TimeoutError`` when nothing arrived within ``timeout`` seconds.
+    """
+
+    def sendall(self, data: bytes) -> None: ...
+
+    def recv(self, timeout: float) -> bytes: ...
+
+    def stderr_tail(self) -> str: ...
+
+    def close(self) -> None: ...
+
+
+class Sandbox(Protocol):
+    """A started sandbox with a greeted agent. ``close`` removes everything it created and
+    never raises; errors of the job itself are raised by the calls."""
+
+    @property
+    def hello(self) -> HelloResult: ...
+
+    def list_files(self, glob: str | None = None, max_results: int | None = None) -> ListFilesResult: ...
+
+    def read_file(self, path: str, start: int | None = None, end: int | None = None) -> ReadFileResult: ...
+
+    def put_archive(self, data: bytes) -> PutArchiveResult: ...
+
+    def run(
+        self,
+        argv: list[str],
+        *,
+        timeout: float,
+        env: dict[str, str] | None = None,
+        output_limit: int = 65536,
+    ) -> RunResult: ...
+
+    def close(self) -> None: ...

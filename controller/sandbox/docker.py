@@ -1,0 +1,375 @@
+"""The hardened Docker sandbox: one container per sandbox, the agent on its attach stream.
+
+The attach stream (the container's stdin and multiplexed stdout/stderr over the Docker
+API) works the same with a local daemon, a remote one (``DOCKER_HOST``) and gVisor, and
+needs no port, socket file or ``docker exec``. Verdicts that matter (OOM kills, exits) come
+from the Docker API, never from what the agent says.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import docker
+import docker.errors
+import structlog
+from docker.types import LogConfig, Ulimit
+
+from controller.errors import LimitExceededError, ProtocolError, SandboxError
+from controller.labels import ControllerIdentity
+from controller.limits import SHM_MB
+from controller.protocol import MAX_RESPONSE_FRAME
+from controller.sandbox.base import (
+    HelloResult,
+    ListFilesResult,
+    PutArchiveResult,
+    ReadFileResult,
+    RunResult,
+    SandboxSpec,
+)
+from controller.sandbox.session import AgentSession
+
+if TYPE_CHECKING:
+    from docker.models.containers import Container
+
+log = structlog.get_logger(__name__)
+
+SANDBOX_UID = 10001
+AGENT_ARGV = ["python3", "-I", "-B", "/opt/patchbox/agent.py"]
+_MUX_HEADER = struct.Struct(">BxxxI")
+_MAX_MUX_PAYLOAD = 16 * 1024 * 1024
+_STDERR_TAIL = 8192
+_CALL_TIMEOUT = 60.0
+_OOM_GRACE = 1.0
+
+
+def container_config(spec: SandboxSpec, labels: dict[str, str]) -> dict[str, Any]:
+    """The keyword arguments of ``containers.create`` for a sandbox (pure; SPEC 4.1)."""
+    lim = spec.limits
+    tmpfs_opts = f"rw,nosuid,nodev,uid={SANDBOX_UID},gid={SANDBOX_UID}"
+    config: dict[str, Any] = {
+        "image": spec.image,
+        "entrypoint": AGENT_ARGV,
+        "command": [],
+        "user": f"{SANDBOX_UID}:{SANDBOX_UID}",
+        "working_dir": "/workspace",
+        "environment": {"HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"},
+        "labels": labels,
+        "stdin_open": True,
+        "tty": False,
+        "detach": True,
+        "network_mode": "none",
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges:true"],
+        "read_only": True,
+        "tmpfs": {
+            "/workspace": f"{tmpfs_opts},mode=0755,size={lim.workspace_mb}m",
+            "/tmp": f"{tmpfs_opts},mode=1777,size={lim.tmp_mb}m",
+        },
+        "ipc_mode": "private",
+        "shm_size": f"{SHM_MB}m",
+        "mem_limit": f"{lim.memory_mb}m",
+        "memswap_limit": f"{lim.memory_mb}m",
+        "nano_cpus": int(lim.cpus * 1e9),
+        "pids_limit": lim.pids,
+        "ulimits": [Ulimit(name="core", soft=0, hard=0), Ulimit(name="nofile", soft=4096, hard=4096)],
+        "oom_score_adj": 500,
+        "init": True,
+        "hostname": "sandbox",
+        "log_config": LogConfig(type=LogConfig.types.NONE),
+    }
+    if spec.runtime != "runc":
+        config["runtime"] = spec.runtime
+    return config
+
+
+class AttachChannel:
+    """The container's attach stream: raw stdin out, demultiplexed stdout in.
+
+    stderr is kept only as a bounded tail for diagnostics.
+    """
+
+    def __init__(self, sock: Any) -> None:
+        self._holder = sock
+        self._sock: socket.socket = getattr(sock, "_sock", sock)
+        self._raw = bytearray()
+        self._stderr: deque[bytes] = deque()
+        self._stderr_len = 0
+
+    def sendall(self, data: bytes) -> None:
+        self._sock.sendall(data)
+
+    def _pop_mux(self) -> tuple[int, bytes] | None:
+        if len(self._raw) < _MUX_HEADER.size:
+            return None
+        stream, size = _MUX_HEADER.unpack_from(self._raw)
+        if size > _MAX_MUX_PAYLOAD or stream not in (1, 2):
+            raise ProtocolError("malformed attach stream")
+        end = _MUX_HEADER.size + size
+        if len(self._raw) < end:
+            return None
+        payload = bytes(self._raw[_MUX_HEADER.size : end])
+        del self._raw[:end]
+        return stream, payload
+
+    def recv(self, timeout: float) -> bytes:
+        deadline = time.monotonic() + timeout
+        while True:
+            item = self._pop_mux()
+            if item is not None:
+                stream, payload = item
+                if stream == 1:
+                    if payload:
+                        return payload
+                    continue
+                self._keep_stderr(payload)
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            self._sock.settimeout(remaining)
+            chunk = self._sock.recv(1 << 18)
+            if not chunk:
+                return b""
+            self._raw += chunk
+
+    def _keep_stderr(self, data: bytes) -> None:
+        self._stderr.append(data)
+        self._stderr_len += len(data)
+        while self._stderr_len > _STDERR_TAIL and len(self._stderr) > 1:
+            self._stderr_len -= len(self._stderr.popleft())
+
+    def stderr_tail(self) -> str:
+        return b"".join(self._stderr)[-_STDERR_TAIL:].decode("utf-8", "replace")
+
+    def close(self) -> None:
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
+            self._sock.close()
+        finally:
+            close = getattr(self._holder, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except OSError:
+                    pass
+
+
+class _OomWatcher:
+    """Follows the container's Docker events and records an ``oom`` event."""
+
+    def __init__(self, client: docker.DockerClient, container_id: str) -> None:
+        self.oom = threading.Event()
+        self._stream = client.api.events(
+            decode=True,
+            since=int(time.time()) - 1,
+            filters={"container": container_id, "event": ["oom"]},
+        )
+        self._thread = threading.Thread(target=self._follow, daemon=True)
+        self._thread.start()
+
+    def _follow(self) -> None:
+        try:
+            for event in self._stream:
+                if isinstance(event, dict) and (event.get("Action") or event.get("status")) == "oom":
+                    self.oom.set()
+        except Exception:  # noqa: BLE001 - the stream ends when it is closed
+            return
+
+    def close(self) -> None:
+        try:
+            self._stream.close()
+        except Exception:  # noqa: BLE001 - best effort on teardown
+            log.debug("events_close_failed")
+
+
+class DockerSandbox:
+    """A running, greeted sandbox. Use :meth:`start`; always :meth:`close` (or ``with``)."""
+
+    def __init__(self, client: docker.DockerClient, spec: SandboxSpec, container: Container) -> None:
+        self._client = client
+        self.spec = spec
+        self.container = container
+        self._deadline = time.monotonic() + spec.limits.wall_seconds
+        self._channel: AttachChannel | None = None
+        self._session: AgentSession | None = None
+        self._watcher: _OomWatcher | None = None
+        self._hello: HelloResult | None = None
+        self._closed = False
+
+    @classmethod
+    def start(
+        cls,
+        client: docker.DockerClient,
+        spec: SandboxSpec,
+        identity: ControllerIdentity,
+    ) -> DockerSandbox:
+        """Creates, starts and greets a sandbox; on any failure nothing is left behind."""
+        labels = identity.labels(spec.job_id, "sandbox")
+        try:
+            container = client.containers.create(**container_config(spec, labels))
+        except docker.errors.ImageNotFound as exc:
+            raise SandboxError(f"sandbox image {spec.image!r} not found: run 'patchbox image build'") from exc
+        except docker.errors.APIError as exc:
+            raise SandboxError(f"cannot create the sandbox: {exc.explanation}") from exc
+        sandbox = cls(client, spec, container)
+        try:
+            sandbox._boot()
+        except BaseException:
+            sandbox.close()
+            raise
+        return sandbox
+
+    def _boot(self) -> None:
+        self._watcher = _OomWatcher(self._client, self.container.id or "")
+        try:
+            sock = self._client.api.attach_socket(
+                self.container.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+            )
+            self._channel = AttachChannel(sock)
+            self._session = AgentSession(self._channel, MAX_RESPONSE_FRAME)
+            self.container.start()
+        except docker.errors.APIError as exc:
+            raise SandboxError(f"cannot start the sandbox: {exc.explanation}") from exc
+        try:
+            self._hello = self._session.hello(self.spec.ready_timeout)
+        except SandboxError as exc:
+            raise self._diagnose(exc) from exc
+
+    def __enter__(self) -> DockerSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- calls ----------------------------------------------------------------------------
+
+    @property
+    def hello(self) -> HelloResult:
+        assert self._hello is not None  # noqa: S101 - set by start()
+        return self._hello
+
+    @property
+    def session(self) -> AgentSession:
+        if self._session is None or self._closed:
+            raise SandboxError("the sandbox is closed")
+        return self._session
+
+    def _budget(self, timeout: float) -> float:
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            self._kill()
+            raise LimitExceededError(f"wall-clock limit of {self.spec.limits.wall_seconds:g} s reached")
+        return min(timeout, remaining)
+
+    def _call(
+        self, op: str, args: dict[str, Any], timeout: float = _CALL_TIMEOUT, binary: bytes | None = None
+    ) -> dict[str, Any]:
+        budget = self._budget(timeout)
+        try:
+            return self.session.call(op, args, budget, binary)
+        except SandboxError as exc:
+            raise self._diagnose(exc) from exc
+
+    def _diagnose(self, exc: SandboxError) -> Exception:
+        """Turns a broken channel into the real reason, asked of Docker, and kills the rest."""
+        if time.monotonic() >= self._deadline:
+            self._kill()
+            return LimitExceededError(f"wall-clock limit of {self.spec.limits.wall_seconds:g} s reached")
+        if self._oom_killed(wait=isinstance(exc, ProtocolError) is False):
+            self._kill()
+            return LimitExceededError(f"memory limit of {self.spec.limits.memory_mb} MB exceeded (OOM kill)")
+        self._kill()
+        tail = self._channel.stderr_tail() if self._channel else ""
+        if tail:
+            log.warning("sandbox_stderr", tail=tail[-2000:])
+        return exc
+
+    def _oom_killed(self, *, wait: bool) -> bool:
+        if self._watcher is not None and self._watcher.oom.wait(_OOM_GRACE if wait else 0):
+            return True
+        try:
+            self.container.reload()
+        except docker.errors.APIError:
+            return False
+        state = self.container.attrs.get("State", {})
+        return bool(state.get("OOMKilled"))
+
+    def list_files(self, glob: str | None = None, max_results: int | None = None) -> ListFilesResult:
+        args: dict[str, Any] = {}
+        if glob is not None:
+            args["glob"] = glob
+        if max_results is not None:
+            args["maxResults"] = max_results
+        return ListFilesResult.model_validate(self._call("list_files", args))
+
+    def read_file(self, path: str, start: int | None = None, end: int | None = None) -> ReadFileResult:
+        args: dict[str, Any] = {"path": path}
+        if start is not None:
+            args["startLine"] = start
+        if end is not None:
+            args["endLine"] = end
+        return ReadFileResult.model_validate(self._call("read_file", args))
+
+    def put_archive(self, data: bytes) -> PutArchiveResult:
+        """Unpacks a tar archive (made by the controller) into /workspace."""
+        result = self._call("put_archive", {"size": len(data)}, timeout=600.0, binary=data)
+        return PutArchiveResult.model_validate(result)
+
+    def run(
+        self,
+        argv: list[str],
+        *,
+        timeout: float,
+        env: dict[str, str] | None = None,
+        output_limit: int = 65536,
+    ) -> RunResult:
+        """Runs one process in /workspace; its whole process group dies at ``timeout``.
+
+        Raises LimitExceededError when Docker reports that the container hit its memory
+        limit during the run, or when the job's wall clock runs out.
+        """
+        self._watcher_reset()
+        args = {"argv": argv, "env": env or {}, "timeoutSeconds": timeout, "outputLimit": output_limit}
+        result = RunResult.model_validate(self._call("run", args, timeout=timeout + 10.0))
+        if result.signal == 9 and not result.timedOut and not result.cancelled and self._oom_killed(wait=True):
+            raise LimitExceededError(
+                f"memory limit of {self.spec.limits.memory_mb} MB exceeded (OOM kill)"
+            )
+        return result
+
+    def _watcher_reset(self) -> None:
+        if self._watcher is not None and self._watcher.oom.is_set():
+            raise LimitExceededError(f"memory limit of {self.spec.limits.memory_mb} MB exceeded (OOM kill)")
+
+    # -- teardown -------------------------------------------------------------------------
+
+    def _kill(self) -> None:
+        try:
+            self.container.kill()
+        except docker.errors.APIError:
+            pass
+
+    def close(self) -> None:
+        """Removes the container and closes every stream; logs (never raises) a failure."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._channel is not None:
+            self._channel.close()
+        if self._watcher is not None:
+            self._watcher.close()
+        try:
+            self.container.remove(force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            log.error("sandbox_remove_failed", container=self.container.short_id, error=str(exc.explanation))

@@ -1,0 +1,72 @@
+"""Framing of the controller <-> agent channel (protocol version 1).
+
+A frame is a 7-byte header and a payload::
+
+    b"PB" | kind (1 byte: b"J" JSON object, b"B" binary chunk) | length (uint32, big endian)
+
+JSON payloads are UTF-8 objects. Binary frames only follow a request that announced
+them (``put_archive``). The header is checked before the payload is read, so an
+oversized frame is refused without buffering it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+PROTOCOL_VERSION = 1
+MAGIC = b"PB"
+KIND_JSON = b"J"
+KIND_BINARY = b"B"
+HEADER = struct.Struct(">2scI")
+HEADER_SIZE = HEADER.size
+
+MAX_REQUEST_FRAME = 8 * 1024 * 1024
+
+
+class FrameError(Exception):
+    """The peer sent something that is not a valid frame; the channel is dead."""
+
+
+def encode(kind: bytes, payload: bytes) -> bytes:
+    return HEADER.pack(MAGIC, kind, len(payload)) + payload
+
+
+def encode_json(obj: object) -> bytes:
+    data = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return encode(KIND_JSON, data.encode("utf-8"))
+
+
+class FdReader:
+    """Reads frames from a file descriptor with a bounded buffer."""
+
+    def __init__(self, fd: int, max_frame: int = MAX_REQUEST_FRAME) -> None:
+        self._fd = fd
+        self._buf = bytearray()
+        self._max = max_frame
+
+    def _fill(self, n: int) -> bool:
+        while len(self._buf) < n:
+            chunk = os.read(self._fd, max(65536, n - len(self._buf)))
+            if not chunk:
+                return False
+            self._buf += chunk
+        return True
+
+    def read(self) -> tuple[bytes, bytes] | None:
+        """Returns ``(kind, payload)``, or None on a clean end of stream."""
+        if not self._fill(HEADER_SIZE):
+            if self._buf:
+                raise FrameError("truncated frame header")
+            return None
+        magic, kind, length = HEADER.unpack_from(self._buf)
+        if magic != MAGIC or kind not in (KIND_JSON, KIND_BINARY):
+            raise FrameError("bad frame header")
+        if length > self._max:
+            raise FrameError("frame too large")
+        if not self._fill(HEADER_SIZE + length):
+            raise FrameError("truncated frame")
+        payload = bytes(self._buf[HEADER_SIZE : HEADER_SIZE + length])
+        del self._buf[: HEADER_SIZE + length]
+        return kind, payload

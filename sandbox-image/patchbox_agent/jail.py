@@ -1,0 +1,91 @@
+"""Path jail: every workspace path is opened component by component, never following a link.
+
+Paths are relative POSIX paths. Each directory component is opened with
+``O_DIRECTORY | O_NOFOLLOW`` relative to its parent's descriptor, so a symlink swapped in
+between a check and an open cannot lead outside the workspace. The final component is
+opened with ``O_NOFOLLOW | O_NONBLOCK`` and must be a regular file, so FIFOs and devices
+never block the agent.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import unicodedata
+
+MAX_PATH_BYTES = 4096
+MAX_COMPONENTS = 128
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+
+# Names the model never sees or touches (SPEC 5.7), compared after NFC and case folding.
+_PROTECTED_NAMES = frozenset({".git", ".npmrc", ".pypirc", ".netrc"})
+_PROTECTED_PREFIXES = (".env", "id_rsa", "id_dsa", "id_ecdsa", "id_ed25519")
+_PROTECTED_SUFFIXES = (".pem", ".key")
+
+
+class PathDenied(Exception):
+    """The path is not allowed or not a readable regular file; the reason is never shown."""
+
+
+def fold(name: str) -> str:
+    return unicodedata.normalize("NFC", name).casefold()
+
+
+def is_protected_component(name: str) -> bool:
+    f = fold(name)
+    return (
+        f in _PROTECTED_NAMES
+        or f.startswith(_PROTECTED_PREFIXES)
+        or f.endswith(_PROTECTED_SUFFIXES)
+    )
+
+
+def split(path: object) -> list[str]:
+    """Validates a workspace path and returns its components (raises PathDenied)."""
+    if not isinstance(path, str) or not path:
+        raise PathDenied
+    if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
+        raise PathDenied
+    if path.startswith("/") or "\\" in path or "\x00" in path:
+        raise PathDenied
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in path):
+        raise PathDenied
+    parts = path.split("/")
+    if len(parts) > MAX_COMPONENTS:
+        raise PathDenied
+    for part in parts:
+        if part in ("", ".", "..") or is_protected_component(part):
+            raise PathDenied
+    return parts
+
+
+def open_dir(root_fd: int, parts: list[str]) -> int:
+    """Opens the directory ``parts`` beneath ``root_fd`` without following links."""
+    fd = os.dup(root_fd)
+    try:
+        for part in parts:
+            nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+    except OSError as exc:
+        os.close(fd)
+        raise PathDenied from exc
+    return fd
+
+
+def open_file(root_fd: int, path: object) -> int:
+    """Opens a regular file for reading beneath ``root_fd``; raises PathDenied otherwise."""
+    parts = split(path)
+    dfd = open_dir(root_fd, parts[:-1])
+    try:
+        fd = os.open(parts[-1], _FILE_FLAGS, dir_fd=dfd)
+    except OSError as exc:
+        raise PathDenied from exc
+    finally:
+        os.close(dfd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise PathDenied
+    return fd

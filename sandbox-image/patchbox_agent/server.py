@@ -1,0 +1,464 @@
+"""The agent's request loop: one framed request in, one framed response out.
+
+Requests are ``{"id": int, "op": str, "args": object}``; responses are
+``{"id": int, "ok": true, "result": object}`` or
+``{"id": int, "ok": false, "error": {"code": str, "message": str}}``.
+The first request must be ``hello`` with the controller's protocol version.
+``run`` executes in a worker thread so that ``cancel`` can reach it; every other
+operation runs inline, in order.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import platform
+import select
+import signal
+import stat
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from typing import IO, Any, Callable
+
+from . import jail
+from .frames import KIND_BINARY, KIND_JSON, PROTOCOL_VERSION, FdReader, FrameError, encode_json
+
+AGENT_VERSION = "0.1.0"
+WORKSPACE = "/workspace"
+
+MAX_READ_BYTES = 256 * 1024
+MAX_READ_LINES = 2000
+MAX_LIST_RESULTS = 10000
+DEFAULT_LIST_RESULTS = 1000
+MAX_RUN_OUTPUT = 1024 * 1024
+MAX_RUN_SECONDS = 24 * 3600
+
+
+class OpError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _bad(message: str) -> OpError:
+    return OpError("TOOL_ARGUMENTS_INVALID", message)
+
+
+def _int_arg(args: dict[str, Any], key: str, default: int, lo: int, hi: int) -> int:
+    value = args.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise _bad(f"{key} must be an integer in [{lo}, {hi}]")
+    return value
+
+
+class _Chunks:
+    """A read-only file over the binary frames that follow a put_archive request."""
+
+    def __init__(self, reader: FdReader, size: int) -> None:
+        self._reader = reader
+        self._left = size
+        self._buf = b""
+
+    def read(self, n: int = -1) -> bytes:
+        while (n < 0 or len(self._buf) < n) and self._left > 0:
+            frame = self._reader.read()
+            if frame is None or frame[0] != KIND_BINARY or len(frame[1]) > self._left:
+                raise FrameError("archive stream broken")
+            self._left -= len(frame[1])
+            self._buf += frame[1]
+        if n < 0:
+            out, self._buf = self._buf, b""
+        else:
+            out, self._buf = self._buf[:n], self._buf[n:]
+        return out
+
+    def drain(self) -> None:
+        while self._left > 0:
+            self.read(65536)
+
+
+class Agent:
+    def __init__(self, in_fd: int, out_fd: int, workspace: str = WORKSPACE) -> None:
+        self._reader = FdReader(in_fd)
+        self._out_fd = out_fd
+        self._write_lock = threading.Lock()
+        self._workspace = workspace
+        self._root_fd = -1
+        self._greeted = False
+        self._running: dict[int, subprocess.Popen[bytes]] = {}
+        self._cancelled: set[int] = set()
+        self._state_lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+
+    # -- output ---------------------------------------------------------------------------
+
+    def _send(self, obj: object) -> None:
+        data = encode_json(obj)
+        with self._write_lock:
+            view = memoryview(data)
+            while view:
+                n = os.write(self._out_fd, view)
+                view = view[n:]
+
+    def _reply(self, rid: int, fn: Callable[[], dict[str, Any]]) -> None:
+        try:
+            self._send({"id": rid, "ok": True, "result": fn()})
+        except OpError as exc:
+            self._send({"id": rid, "ok": False, "error": {"code": exc.code, "message": exc.message}})
+        except jail.PathDenied:
+            err = {"code": "TOOL_PATH_DENIED", "message": "path denied"}
+            self._send({"id": rid, "ok": False, "error": err})
+        except FrameError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an unexpected fault is reported, not fatal
+            err = {"code": "SANDBOX_FAILED", "message": f"agent fault: {type(exc).__name__}"}
+            self._send({"id": rid, "ok": False, "error": err})
+
+    # -- loop -----------------------------------------------------------------------------
+
+    def serve(self) -> int:
+        """Serves until end of input or ``shutdown``; returns the process exit code."""
+        while True:
+            try:
+                frame = self._reader.read()
+            except FrameError:
+                return 3
+            if frame is None:
+                return 0
+            kind, payload = frame
+            if kind != KIND_JSON:
+                return 3
+            try:
+                req = json.loads(payload)
+            except ValueError:
+                return 3
+            if not isinstance(req, dict) or not isinstance(req.get("id"), int):
+                return 3
+            rid, op, args = req["id"], req.get("op"), req.get("args", {})
+            if not isinstance(args, dict):
+                return 3
+            if not self._greeted and op != "hello":
+                return 3
+            if op == "shutdown":
+                self._send({"id": rid, "ok": True, "result": {}})
+                return 0
+            if op == "run":
+                t = threading.Thread(target=self._reply, args=(rid, lambda: self._run(rid, args)))
+                t.daemon = True
+                t.start()
+                self._threads.append(t)
+                continue
+            try:
+                self._dispatch(rid, str(op), args)
+            except FrameError:
+                return 3
+
+    def _dispatch(self, rid: int, op: str, args: dict[str, Any]) -> None:
+        handlers: dict[str, Callable[[], dict[str, Any]]] = {
+            "hello": lambda: self._hello(args),
+            "list_files": lambda: self._list_files(args),
+            "read_file": lambda: self._read_file(args),
+            "cancel": lambda: self._cancel(args),
+            "put_archive": lambda: self._put_archive(args),
+        }
+        handler = handlers.get(op)
+        if handler is None:
+            err = {"code": "TOOL_ARGUMENTS_INVALID", "message": "unknown operation"}
+            self._send({"id": rid, "ok": False, "error": err})
+            return
+        self._reply(rid, handler)
+
+    # -- operations -----------------------------------------------------------------------
+
+    def _hello(self, args: dict[str, Any]) -> dict[str, Any]:
+        if args.get("protocol") != PROTOCOL_VERSION:
+            raise OpError("SANDBOX_FAILED", "protocol version mismatch")
+        if self._root_fd < 0:
+            self._root_fd = os.open(self._workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._greeted = True
+        return {
+            "protocol": PROTOCOL_VERSION,
+            "agent": AGENT_VERSION,
+            "python": platform.python_version(),
+            "uid": os.getuid(),
+            "gid": os.getgid(),
+        }
+
+    def _list_files(self, args: dict[str, Any]) -> dict[str, Any]:
+        pattern = args.get("glob")
+        if pattern is not None and (not isinstance(pattern, str) or not 0 < len(pattern) <= 512):
+            raise _bad("glob must be a non-empty string of at most 512 characters")
+        limit = _int_arg(args, "maxResults", DEFAULT_LIST_RESULTS, 1, MAX_LIST_RESULTS)
+        files: list[str] = []
+        truncated = False
+        stack: list[tuple[int, str]] = [(os.dup(self._root_fd), "")]
+        try:
+            while stack:
+                dfd, prefix = stack.pop()
+                try:
+                    with os.scandir(dfd) as it:
+                        entries = sorted(it, key=lambda e: e.name, reverse=True)
+                    for entry in entries:
+                        name = entry.name
+                        if jail.is_protected_component(name):
+                            continue
+                        rel = prefix + name
+                        if entry.is_dir(follow_symlinks=False):
+                            try:
+                                sub = os.open(name, jail._DIR_FLAGS, dir_fd=dfd)  # noqa: SLF001
+                            except OSError:
+                                continue
+                            stack.append((sub, rel + "/"))
+                        elif entry.is_file(follow_symlinks=False):
+                            if pattern is None or fnmatch.fnmatchcase(rel, pattern):
+                                if len(files) >= limit:
+                                    truncated = True
+                                    break
+                                files.append(rel)
+                finally:
+                    os.close(dfd)
+                if truncated:
+                    break
+        finally:
+            for dfd, _ in stack:
+                os.close(dfd)
+        files.sort()
+        return {"files": files, "truncated": truncated}
+
+    def _read_file(self, args: dict[str, Any]) -> dict[str, Any]:
+        start = _int_arg(args, "startLine", 1, 1, 10_000_000)
+        end = _int_arg(args, "endLine", start + MAX_READ_LINES - 1, start, 10_000_000)
+        end = min(end, start + MAX_READ_LINES - 1)
+        fd = jail.open_file(self._root_fd, args.get("path"))
+        with os.fdopen(fd, "rb") as fh:
+            lines: list[str] = []
+            size = 0
+            total = 0
+            truncated = False
+            for raw in fh:
+                total += 1
+                if b"\x00" in raw:
+                    raise jail.PathDenied
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise jail.PathDenied from exc
+                if start <= total <= end and not truncated:
+                    if size + len(raw) > MAX_READ_BYTES:
+                        truncated = True
+                    else:
+                        lines.append(text)
+                        size += len(raw)
+        last = start + len(lines) - 1 if lines else start - 1
+        return {
+            "path": args["path"],
+            "startLine": start,
+            "endLine": last,
+            "totalLines": total,
+            "content": "".join(lines),
+            "truncated": truncated or last < min(end, total),
+        }
+
+    def _put_archive(self, args: dict[str, Any]) -> dict[str, Any]:
+        size = _int_arg(args, "size", 0, 0, 1 << 40)
+        stream = _Chunks(self._reader, size)
+        count = 0
+        total = 0
+        try:
+            with tarfile.open(fileobj=stream, mode="r|") as tar:  # type: ignore[call-overload]
+                for member in tar:
+                    count += 1
+                    total += self._extract(tar, member)
+        finally:
+            stream.drain()
+        return {"entries": count, "bytes": total}
+
+    def _extract(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> int:
+        parts = member.name.rstrip("/").split("/")
+        if not member.name or member.name.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise OpError("SANDBOX_FAILED", "archive member name refused")
+        dfd = jail.open_dir(self._root_fd, parts[:-1])
+        try:
+            name = parts[-1]
+            if member.isdir():
+                try:
+                    os.mkdir(name, 0o755, dir_fd=dfd)
+                except FileExistsError:
+                    if not stat.S_ISDIR(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
+                        raise
+                return 0
+            if member.issym():
+                os.symlink(member.linkname, name, dir_fd=dfd)
+                return 0
+            if not member.isreg():
+                raise OpError("SANDBOX_FAILED", "archive member type refused")
+            mode = 0o755 if member.mode & 0o111 else 0o644
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(name, flags, mode, dir_fd=dfd)
+            src = tar.extractfile(member)
+            with os.fdopen(fd, "wb") as out:
+                if src is not None:
+                    while chunk := src.read(1 << 20):
+                        out.write(chunk)
+                os.fchmod(out.fileno(), mode)
+            return member.size
+        finally:
+            os.close(dfd)
+
+    def _cancel(self, args: dict[str, Any]) -> dict[str, Any]:
+        target = _int_arg(args, "target", 0, 0, 1 << 62)
+        with self._state_lock:
+            proc = self._running.get(target)
+            if proc is not None:
+                self._cancelled.add(target)
+        if proc is not None:
+            _kill_group(proc)
+        return {"cancelled": proc is not None}
+
+    def _run(self, rid: int, args: dict[str, Any]) -> dict[str, Any]:
+        argv = args.get("argv")
+        if (
+            not isinstance(argv, list)
+            or not argv
+            or not all(isinstance(a, str) and "\x00" not in a for a in argv)
+        ):
+            raise _bad("argv must be a non-empty list of strings")
+        env = args.get("env", {})
+        if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+        ):
+            raise _bad("env must map strings to strings")
+        timeout = args.get("timeoutSeconds", 60)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise _bad("timeoutSeconds must be a number")
+        if not 0 < timeout <= MAX_RUN_SECONDS:
+            raise _bad("timeoutSeconds out of range")
+        cap = _int_arg(args, "outputLimit", 64 * 1024, 0, MAX_RUN_OUTPUT)
+        started = time.monotonic()
+        try:
+            proc = subprocess.Popen(  # noqa: S603 - argv from the trusted controller, no shell
+                argv,
+                cwd=self._workspace,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            return {
+                "exitCode": None,
+                "signal": None,
+                "timedOut": False,
+                "cancelled": False,
+                "spawnError": exc.strerror or type(exc).__name__,
+                "output": "",
+                "outputBytes": 0,
+                "truncated": False,
+                "durationMs": int((time.monotonic() - started) * 1000),
+            }
+        with self._state_lock:
+            self._running[rid] = proc
+        assert proc.stdout is not None  # noqa: S101 - Popen contract with stdout=PIPE
+        tail, total, timed_out = _collect(proc, proc.stdout, started + timeout, cap)
+        with self._state_lock:
+            self._running.pop(rid, None)
+            cancelled = rid in self._cancelled
+            self._cancelled.discard(rid)
+        code = proc.returncode
+        return {
+            "exitCode": code if code is not None and code >= 0 else None,
+            "signal": -code if code is not None and code < 0 else None,
+            "timedOut": timed_out,
+            "cancelled": cancelled,
+            "spawnError": None,
+            "output": tail.decode("utf-8", "replace"),
+            "outputBytes": total,
+            "truncated": total > len(tail),
+            "durationMs": int((time.monotonic() - started) * 1000),
+        }
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _collect(
+    proc: subprocess.Popen[bytes], out: IO[bytes], deadline: float, cap: int
+) -> tuple[bytes, int, bool]:
+    """Reads the process output (keeping the last ``cap`` bytes) until exit or deadline.
+
+    When the process exits, or the deadline passes, its whole process group is killed, so
+    background children cannot keep the pipe open.
+    """
+    fd = out.fileno()
+    os.set_blocking(fd, False)
+    tail = bytearray()
+    total = 0
+    timed_out = False
+    open_pipe = True
+    while open_pipe:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            timed_out = True
+            _kill_group(proc)
+            break
+        ready, _, _ = select.select([fd], [], [], min(remaining, 0.5))
+        if ready:
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                open_pipe = False
+                break
+            total += len(chunk)
+            tail += chunk
+            if len(tail) > cap:
+                del tail[: len(tail) - cap]
+        if proc.poll() is not None:
+            _kill_group(proc)
+    proc.wait()
+    _kill_group(proc)
+    # Drain whatever was written before the kill, without waiting on stragglers.
+    while True:
+        ready, _, _ = select.select([fd], [], [], 0)
+        if not ready:
+            break
+        try:
+            chunk = os.read(fd, 65536)
+        except (BlockingIOError, OSError):
+            break
+        if not chunk:
+            break
+        total += len(chunk)
+        tail += chunk
+        if len(tail) > cap:
+            del tail[: len(tail) - cap]
+    out.close()
+    return bytes(tail), total, timed_out
+
+
+def main() -> int:
+    """Entry point: takes private copies of stdin/stdout and points fds 0 and 1 at /dev/null.
+
+    Nothing the agent starts can then write into the channel by accident.
+    """
+    in_fd = os.dup(0)
+    out_fd = os.dup(1)
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115, PTH123 - lives as long as the process
+    workspace = os.environ.get("PATCHBOX_WORKSPACE", WORKSPACE)
+    return Agent(in_fd, out_fd, workspace).serve()
