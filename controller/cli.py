@@ -24,7 +24,7 @@ def _progress(message: str) -> None:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # type: ignore[override]
+    def error(self, message: str) -> Any:
         raise UsageError(message)
 
 
@@ -36,7 +36,9 @@ def _parser() -> argparse.ArgumentParser:
     image = sub.add_parser("image", help="the sandbox image")
     image_sub = image.add_subparsers(dest="image_command", required=True, parser_class=_Parser)
     build = image_sub.add_parser("build", help="build the sandbox image")
-    build.add_argument("--base", help="base image with python3 >= 3.9 (default: a slim Python image)")
+    build.add_argument(
+        "--base", help="base image with python3 >= 3.9 (default: a slim Python image)"
+    )
     build.add_argument("--json", action="store_true")
     demo = sub.add_parser("demo", help="a sandbox on the bundled example repository")
     demo.add_argument("--runtime", choices=["runc", "runsc"], default="runc")
@@ -52,20 +54,25 @@ def _emit(data: dict[str, Any], *, as_json: bool, text: str) -> None:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from controller.doctor import diagnose  # noqa: PLC0415 - keeps --help fast
+    from controller.doctor import diagnose
 
     report = diagnose()
     lines = [f"ready: {'yes' if report['ready'] else 'no'}"]
     if report.get("docker"):
         d = report["docker"]
-        lines.append(f"docker: {d['server_version']} (API {d['api_version']}), runtimes {', '.join(d['runtimes'])}")
+        runtimes = ", ".join(d["runtimes"])
+        lines.append(f"docker: {d['server_version']} (API {d['api_version']}), runtimes {runtimes}")
     lines.append(f"git: {report.get('git') or 'missing'}")
     if "image" in report:
         img = report["image"]
-        lines.append(f"image: {img['tag'] or 'not built'} ({'ready' if img['ready'] else 'missing'})")
+        lines.append(
+            f"image: {img['tag'] or 'not built'} ({'ready' if img['ready'] else 'missing'})"
+        )
     if "runsc" in report:
         r = report["runsc"]
-        state = "works" if r.get("works") else ("registered" if r["registered"] else "not registered")
+        state = (
+            "works" if r.get("works") else ("registered" if r["registered"] else "not registered")
+        )
         lines.append(f"gVisor (runsc): {state}")
     lines += [f"problem: {p}" for p in report["problems"]]
     lines += [f"to do: {a}" for a in report["advice"]]
@@ -74,8 +81,8 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _image_build(args: argparse.Namespace) -> int:
-    from controller.dockerclient import connect  # noqa: PLC0415
-    from controller.image import ImageBuilder  # noqa: PLC0415
+    from controller.dockerclient import connect
+    from controller.image import ImageBuilder
 
     info = ImageBuilder(connect(), _progress).ensure(args.base)
     data = {
@@ -87,12 +94,14 @@ def _image_build(args: argparse.Namespace) -> int:
         "seconds": round(info.seconds, 2),
     }
     state = "built" if info.built else "up to date"
-    _emit(data, as_json=args.json, text=f"{info.tag} {state} (base {info.base}, {info.base_source})")
+    _emit(
+        data, as_json=args.json, text=f"{info.tag} {state} (base {info.base}, {info.base_source})"
+    )
     return EXIT_OK
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from controller.demo.run import run_demo  # noqa: PLC0415
+    from controller.demo.run import run_demo
 
     result = run_demo(_progress, runtime=args.runtime)
     lines = [f"sandbox {result['image']} on {result['runtime']}, ready in {result['ready_ms']} ms"]
@@ -105,7 +114,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from controller.logs import configure  # noqa: PLC0415
+    from controller.logs import configure
 
     configure()
     as_json = "--json" in (argv if argv is not None else sys.argv[1:])

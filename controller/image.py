@@ -72,6 +72,11 @@ def context_digest(folder: Path) -> str:
     return h.hexdigest()
 
 
+def _sandbox_tag(base_id: str) -> str:
+    digest = _digest((base_id + context_digest(sandbox_image_dir())).encode())
+    return f"{SANDBOX_REPO}:{digest[:16]}"
+
+
 def _has_image(client: docker.DockerClient, ref: str) -> str | None:
     try:
         return client.images.get(ref).id
@@ -90,10 +95,12 @@ class ImageBuilder:
         base_ref, source = self._resolve_base(base)
         base_id = _has_image(self._client, base_ref) or ""
         folder = sandbox_image_dir()
-        tag = f"{SANDBOX_REPO}:{_digest((base_id + context_digest(folder)).encode())[:16]}"
+        tag = _sandbox_tag(base_id)
         existing = _has_image(self._client, tag)
         if existing is not None:
-            return ImageInfo(tag, existing, base_ref, source, False, time.monotonic() - started)
+            return ImageInfo(
+                tag, existing, base_ref, source, built=False, seconds=time.monotonic() - started
+            )
         self._progress(f"building {tag} from {base_ref}")
         try:
             image, _logs = self._client.images.build(
@@ -109,7 +116,9 @@ class ImageBuilder:
             raise PatchboxError(f"sandbox image build failed: {exc.msg}") from exc
         except docker.errors.APIError as exc:
             raise PatchboxError(f"sandbox image build failed: {exc.explanation}") from exc
-        return ImageInfo(tag, image.id or "", base_ref, source, True, time.monotonic() - started)
+        return ImageInfo(
+            tag, image.id or "", base_ref, source, built=True, seconds=time.monotonic() - started
+        )
 
     def status(self, base: str | None = None) -> dict[str, str | bool | None]:
         """What ``ensure`` would use, without pulling or building anything."""
@@ -121,7 +130,7 @@ class ImageBuilder:
         if base_ref is None:
             return {"base": None, "tag": None, "ready": False}
         base_id = _has_image(self._client, base_ref) or ""
-        tag = f"{SANDBOX_REPO}:{_digest((base_id + context_digest(sandbox_image_dir())).encode())[:16]}"
+        tag = _sandbox_tag(base_id)
         return {"base": base_ref, "tag": tag, "ready": _has_image(self._client, tag) is not None}
 
     def _resolve_base(self, base: str | None) -> tuple[str, str]:
@@ -204,9 +213,18 @@ class ImageBuilder:
                 self._progress(line.rstrip()[:120])
                 last = now
         if proc.wait() != 0:
-            raise NotReadyError(
-                "debootstrap failed; its last lines:\n" + "\n".join(tail[-10:])
-            )
+            raise NotReadyError("debootstrap failed; its last lines:\n" + "\n".join(tail[-10:]))
+
+
+def _apt_download(package: str, folder: Path) -> None:
+    """``apt-get download`` (no install); refreshes the package lists once if needed (root)."""
+    argv = ["apt-get", "download", "-qq", package]
+    if subprocess.run(argv, cwd=folder, capture_output=True, check=False).returncode == 0:
+        return
+    if os.geteuid() != 0:
+        raise subprocess.CalledProcessError(1, argv)
+    subprocess.run(["apt-get", "update", "-qq"], capture_output=True, check=True)
+    subprocess.run(argv, cwd=folder, capture_output=True, check=True)
 
 
 @dataclass(frozen=True)
@@ -234,9 +252,11 @@ def _find_debootstrap(progress: Progress) -> _Debootstrap:
         shutil.rmtree(download, ignore_errors=True)
         download.mkdir(parents=True)
         try:
-            subprocess.run(["apt-get", "download", "debootstrap"], cwd=download, check=True, capture_output=True)
+            _apt_download("debootstrap", download)
             debs = sorted(download.glob("debootstrap_*.deb"))
-            subprocess.run(["dpkg-deb", "-x", str(debs[-1]), str(tools)], check=True, capture_output=True)
+            subprocess.run(
+                ["dpkg-deb", "-x", str(debs[-1]), str(tools)], check=True, capture_output=True
+            )
         except (subprocess.CalledProcessError, IndexError) as exc:
             raise NotReadyError(
                 "no base image can be pulled and debootstrap could not be fetched: "

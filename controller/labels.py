@@ -7,6 +7,7 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 
 OWNER = "io.patchbox.owner"
 OWNER_VALUE = "patchbox"
@@ -21,8 +22,7 @@ OWNER_FILTER = f"{OWNER}={OWNER_VALUE}"
 
 def _boot_id() -> str:
     try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
-            return fh.read().strip()
+        return Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
     except OSError:
         return "unknown"
 
@@ -58,8 +58,7 @@ class ControllerIdentity:
 def _process_start(pid: int) -> str:
     """The process start time in clock ticks since boot (field 22 of /proc/PID/stat)."""
     try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
-            stat = fh.read()
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
     except OSError:
         return "0"
     return stat.rsplit(")", 1)[1].split()[19]

@@ -12,6 +12,7 @@ import os
 import re
 import sys
 from collections.abc import MutableMapping
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -21,15 +22,11 @@ REDACTED = "[redacted]"
 
 
 def _secret_values() -> list[str]:
-    return [
-        v
-        for k, v in os.environ.items()
-        if _SECRET_KEY.search(k) and len(v) >= 6
-    ]
+    return [v for k, v in os.environ.items() if _SECRET_KEY.search(k) and len(v) >= 6]
 
 
 def _private_roots() -> list[str]:
-    roots = [str(os.path.expanduser("~"))]
+    roots = [str(Path.home())]
     home = os.environ.get("PATCHBOX_HOME")
     if home:
         roots.append(home)
@@ -61,7 +58,9 @@ def redact(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> Mutable
 def configure(*, json_output: bool = False, level: int = logging.INFO) -> None:
     """Sends logs to stderr; called once by the CLI."""
     renderer: Any = (
-        structlog.processors.JSONRenderer() if json_output else structlog.dev.ConsoleRenderer(colors=False)
+        structlog.processors.JSONRenderer()
+        if json_output
+        else structlog.dev.ConsoleRenderer(colors=False)
     )
     structlog.configure(
         processors=[

@@ -31,10 +31,10 @@ def sandbox_image_dir() -> Path:
 def owned_temp_dir(prefix: str) -> Path:
     """A private temp folder under ``$PATCHBOX_HOME/tmp`` marked with this controller's
     identity, so the reaper can remove it if this process dies before it does."""
-    import socket  # noqa: PLC0415 - only needed here
-    import tempfile  # noqa: PLC0415 - only needed here
+    import socket
+    import tempfile
 
-    from controller.labels import current_identity  # noqa: PLC0415 - avoids an import cycle
+    from controller.labels import current_identity
 
     root = patchbox_home() / "tmp"
     root.mkdir(mode=0o700, exist_ok=True)

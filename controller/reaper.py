@@ -23,44 +23,63 @@ class ReapReport:
     failures: int = 0
 
 
-def reap(client: docker.DockerClient, tmp_root: Path | None = None, *, everything: bool = False) -> ReapReport:
-    """Removes labelled containers and volumes whose controller is gone.
+def _orphaned(labels: dict[str, str], everything: bool) -> bool:
+    return everything or not controller_alive(labels.get(CONTROLLER, ""), labels.get(HOST, ""))
+
+
+def _reap_containers(client: docker.DockerClient, everything: bool, report: ReapReport) -> None:
+    for container in client.containers.list(all=True, filters={"label": OWNER_FILTER}):
+        if not _orphaned(container.labels, everything):
+            continue
+        try:
+            container.remove(force=True, v=True)
+            report.containers.append(container.short_id)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            report.failures += 1
+            log.error(
+                "reap_container_failed", container=container.short_id, error=str(exc.explanation)
+            )
+
+
+def _reap_volumes(client: docker.DockerClient, everything: bool, report: ReapReport) -> None:
+    for volume in client.volumes.list(filters={"label": OWNER_FILTER}):
+        if not _orphaned(volume.attrs.get("Labels") or {}, everything):
+            continue
+        try:
+            volume.remove(force=True)
+            report.volumes.append(volume.name or "")
+        except docker.errors.APIError as exc:
+            report.failures += 1
+            log.error("reap_volume_failed", volume=volume.name, error=str(exc.explanation))
+
+
+def _reap_folders(tmp_root: Path, everything: bool, report: ReapReport) -> None:
+    for folder in tmp_root.iterdir():
+        try:
+            token, host = (folder / ".owner").read_text().split("\n")[:2]
+        except (OSError, ValueError):
+            token, host = "", ""
+        if everything or not controller_alive(token, host):
+            shutil.rmtree(folder, ignore_errors=True)
+            report.folders.append(folder.name)
+
+
+def reap(
+    client: docker.DockerClient, tmp_root: Path | None = None, *, everything: bool = False
+) -> ReapReport:
+    """Removes labelled containers, volumes and temp folders whose controller is gone.
 
     ``everything`` removes them whatever their controller (``patchbox`` itself never does
-    that; tests use it to prove a clean slate). Temp folders under ``tmp_root`` carry the
-    controller token in a ``.owner`` file and are judged the same way.
+    that). Temp folders under ``tmp_root`` carry the controller token in a ``.owner`` file
+    and are judged the same way. Failures are logged and counted, never raised.
     """
     report = ReapReport()
-    for container in client.containers.list(all=True, filters={"label": OWNER_FILTER}):
-        labels = container.labels
-        if everything or not controller_alive(labels.get(CONTROLLER, ""), labels.get(HOST, "")):
-            try:
-                container.remove(force=True, v=True)
-                report.containers.append(container.short_id)
-            except docker.errors.NotFound:
-                pass
-            except docker.errors.APIError as exc:
-                report.failures += 1
-                log.error("reap_container_failed", container=container.short_id, error=str(exc.explanation))
-    for volume in client.volumes.list(filters={"label": OWNER_FILTER}):
-        labels = volume.attrs.get("Labels") or {}
-        if everything or not controller_alive(labels.get(CONTROLLER, ""), labels.get(HOST, "")):
-            try:
-                volume.remove(force=True)
-                report.volumes.append(volume.name or "")
-            except docker.errors.APIError as exc:
-                report.failures += 1
-                log.error("reap_volume_failed", volume=volume.name, error=str(exc.explanation))
+    _reap_containers(client, everything, report)
+    _reap_volumes(client, everything, report)
     if tmp_root is not None and tmp_root.is_dir():
-        for folder in tmp_root.iterdir():
-            owner = folder / ".owner"
-            try:
-                token, host = owner.read_text().split("\n")[:2]
-            except (OSError, ValueError):
-                token, host = "", ""
-            if everything or not controller_alive(token, host):
-                shutil.rmtree(folder, ignore_errors=True)
-                report.folders.append(folder.name)
+        _reap_folders(tmp_root, everything, report)
     if report.containers or report.volumes or report.folders:
         log.info(
             "reaped",

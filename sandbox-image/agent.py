@@ -9,6 +9,6 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from patchbox_agent.server import main  # noqa: E402
+from patchbox_agent.server import main
 
 sys.exit(main())

@@ -24,6 +24,8 @@ class SandboxSpec(BaseModel):
     job_id: str
     ready_timeout: float = 60.0
     """Seconds from create to a completed handshake."""
+    agent_argv: tuple[str, ...] = ("python3", "-I", "-B", "/opt/patchbox/agent.py")
+    """How the agent is started inside the image."""
 
 
 class _Result(BaseModel):
@@ -97,9 +99,13 @@ class Sandbox(Protocol):
     @property
     def hello(self) -> HelloResult: ...
 
-    def list_files(self, glob: str | None = None, max_results: int | None = None) -> ListFilesResult: ...
+    def list_files(
+        self, glob: str | None = None, max_results: int | None = None
+    ) -> ListFilesResult: ...
 
-    def read_file(self, path: str, start: int | None = None, end: int | None = None) -> ReadFileResult: ...
+    def read_file(
+        self, path: str, start: int | None = None, end: int | None = None
+    ) -> ReadFileResult: ...
 
     def put_archive(self, data: bytes) -> PutArchiveResult: ...
 

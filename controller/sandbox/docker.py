@@ -24,14 +24,8 @@ from controller.errors import LimitExceededError, ProtocolError, SandboxError
 from controller.labels import ControllerIdentity
 from controller.limits import SHM_MB
 from controller.protocol import MAX_RESPONSE_FRAME
-from controller.sandbox.base import (
-    HelloResult,
-    ListFilesResult,
-    PutArchiveResult,
-    ReadFileResult,
-    RunResult,
-    SandboxSpec,
-)
+from controller.sandbox.base import HelloResult, RunResult, SandboxSpec
+from controller.sandbox.calls import DEFAULT_CALL_TIMEOUT, AgentCalls
 from controller.sandbox.session import AgentSession
 
 if TYPE_CHECKING:
@@ -40,11 +34,9 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 SANDBOX_UID = 10001
-AGENT_ARGV = ["python3", "-I", "-B", "/opt/patchbox/agent.py"]
 _MUX_HEADER = struct.Struct(">BxxxI")
 _MAX_MUX_PAYLOAD = 16 * 1024 * 1024
 _STDERR_TAIL = 8192
-_CALL_TIMEOUT = 60.0
 _OOM_GRACE = 1.0
 
 
@@ -54,7 +46,7 @@ def container_config(spec: SandboxSpec, labels: dict[str, str]) -> dict[str, Any
     tmpfs_opts = f"rw,nosuid,nodev,uid={SANDBOX_UID},gid={SANDBOX_UID}"
     config: dict[str, Any] = {
         "image": spec.image,
-        "entrypoint": AGENT_ARGV,
+        "entrypoint": list(spec.agent_argv),
         "command": [],
         "user": f"{SANDBOX_UID}:{SANDBOX_UID}",
         "working_dir": "/workspace",
@@ -77,7 +69,10 @@ def container_config(spec: SandboxSpec, labels: dict[str, str]) -> dict[str, Any
         "memswap_limit": f"{lim.memory_mb}m",
         "nano_cpus": int(lim.cpus * 1e9),
         "pids_limit": lim.pids,
-        "ulimits": [Ulimit(name="core", soft=0, hard=0), Ulimit(name="nofile", soft=4096, hard=4096)],
+        "ulimits": [
+            Ulimit(name="core", soft=0, hard=0),
+            Ulimit(name="nofile", soft=4096, hard=4096),
+        ],
         "oom_score_adj": 500,
         "init": True,
         "hostname": "sandbox",
@@ -179,22 +174,27 @@ class _OomWatcher:
     def _follow(self) -> None:
         try:
             for event in self._stream:
-                if isinstance(event, dict) and (event.get("Action") or event.get("status")) == "oom":
+                if (
+                    isinstance(event, dict)
+                    and (event.get("Action") or event.get("status")) == "oom"
+                ):
                     self.oom.set()
-        except Exception:  # noqa: BLE001 - the stream ends when it is closed
+        except Exception:
             return
 
     def close(self) -> None:
         try:
             self._stream.close()
-        except Exception:  # noqa: BLE001 - best effort on teardown
+        except Exception:
             log.debug("events_close_failed")
 
 
-class DockerSandbox:
+class DockerSandbox(AgentCalls):
     """A running, greeted sandbox. Use :meth:`start`; always :meth:`close` (or ``with``)."""
 
-    def __init__(self, client: docker.DockerClient, spec: SandboxSpec, container: Container) -> None:
+    def __init__(
+        self, client: docker.DockerClient, spec: SandboxSpec, container: Container
+    ) -> None:
         self._client = client
         self.spec = spec
         self.container = container
@@ -217,7 +217,9 @@ class DockerSandbox:
         try:
             container = client.containers.create(**container_config(spec, labels))
         except docker.errors.ImageNotFound as exc:
-            raise SandboxError(f"sandbox image {spec.image!r} not found: run 'patchbox image build'") from exc
+            raise SandboxError(
+                f"sandbox image {spec.image!r} not found: run 'patchbox image build'"
+            ) from exc
         except docker.errors.APIError as exc:
             raise SandboxError(f"cannot create the sandbox: {exc.explanation}") from exc
         sandbox = cls(client, spec, container)
@@ -232,7 +234,7 @@ class DockerSandbox:
         self._watcher = _OomWatcher(self._client, self.container.id or "")
         try:
             sock = self._client.api.attach_socket(
-                self.container.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+                self.container.id or "", params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
             )
             self._channel = AttachChannel(sock)
             self._session = AgentSession(self._channel, MAX_RESPONSE_FRAME)
@@ -267,11 +269,17 @@ class DockerSandbox:
         remaining = self._deadline - time.monotonic()
         if remaining <= 0:
             self._kill()
-            raise LimitExceededError(f"wall-clock limit of {self.spec.limits.wall_seconds:g} s reached")
+            raise LimitExceededError(
+                f"wall-clock limit of {self.spec.limits.wall_seconds:g} s reached"
+            )
         return min(timeout, remaining)
 
     def _call(
-        self, op: str, args: dict[str, Any], timeout: float = _CALL_TIMEOUT, binary: bytes | None = None
+        self,
+        op: str,
+        args: dict[str, Any],
+        timeout: float = DEFAULT_CALL_TIMEOUT,
+        binary: bytes | None = None,
     ) -> dict[str, Any]:
         budget = self._budget(timeout)
         try:
@@ -279,14 +287,24 @@ class DockerSandbox:
         except SandboxError as exc:
             raise self._diagnose(exc) from exc
 
+    def _protocol_violation(self, error: ProtocolError) -> ProtocolError:
+        if self._session is not None:
+            self._session.poison(error.message)
+        self._kill()
+        return error
+
     def _diagnose(self, exc: SandboxError) -> Exception:
         """Turns a broken channel into the real reason, asked of Docker, and kills the rest."""
         if time.monotonic() >= self._deadline:
             self._kill()
-            return LimitExceededError(f"wall-clock limit of {self.spec.limits.wall_seconds:g} s reached")
+            return LimitExceededError(
+                f"wall-clock limit of {self.spec.limits.wall_seconds:g} s reached"
+            )
         if self._oom_killed(wait=isinstance(exc, ProtocolError) is False):
             self._kill()
-            return LimitExceededError(f"memory limit of {self.spec.limits.memory_mb} MB exceeded (OOM kill)")
+            return LimitExceededError(
+                f"memory limit of {self.spec.limits.memory_mb} MB exceeded (OOM kill)"
+            )
         self._kill()
         tail = self._channel.stderr_tail() if self._channel else ""
         if tail:
@@ -303,27 +321,6 @@ class DockerSandbox:
         state = self.container.attrs.get("State", {})
         return bool(state.get("OOMKilled"))
 
-    def list_files(self, glob: str | None = None, max_results: int | None = None) -> ListFilesResult:
-        args: dict[str, Any] = {}
-        if glob is not None:
-            args["glob"] = glob
-        if max_results is not None:
-            args["maxResults"] = max_results
-        return ListFilesResult.model_validate(self._call("list_files", args))
-
-    def read_file(self, path: str, start: int | None = None, end: int | None = None) -> ReadFileResult:
-        args: dict[str, Any] = {"path": path}
-        if start is not None:
-            args["startLine"] = start
-        if end is not None:
-            args["endLine"] = end
-        return ReadFileResult.model_validate(self._call("read_file", args))
-
-    def put_archive(self, data: bytes) -> PutArchiveResult:
-        """Unpacks a tar archive (made by the controller) into /workspace."""
-        result = self._call("put_archive", {"size": len(data)}, timeout=600.0, binary=data)
-        return PutArchiveResult.model_validate(result)
-
     def run(
         self,
         argv: list[str],
@@ -337,18 +334,28 @@ class DockerSandbox:
         Raises LimitExceededError when Docker reports that the container hit its memory
         limit during the run, or when the job's wall clock runs out.
         """
-        self._watcher_reset()
-        args = {"argv": argv, "env": env or {}, "timeoutSeconds": timeout, "outputLimit": output_limit}
-        result = RunResult.model_validate(self._call("run", args, timeout=timeout + 10.0))
-        if result.signal == 9 and not result.timedOut and not result.cancelled and self._oom_killed(wait=True):
+        self._raise_if_oom()
+        result = super().run(argv, timeout=timeout, env=env, output_limit=output_limit)
+        # An OOM kill anywhere in the run (also of a grandchild whose parent then exits
+        # normally) is reported by a Docker event that arrives before the response.
+        self._raise_if_oom()
+        if (
+            result.signal == 9
+            and not result.timedOut
+            and not result.cancelled
+            and self._oom_killed(wait=True)
+        ):
             raise LimitExceededError(
                 f"memory limit of {self.spec.limits.memory_mb} MB exceeded (OOM kill)"
             )
         return result
 
-    def _watcher_reset(self) -> None:
+    def _raise_if_oom(self) -> None:
+        """Once Docker reported an OOM kill, the sandbox is not used again."""
         if self._watcher is not None and self._watcher.oom.is_set():
-            raise LimitExceededError(f"memory limit of {self.spec.limits.memory_mb} MB exceeded (OOM kill)")
+            raise LimitExceededError(
+                f"memory limit of {self.spec.limits.memory_mb} MB exceeded (OOM kill)"
+            )
 
     # -- teardown -------------------------------------------------------------------------
 
@@ -372,4 +379,8 @@ class DockerSandbox:
         except docker.errors.NotFound:
             pass
         except docker.errors.APIError as exc:
-            log.error("sandbox_remove_failed", container=self.container.short_id, error=str(exc.explanation))
+            log.error(
+                "sandbox_remove_failed",
+                container=self.container.short_id,
+                error=str(exc.explanation),
+            )

@@ -6,6 +6,8 @@ import threading
 import time
 from typing import Any
 
+from pydantic import ValidationError
+
 from controller.errors import ErrorCode, ProtocolError, SandboxError, ToolError
 from controller.protocol import (
     BINARY_CHUNK,
@@ -53,6 +55,10 @@ class AgentSession:
     @property
     def broken(self) -> str | None:
         return self._broken
+
+    def poison(self, reason: str) -> None:
+        """Marks the session unusable (after a protocol violation found by a caller)."""
+        self._broken = self._broken or reason
 
     # -- frames ---------------------------------------------------------------------------
 
@@ -124,10 +130,11 @@ class AgentSession:
         data = encode_request(rid, op, args)
         if binary is not None:
             view = memoryview(binary)
-            parts = [data]
-            for i in range(0, len(view), BINARY_CHUNK):
-                parts.append(encode(KIND_BINARY, bytes(view[i : i + BINARY_CHUNK])))
-            data = b"".join(parts)
+            chunks = [
+                encode(KIND_BINARY, bytes(view[i : i + BINARY_CHUNK]))
+                for i in range(0, len(view), BINARY_CHUNK)
+            ]
+            data = b"".join([data, *chunks])
         self._send(data)
         while True:
             frame = self._read_frame(deadline)
@@ -155,7 +162,11 @@ class AgentSession:
 
     def hello(self, timeout: float) -> HelloResult:
         result = self.call("hello", {"protocol": PROTOCOL_VERSION}, timeout)
-        hello = HelloResult.model_validate(result)
+        try:
+            hello = HelloResult.model_validate(result)
+        except ValidationError as exc:
+            self.poison("malformed handshake")
+            raise ProtocolError("the agent's handshake is malformed") from exc
         if hello.protocol != PROTOCOL_VERSION:
             raise ProtocolError("the agent speaks another protocol version")
         return hello

@@ -45,11 +45,13 @@ class FdReader:
         self._fd = fd
         self._buf = bytearray()
         self._max = max_frame
+        self.at_eof = False
 
     def _fill(self, n: int) -> bool:
         while len(self._buf) < n:
             chunk = os.read(self._fd, max(65536, n - len(self._buf)))
             if not chunk:
+                self.at_eof = True
                 return False
             self._buf += chunk
         return True

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import stat
 import unicodedata
+from typing import Iterator
 
 MAX_PATH_BYTES = 4096
 MAX_COMPONENTS = 128
@@ -25,7 +26,7 @@ _PROTECTED_PREFIXES = (".env", "id_rsa", "id_dsa", "id_ecdsa", "id_ed25519")
 _PROTECTED_SUFFIXES = (".pem", ".key")
 
 
-class PathDenied(Exception):
+class PathDeniedError(Exception):
     """The path is not allowed or not a readable regular file; the reason is never shown."""
 
 
@@ -43,21 +44,21 @@ def is_protected_component(name: str) -> bool:
 
 
 def split(path: object) -> list[str]:
-    """Validates a workspace path and returns its components (raises PathDenied)."""
+    """Validates a workspace path and returns its components (raises PathDeniedError)."""
     if not isinstance(path, str) or not path:
-        raise PathDenied
+        raise PathDeniedError
     if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
-        raise PathDenied
+        raise PathDeniedError
     if path.startswith("/") or "\\" in path or "\x00" in path:
-        raise PathDenied
+        raise PathDeniedError
     if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in path):
-        raise PathDenied
+        raise PathDeniedError
     parts = path.split("/")
     if len(parts) > MAX_COMPONENTS:
-        raise PathDenied
+        raise PathDeniedError
     for part in parts:
         if part in ("", ".", "..") or is_protected_component(part):
-            raise PathDenied
+            raise PathDeniedError
     return parts
 
 
@@ -71,21 +72,62 @@ def open_dir(root_fd: int, parts: list[str]) -> int:
             fd = nfd
     except OSError as exc:
         os.close(fd)
-        raise PathDenied from exc
+        raise PathDeniedError from exc
+    return fd
+
+
+def make_dirs(root_fd: int, parts: list[str]) -> int:
+    """Creates missing directories ``parts`` beneath ``root_fd`` (never through a link)
+    and returns a descriptor of the last one."""
+    fd = os.dup(root_fd)
+    try:
+        for part in parts:
+            try:
+                os.mkdir(part, 0o755, dir_fd=fd)
+            except FileExistsError:
+                pass
+            nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+    except OSError as exc:
+        os.close(fd)
+        raise PathDeniedError from exc
     return fd
 
 
 def open_file(root_fd: int, path: object) -> int:
-    """Opens a regular file for reading beneath ``root_fd``; raises PathDenied otherwise."""
+    """Opens a regular file for reading beneath ``root_fd``; raises PathDeniedError otherwise."""
     parts = split(path)
     dfd = open_dir(root_fd, parts[:-1])
     try:
         fd = os.open(parts[-1], _FILE_FLAGS, dir_fd=dfd)
     except OSError as exc:
-        raise PathDenied from exc
+        raise PathDeniedError from exc
     finally:
         os.close(dfd)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise PathDenied
+        raise PathDeniedError
     return fd
+
+
+def walk_files(root_fd: int, prefix: str = "") -> Iterator[str]:
+    """Yields the relative paths of regular files beneath ``root_fd`` in sorted order,
+    never following a link and never entering or listing a protected name."""
+    with os.scandir(root_fd) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    for entry in entries:
+        if is_protected_component(entry.name):
+            continue
+        rel = prefix + entry.name
+        if entry.is_file(follow_symlinks=False):
+            yield rel
+        elif entry.is_dir(follow_symlinks=False):
+            try:
+                sub = os.open(entry.name, _DIR_FLAGS, dir_fd=root_fd)
+            except OSError:
+                continue
+            try:
+                yield from walk_files(sub, rel + "/")
+            finally:
+                os.close(sub)

@@ -22,7 +22,9 @@ import sys
 import tarfile
 import threading
 import time
-from typing import IO, Any, Callable
+from collections.abc import Callable
+from functools import partial
+from typing import IO, Any
 
 from . import jail
 from .frames import KIND_BINARY, KIND_JSON, PROTOCOL_VERSION, FdReader, FrameError, encode_json
@@ -93,7 +95,6 @@ class Agent:
         self._running: dict[int, subprocess.Popen[bytes]] = {}
         self._cancelled: set[int] = set()
         self._state_lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
 
     # -- output ---------------------------------------------------------------------------
 
@@ -109,54 +110,59 @@ class Agent:
         try:
             self._send({"id": rid, "ok": True, "result": fn()})
         except OpError as exc:
-            self._send({"id": rid, "ok": False, "error": {"code": exc.code, "message": exc.message}})
-        except jail.PathDenied:
+            self._send(
+                {"id": rid, "ok": False, "error": {"code": exc.code, "message": exc.message}}
+            )
+        except jail.PathDeniedError:
             err = {"code": "TOOL_PATH_DENIED", "message": "path denied"}
             self._send({"id": rid, "ok": False, "error": err})
         except FrameError:
             raise
-        except Exception as exc:  # noqa: BLE001 - an unexpected fault is reported, not fatal
+        except Exception as exc:
             err = {"code": "SANDBOX_FAILED", "message": f"agent fault: {type(exc).__name__}"}
             self._send({"id": rid, "ok": False, "error": err})
 
     # -- loop -----------------------------------------------------------------------------
 
+    def _next_request(self) -> tuple[int, str, dict[str, Any]] | None:
+        """The next well-formed request, or None when the stream ends or breaks the protocol."""
+        frame = self._reader.read()
+        if frame is None or frame[0] != KIND_JSON:
+            return None
+        try:
+            req = json.loads(frame[1])
+        except ValueError:
+            return None
+        if not isinstance(req, dict) or not isinstance(req.get("id"), int):
+            return None
+        op, args = req.get("op"), req.get("args", {})
+        if not isinstance(op, str) or not isinstance(args, dict):
+            return None
+        if not self._greeted and op != "hello":
+            return None
+        return req["id"], op, args
+
     def serve(self) -> int:
-        """Serves until end of input or ``shutdown``; returns the process exit code."""
-        while True:
-            try:
-                frame = self._reader.read()
-            except FrameError:
-                return 3
-            if frame is None:
-                return 0
-            kind, payload = frame
-            if kind != KIND_JSON:
-                return 3
-            try:
-                req = json.loads(payload)
-            except ValueError:
-                return 3
-            if not isinstance(req, dict) or not isinstance(req.get("id"), int):
-                return 3
-            rid, op, args = req["id"], req.get("op"), req.get("args", {})
-            if not isinstance(args, dict):
-                return 3
-            if not self._greeted and op != "hello":
-                return 3
-            if op == "shutdown":
-                self._send({"id": rid, "ok": True, "result": {}})
-                return 0
-            if op == "run":
-                t = threading.Thread(target=self._reply, args=(rid, lambda: self._run(rid, args)))
-                t.daemon = True
-                t.start()
-                self._threads.append(t)
-                continue
-            try:
-                self._dispatch(rid, str(op), args)
-            except FrameError:
-                return 3
+        """Serves until end of input or ``shutdown``; returns the process exit code
+        (0 on a clean end, 3 on a protocol violation)."""
+        try:
+            while True:
+                req = self._next_request()
+                if req is None:
+                    return 0 if self._reader.at_eof else 3
+                rid, op, args = req
+                if op == "shutdown":
+                    self._send({"id": rid, "ok": True, "result": {}})
+                    return 0
+                if op == "run":
+                    work = partial(self._run, rid, args)
+                    t = threading.Thread(target=self._reply, args=(rid, work))
+                    t.daemon = True
+                    t.start()
+                    continue
+                self._dispatch(rid, op, args)
+        except FrameError:
+            return 3
 
     def _dispatch(self, rid: int, op: str, args: dict[str, Any]) -> None:
         handlers: dict[str, Callable[[], dict[str, Any]]] = {
@@ -196,37 +202,12 @@ class Agent:
         limit = _int_arg(args, "maxResults", DEFAULT_LIST_RESULTS, 1, MAX_LIST_RESULTS)
         files: list[str] = []
         truncated = False
-        stack: list[tuple[int, str]] = [(os.dup(self._root_fd), "")]
-        try:
-            while stack:
-                dfd, prefix = stack.pop()
-                try:
-                    with os.scandir(dfd) as it:
-                        entries = sorted(it, key=lambda e: e.name, reverse=True)
-                    for entry in entries:
-                        name = entry.name
-                        if jail.is_protected_component(name):
-                            continue
-                        rel = prefix + name
-                        if entry.is_dir(follow_symlinks=False):
-                            try:
-                                sub = os.open(name, jail._DIR_FLAGS, dir_fd=dfd)  # noqa: SLF001
-                            except OSError:
-                                continue
-                            stack.append((sub, rel + "/"))
-                        elif entry.is_file(follow_symlinks=False):
-                            if pattern is None or fnmatch.fnmatchcase(rel, pattern):
-                                if len(files) >= limit:
-                                    truncated = True
-                                    break
-                                files.append(rel)
-                finally:
-                    os.close(dfd)
-                if truncated:
+        for rel in jail.walk_files(self._root_fd):
+            if pattern is None or fnmatch.fnmatchcase(rel, pattern):
+                if len(files) >= limit:
+                    truncated = True
                     break
-        finally:
-            for dfd, _ in stack:
-                os.close(dfd)
+                files.append(rel)
         files.sort()
         return {"files": files, "truncated": truncated}
 
@@ -243,11 +224,11 @@ class Agent:
             for raw in fh:
                 total += 1
                 if b"\x00" in raw:
-                    raise jail.PathDenied
+                    raise jail.PathDeniedError
                 try:
                     text = raw.decode("utf-8")
                 except UnicodeDecodeError as exc:
-                    raise jail.PathDenied from exc
+                    raise jail.PathDeniedError from exc
                 if start <= total <= end and not truncated:
                     if size + len(raw) > MAX_READ_BYTES:
                         truncated = True
@@ -280,9 +261,13 @@ class Agent:
 
     def _extract(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> int:
         parts = member.name.rstrip("/").split("/")
-        if not member.name or member.name.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        if (
+            not member.name
+            or member.name.startswith("/")
+            or any(p in ("", ".", "..") for p in parts)
+        ):
             raise OpError("SANDBOX_FAILED", "archive member name refused")
-        dfd = jail.open_dir(self._root_fd, parts[:-1])
+        dfd = jail.make_dirs(self._root_fd, parts[:-1])
         try:
             name = parts[-1]
             if member.isdir():
@@ -341,7 +326,7 @@ class Agent:
         cap = _int_arg(args, "outputLimit", 64 * 1024, 0, MAX_RUN_OUTPUT)
         started = time.monotonic()
         try:
-            proc = subprocess.Popen(  # noqa: S603 - argv from the trusted controller, no shell
+            proc = subprocess.Popen(
                 argv,
                 cwd=self._workspace,
                 env=env,
@@ -392,6 +377,34 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         pass
 
 
+class _Tail:
+    """Keeps the last ``cap`` bytes of a stream and counts all of it."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.data = bytearray()
+        self.total = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        self.data += chunk
+        if len(self.data) > self.cap:
+            del self.data[: len(self.data) - self.cap]
+
+
+def _read_ready(fd: int, wait: float) -> bytes | None:
+    """A chunk from ``fd`` if one is ready within ``wait`` seconds; b"" at end of stream."""
+    ready, _, _ = select.select([fd], [], [], wait)
+    if not ready:
+        return None
+    try:
+        return os.read(fd, 65536)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
+
+
 def _collect(
     proc: subprocess.Popen[bytes], out: IO[bytes], deadline: float, cap: int
 ) -> tuple[bytes, int, bool]:
@@ -402,50 +415,39 @@ def _collect(
     """
     fd = out.fileno()
     os.set_blocking(fd, False)
-    tail = bytearray()
-    total = 0
+    tail = _Tail(cap)
     timed_out = False
-    open_pipe = True
-    while open_pipe:
+    while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             timed_out = True
-            _kill_group(proc)
             break
-        ready, _, _ = select.select([fd], [], [], min(remaining, 0.5))
-        if ready:
-            try:
-                chunk = os.read(fd, 65536)
-            except BlockingIOError:
-                continue
-            if not chunk:
-                open_pipe = False
-                break
-            total += len(chunk)
-            tail += chunk
-            if len(tail) > cap:
-                del tail[: len(tail) - cap]
+        chunk = _read_ready(fd, min(remaining, 0.5))
+        if chunk == b"":
+            break
+        if chunk:
+            tail.add(chunk)
         if proc.poll() is not None:
             _kill_group(proc)
-    proc.wait()
     _kill_group(proc)
-    # Drain whatever was written before the kill, without waiting on stragglers.
-    while True:
-        ready, _, _ = select.select([fd], [], [], 0)
-        if not ready:
-            break
-        try:
-            chunk = os.read(fd, 65536)
-        except (BlockingIOError, OSError):
-            break
-        if not chunk:
-            break
-        total += len(chunk)
-        tail += chunk
-        if len(tail) > cap:
-            del tail[: len(tail) - cap]
+    proc.wait()
+    # Drain what was written before the kill, without waiting on stragglers.
+    while chunk := _read_ready(fd, 0):
+        tail.add(chunk)
     out.close()
-    return bytes(tail), total, timed_out
+    return bytes(tail.data), tail.total, timed_out
+
+
+def _not_dumpable() -> None:
+    """Makes the agent non-dumpable, so processes it starts (same uid) cannot open its
+    channel through /proc/PID/fd or attach to it."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    except (OSError, AttributeError):
+        pass
 
 
 def main() -> int:
@@ -453,12 +455,13 @@ def main() -> int:
 
     Nothing the agent starts can then write into the channel by accident.
     """
+    _not_dumpable()
     in_fd = os.dup(0)
     out_fd = os.dup(1)
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)
     os.close(null)
-    sys.stdout = open(os.devnull, "w")  # noqa: SIM115, PTH123 - lives as long as the process
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
     workspace = os.environ.get("PATCHBOX_WORKSPACE", WORKSPACE)
     return Agent(in_fd, out_fd, workspace).serve()

@@ -1,0 +1,85 @@
+"""The agent operations, shared by every sandbox implementation.
+
+A subclass provides ``_call``; results are validated with the strict models of ``base``
+before anyone uses them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from controller.errors import ProtocolError
+from controller.sandbox.base import ListFilesResult, PutArchiveResult, ReadFileResult, RunResult
+
+M = TypeVar("M", bound=BaseModel)
+
+DEFAULT_CALL_TIMEOUT = 60.0
+ARCHIVE_TIMEOUT = 600.0
+RUN_GRACE = 10.0
+"""Seconds the controller waits beyond a process timeout for the agent's answer."""
+
+
+class AgentCalls:
+    def _call(
+        self,
+        op: str,
+        args: dict[str, Any],
+        timeout: float = DEFAULT_CALL_TIMEOUT,
+        binary: bytes | None = None,
+    ) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _protocol_violation(self, error: ProtocolError) -> ProtocolError:
+        """Called when a result breaks its schema; implementations discard the sandbox."""
+        return error
+
+    def _validate(self, model: type[M], data: dict[str, Any]) -> M:
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            error = ProtocolError(f"a {model.__name__} from the sandbox does not match its schema")
+            raise self._protocol_violation(error) from exc
+
+    def list_files(
+        self, glob: str | None = None, max_results: int | None = None
+    ) -> ListFilesResult:
+        args: dict[str, Any] = {}
+        if glob is not None:
+            args["glob"] = glob
+        if max_results is not None:
+            args["maxResults"] = max_results
+        return self._validate(ListFilesResult, self._call("list_files", args))
+
+    def read_file(
+        self, path: str, start: int | None = None, end: int | None = None
+    ) -> ReadFileResult:
+        args: dict[str, Any] = {"path": path}
+        if start is not None:
+            args["startLine"] = start
+        if end is not None:
+            args["endLine"] = end
+        return self._validate(ReadFileResult, self._call("read_file", args))
+
+    def put_archive(self, data: bytes) -> PutArchiveResult:
+        """Unpacks a tar archive made by the controller into /workspace."""
+        result = self._call("put_archive", {"size": len(data)}, ARCHIVE_TIMEOUT, data)
+        return self._validate(PutArchiveResult, result)
+
+    def run(
+        self,
+        argv: list[str],
+        *,
+        timeout: float,
+        env: dict[str, str] | None = None,
+        output_limit: int = 65536,
+    ) -> RunResult:
+        """Runs one process in /workspace; its whole process group dies at ``timeout``."""
+        args = {
+            "argv": argv,
+            "env": env or {},
+            "timeoutSeconds": timeout,
+            "outputLimit": output_limit,
+        }
+        return self._validate(RunResult, self._call("run", args, timeout + RUN_GRACE))

@@ -1,0 +1,123 @@
+"""Shared fixtures. Docker tests use the real daemon and share one image build per run.
+
+gVisor tests run wherever runsc is registered with the daemon; where it is not, they are
+skipped, except under CI (``CI=true``) or ``PATCHBOX_REQUIRE_RUNSC=1``, where a missing
+runtime is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "sandbox-image"))
+
+from controller.dockerclient import connect  # noqa: E402
+from controller.image import ImageBuilder  # noqa: E402
+from controller.labels import CONTROLLER, OWNER_FILTER, current_identity, new_job_id  # noqa: E402
+from controller.limits import Limits  # noqa: E402
+from controller.sandbox.base import Runtime, SandboxSpec  # noqa: E402
+from controller.sandbox.docker import DockerSandbox  # noqa: E402
+
+RUNTIMES: list[Runtime] = ["runc", "runsc"]
+
+
+def _require_runsc() -> bool:
+    return (
+        os.environ.get("CI", "").lower() == "true"
+        or os.environ.get("PATCHBOX_REQUIRE_RUNSC") == "1"
+    )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Keeps the suite's state out of the user's data directory."""
+    home = tmp_path_factory.mktemp("patchbox-home")
+    old = os.environ.get("PATCHBOX_HOME")
+    os.environ["PATCHBOX_HOME"] = str(home)
+    yield home
+    if old is None:
+        os.environ.pop("PATCHBOX_HOME", None)
+    else:
+        os.environ["PATCHBOX_HOME"] = old
+
+
+def _ours(labels: dict[str, str]) -> bool:
+    """Made by this test run (tests that start raw containers label them with
+    ``current_identity().labels(...)`` too)."""
+    return labels.get(CONTROLLER) == current_identity().token
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Iterator[docker.DockerClient]:
+    """The real daemon. At the end of the run no labelled container or volume made by this
+    run may remain (other controllers' live resources on the same daemon are not ours)."""
+    client = connect()
+    yield client
+    leftovers = [
+        c
+        for c in client.containers.list(all=True, filters={"label": OWNER_FILTER})
+        if _ours(c.labels)
+    ]
+    volumes = [
+        v
+        for v in client.volumes.list(filters={"label": OWNER_FILTER})
+        if _ours(v.attrs.get("Labels") or {})
+    ]
+    for c in leftovers:
+        c.remove(force=True, v=True)
+    client.close()
+    assert not leftovers, f"labelled containers left behind: {[c.name for c in leftovers]}"
+    assert not volumes, f"labelled volumes left behind: {[v.name for v in volumes]}"
+
+
+@pytest.fixture(scope="session")
+def sandbox_image(docker_client: docker.DockerClient) -> str:
+    info = ImageBuilder(docker_client, lambda m: print(f"[image] {m}", file=sys.stderr)).ensure()
+    return info.tag
+
+
+@pytest.fixture(scope="session")
+def runsc_available(docker_client: docker.DockerClient) -> bool:
+    return "runsc" in (docker_client.info().get("Runtimes") or {})
+
+
+@pytest.fixture(params=RUNTIMES)
+def runtime(request: pytest.FixtureRequest, runsc_available: bool) -> Runtime:
+    value: Runtime = request.param
+    if value == "runsc" and not runsc_available:
+        if _require_runsc():
+            pytest.fail("runsc is not registered with the Docker daemon (required under CI)")
+        pytest.skip("runsc is not registered with the Docker daemon")
+    return value
+
+
+SandboxFactory = Callable[..., DockerSandbox]
+
+
+@pytest.fixture
+def make_sandbox(
+    docker_client: docker.DockerClient, sandbox_image: str
+) -> Iterator[SandboxFactory]:
+    """Starts sandboxes (``runtime=``, ``limits=`` or limit fields); all are closed after."""
+    boxes: list[DockerSandbox] = []
+
+    def factory(
+        runtime: Runtime = "runc", limits: Limits | None = None, **fields: Any
+    ) -> DockerSandbox:
+        lim = limits or Limits(**({"memory_mb": 512, "workspace_mb": 128} | fields))
+        spec = SandboxSpec(image=sandbox_image, job_id=new_job_id(), runtime=runtime, limits=lim)
+        box = DockerSandbox.start(docker_client, spec, current_identity())
+        boxes.append(box)
+        return box
+
+    yield factory
+    for box in boxes:
+        box.close()

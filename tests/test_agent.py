@@ -1,0 +1,229 @@
+"""The agent in a host subprocess over pipes (no Docker): protocol and tool basics."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from controller.errors import ErrorCode, ToolError
+from controller.paths import sandbox_image_dir
+from controller.protocol import KIND_JSON, encode
+from controller.sandbox.local import LocalSandbox
+
+
+def _tar(files: dict[str, bytes], modes: dict[str, int] | None = None) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = (modes or {}).get(name, 0o644)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+@pytest.fixture
+def box(tmp_path: Path) -> Iterator[LocalSandbox]:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    with LocalSandbox(ws) as sandbox:
+        yield sandbox
+
+
+def test_handshake_reports_the_protocol(box: LocalSandbox) -> None:
+    assert box.hello.protocol == 1
+    assert box.hello.uid == os.getuid()
+
+
+def test_archive_then_list_and_read(box: LocalSandbox) -> None:
+    data = _tar(
+        {"a.txt": b"one\ntwo\nthree\n", "src/b.py": b"print(1)\n", "run.sh": b"#!/bin/sh\n"},
+        {"run.sh": 0o755},
+    )
+    loaded = box.put_archive(data)
+    assert loaded.entries == 3
+    assert box.list_files().files == ["a.txt", "run.sh", "src/b.py"]
+    assert box.list_files(glob="src/*").files == ["src/b.py"]
+    part = box.read_file("a.txt", start=2, end=2)
+    assert (part.content, part.startLine, part.endLine, part.totalLines) == ("two\n", 2, 2, 3)
+    assert (box.workspace / "run.sh").stat().st_mode & 0o777 == 0o755
+    assert (box.workspace / "a.txt").stat().st_mode & 0o777 == 0o644
+
+
+def test_list_is_bounded(box: LocalSandbox) -> None:
+    box.put_archive(_tar({f"f{i:03}.txt": b"x" for i in range(30)}))
+    res = box.list_files(max_results=10)
+    assert len(res.files) == 10
+    assert res.truncated is True
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "../outside.txt",
+        "/etc/passwd",
+        "a/../../outside.txt",
+        "sub\\..\\..\\outside.txt",
+        "a.txt\x00",
+        "",
+        ".",
+        "sub",  # a directory
+        "missing.txt",
+        "link.txt",  # a symlink to a real file inside
+        "sub/escape",  # a symlink out of the workspace
+        "fifo",
+        ".git/config",
+        ".GIT/config",
+        ".env",
+        "key.pem",
+        "bin.dat",  # not UTF-8 text
+    ],
+)
+def test_read_denials_are_uniform(box: LocalSandbox, tmp_path: Path, path: str) -> None:
+    ws = box.workspace
+    (tmp_path / "outside.txt").write_text("secret\n")
+    (ws / "a.txt").write_text("hello\n")
+    (ws / "sub").mkdir()
+    (ws / ".git").mkdir()
+    (ws / ".git" / "config").write_text("[core]\n")
+    (ws / ".GIT").mkdir()
+    (ws / ".GIT" / "config").write_text("[core]\n")
+    (ws / ".env").write_text("TOKEN=x\n")
+    (ws / "key.pem").write_text("-----BEGIN-----\n")
+    (ws / "bin.dat").write_bytes(b"\xff\xfe\x00\x01")
+    (ws / "link.txt").symlink_to("a.txt")
+    (ws / "sub" / "escape").symlink_to(tmp_path / "outside.txt")
+    os.mkfifo(ws / "fifo")
+    started = time.monotonic()
+    with pytest.raises(ToolError) as info:
+        box.read_file(path)
+    assert info.value.code is ErrorCode.TOOL_PATH_DENIED
+    assert info.value.message == "path denied"
+    assert time.monotonic() - started < 2, "a FIFO must not block the agent"
+    assert box.read_file("a.txt").content == "hello\n"
+
+
+def test_protected_and_linked_files_are_not_listed(box: LocalSandbox, tmp_path: Path) -> None:
+    ws = box.workspace
+    (ws / "ok.py").write_text("x\n")
+    (ws / ".git").mkdir()
+    (ws / ".git" / "HEAD").write_text("ref\n")
+    (ws / ".env.local").write_text("x\n")
+    (ws / "id_rsa").write_text("x\n")
+    (tmp_path / "outdir").mkdir()
+    (tmp_path / "outdir" / "secret.txt").write_text("x\n")
+    (ws / "linkdir").symlink_to(tmp_path / "outdir")
+    (ws / "link.py").symlink_to("ok.py")
+    assert box.list_files().files == ["ok.py"]
+
+
+def test_bad_arguments_are_retryable_errors(box: LocalSandbox) -> None:
+    with pytest.raises(ToolError) as info:
+        box.list_files(max_results=0)
+    assert info.value.code is ErrorCode.TOOL_ARGUMENTS_INVALID
+    with pytest.raises(ToolError) as info:
+        box.session.call("no_such_op", {}, 5)
+    assert info.value.code is ErrorCode.TOOL_ARGUMENTS_INVALID
+    assert box.list_files().files == []
+
+
+def test_run_reports_exit_status_and_output(box: LocalSandbox) -> None:
+    ok = box.run([sys.executable, "-c", "print('hi')"], timeout=20)
+    assert (ok.exitCode, ok.signal, ok.timedOut, ok.output) == (0, None, False, "hi\n")
+    bad = box.run([sys.executable, "-c", "import sys; sys.exit(3)"], timeout=20)
+    assert bad.exitCode == 3
+    killed = box.run(
+        [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"],
+        timeout=20,
+    )
+    assert (killed.exitCode, killed.signal) == (None, 15)
+    missing = box.run(["/no/such/program"], timeout=20)
+    assert missing.exitCode is None
+    assert missing.spawnError
+
+
+def test_run_output_keeps_a_bounded_tail(box: LocalSandbox) -> None:
+    res = box.run(
+        [sys.executable, "-c", "print('x' * 100000 + 'END')"], timeout=20, output_limit=1000
+    )
+    assert res.outputBytes == 100004
+    assert res.truncated is True
+    assert len(res.output) == 1000
+    assert res.output.endswith("END\n")
+
+
+def test_run_timeout_kills_the_whole_process_group(box: LocalSandbox, tmp_path: Path) -> None:
+    marker = tmp_path / "grandchild-alive"
+    child = f"import time; time.sleep(3); open({str(marker)!r}, 'w')"
+    script = f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {child!r}])\ntime.sleep(60)\n"
+    started = time.monotonic()
+    res = box.run([sys.executable, "-c", script], timeout=1)
+    assert res.timedOut is True
+    assert res.signal == 9
+    assert time.monotonic() - started < 5
+    time.sleep(3.5)
+    assert not marker.exists(), "the grandchild outlived the timeout"
+
+
+def test_background_children_do_not_hold_the_call(box: LocalSandbox) -> None:
+    started = time.monotonic()
+    res = box.run(["sh", "-c", "sleep 30 & echo started"], timeout=20)
+    assert res.exitCode == 0
+    assert res.output == "started\n"
+    assert time.monotonic() - started < 5
+
+
+def test_run_gets_only_the_given_environment(box: LocalSandbox) -> None:
+    res = box.run(
+        [sys.executable, "-c", "import os; print(sorted(os.environ))"], timeout=20, env={"A": "1"}
+    )
+    assert res.output.strip() in ("['A']", "['A', 'LC_CTYPE']")
+
+
+def test_cancel_kills_a_running_process(box: LocalSandbox) -> None:
+    import threading
+
+    target = box.session.next_id
+    timer = threading.Timer(0.5, box.session.cancel, args=(target,))
+    timer.start()
+    started = time.monotonic()
+    res = box.run(["sleep", "30"], timeout=60)
+    timer.join()
+    assert res.cancelled is True
+    assert res.signal == 9
+    assert time.monotonic() - started < 5
+    assert box.list_files().files == []  # the session is still usable
+
+
+def _raw_agent(tmp_path: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-I", "-B", str(sandbox_image_dir() / "agent.py")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={"PATCHBOX_WORKSPACE": str(tmp_path)},
+    )
+
+
+@pytest.mark.parametrize(
+    ("data", "code"),
+    [
+        (b"", 0),  # clean end of input
+        (b"garbage!", 3),
+        (encode(KIND_JSON, b"[1]"), 3),
+        (encode(KIND_JSON, b'{"id": 1, "op": "list_files", "args": {}}'), 3),  # no hello first
+        (b"PB" + KIND_JSON + (100 * 1024 * 1024).to_bytes(4, "big"), 3),  # oversized
+    ],
+)
+def test_agent_refuses_a_broken_controller_stream(tmp_path: Path, data: bytes, code: int) -> None:
+    proc = _raw_agent(tmp_path)
+    out, _ = proc.communicate(data, timeout=10)
+    assert proc.returncode == code
+    assert out == b""

@@ -1,0 +1,100 @@
+"""The command line: exit codes, JSON output, and the not-ready path."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from controller.logs import REDACTED, redact
+
+
+def _patchbox(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "controller", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=600,
+        check=False,
+    )
+
+
+def test_bad_usage_exits_2() -> None:
+    res = _patchbox("no-such-command", "--json")
+    assert res.returncode == 2
+    assert json.loads(res.stdout)["error"]["code"] == "USAGE_ERROR"
+
+
+def test_unreachable_daemon_exits_3_with_an_instruction(tmp_path: Any) -> None:
+    res = _patchbox("doctor", "--json", env={"DOCKER_HOST": f"unix://{tmp_path}/no.sock"})
+    assert res.returncode == 3
+    report = json.loads(res.stdout)
+    assert report["ready"] is False
+    assert "docker daemon unreachable" in report["problems"]
+    assert any("start Docker" in a for a in report["advice"])
+    res = _patchbox("image", "build", "--json", env={"DOCKER_HOST": f"unix://{tmp_path}/no.sock"})
+    assert res.returncode == 3
+    assert json.loads(res.stdout)["error"]["code"] == "ENVIRONMENT_NOT_READY"
+
+
+@pytest.mark.docker
+def test_doctor_reports_daemon_runtimes_and_image(
+    sandbox_image: str, runsc_available: bool
+) -> None:
+    res = _patchbox("doctor", "--json")
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    assert report["ready"] is True
+    assert report["docker"]["api_version"]
+    assert "runc" in report["docker"]["runtimes"]
+    assert report["image"] == {"base": report["image"]["base"], "tag": sandbox_image, "ready": True}
+    assert report["runsc"]["registered"] is runsc_available
+    if runsc_available:
+        assert report["runsc"]["works"] is True
+    assert report["git"]
+
+
+@pytest.mark.docker
+def test_image_build_is_cached(sandbox_image: str) -> None:
+    res = _patchbox("image", "build", "--json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["tag"] == sandbox_image
+    assert data["built"] is False
+
+
+@pytest.mark.docker
+def test_demo_runs_tools_in_a_sandbox(sandbox_image: str) -> None:
+    res = _patchbox("demo", "--json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["image"] == sandbox_image
+    tools = [c["tool"] for c in data["calls"]]
+    assert tools == ["put_archive", "list_files", "read_file", "read_file", "run_check"]
+    assert "calc/parser.py" in data["calls"][1]["files"]
+    assert data["calls"][3]["error"] == "TOOL_PATH_DENIED"
+    assert data["calls"][4]["exit_code"] == 1
+    assert "FAILED (failures=1)" in data["calls"][4]["output_tail"]
+
+
+def test_redaction_masks_secrets_and_private_paths(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-1234567890")
+    monkeypatch.setenv("PATCHBOX_HOME", str(tmp_path))
+    event = {
+        "event": "x",
+        "api_key": "anything",
+        "detail": f"failed at {tmp_path}/jobs/1 with sk-test-1234567890",
+        "count": 3,
+    }
+    out = redact(None, "info", event)
+    assert out["api_key"] == REDACTED
+    assert "sk-test" not in out["detail"]
+    assert str(tmp_path) not in out["detail"]
+    assert out["count"] == 3

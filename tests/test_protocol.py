@@ -1,0 +1,82 @@
+"""Strict decoding of everything that comes from the container (pure, no Docker)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from controller.errors import ProtocolError
+from controller.protocol import (
+    HEADER,
+    KIND_BINARY,
+    KIND_JSON,
+    MAX_DEPTH,
+    decode_json,
+    encode,
+    encode_request,
+    parse_header,
+)
+
+
+def test_request_round_trip() -> None:
+    frame = encode_request(7, "read_file", {"path": "a.py"})
+    kind, length = parse_header(frame[: HEADER.size])
+    assert kind == KIND_JSON
+    assert length == len(frame) - HEADER.size
+    assert decode_json(frame[HEADER.size :]) == {
+        "id": 7,
+        "op": "read_file",
+        "args": {"path": "a.py"},
+    }
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"XX" + KIND_JSON + b"\x00\x00\x00\x01",  # wrong magic
+        b"PB" + b"Z" + b"\x00\x00\x00\x01",  # unknown kind
+        b"\x00" * 7,
+    ],
+)
+def test_malformed_header_is_refused(header: bytes) -> None:
+    with pytest.raises(ProtocolError, match="malformed frame header"):
+        parse_header(header)
+
+
+def test_oversized_frame_is_refused_from_its_header() -> None:
+    header = encode(KIND_BINARY, b"")[:3] + (10_000_001).to_bytes(4, "big")
+    with pytest.raises(ProtocolError, match="oversized frame"):
+        parse_header(header, max_frame=10_000_000)
+    assert parse_header(header, max_frame=10_000_001) == (KIND_BINARY, 10_000_001)
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        (b'{"id": 1, "id": 2}', "duplicate key"),
+        (b'{"x": NaN}', "non-finite"),
+        (b'{"x": Infinity}', "non-finite"),
+        (b'{"x": -Infinity}', "non-finite"),
+        (b'{"x": 1e999}', "non-finite"),
+        (b'{"x": 12345678901234567890123}', "number too large"),
+        (b'{"x": 1.' + b"1" * 60 + b"}", "number too long"),
+        (b"[1, 2]", "not a JSON object"),
+        (b'"text"', "not a JSON object"),
+        (b'{"x": "\xff"}', "undecodable"),
+        (b'{"x": ', "undecodable"),
+        (b"", "undecodable"),
+        (b'{"a":' * (MAX_DEPTH + 2) + b"1" + b"}" * (MAX_DEPTH + 2), "nested too deeply"),
+        (b"[" * 100_000 + b"]" * 100_000, "undecodable|not a JSON object"),
+    ],
+)
+def test_hostile_payloads_are_refused(payload: bytes, message: str) -> None:
+    with pytest.raises(ProtocolError, match=message):
+        decode_json(payload)
+
+
+def test_nesting_at_the_limit_is_accepted() -> None:
+    value: object = 1
+    for _ in range(MAX_DEPTH):
+        value = {"a": value}
+    assert decode_json(json.dumps(value).encode()) == value
