@@ -43,6 +43,9 @@ def _private_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     old = os.environ.get("PATCHBOX_HOME")
     os.environ["PATCHBOX_HOME"] = str(home)
     yield home
+    tmp = home / "tmp"
+    left = sorted(p.name for p in tmp.iterdir()) if tmp.is_dir() else []
+    assert not left, f"temp folders left behind: {left}"
     if old is None:
         os.environ.pop("PATCHBOX_HOME", None)
     else:
