@@ -43,6 +43,23 @@ class HelloResult(_Result):
 class ListFilesResult(_Result):
     files: list[str] = Field(max_length=10000)
     truncated: bool
+    version: int = Field(ge=0)
+    """The workspace version the listing belongs to."""
+
+
+class SearchHit(_Result):
+    path: str = Field(max_length=4096)
+    line: int = Field(ge=1)
+    text: str = Field(max_length=500)
+
+
+class SearchTextResult(_Result):
+    hits: list[SearchHit] = Field(max_length=1000)
+    truncated: bool
+    filesScanned: int = Field(ge=0)  # noqa: N815 - wire name
+    version: int = Field(ge=0)
+    cached: bool
+    """True when the answer came from the cache of this workspace version."""
 
 
 class ReadFileResult(_Result):

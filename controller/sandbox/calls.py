@@ -11,7 +11,13 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from controller.errors import ProtocolError
-from controller.sandbox.base import ListFilesResult, PutArchiveResult, ReadFileResult, RunResult
+from controller.sandbox.base import (
+    ListFilesResult,
+    PutArchiveResult,
+    ReadFileResult,
+    RunResult,
+    SearchTextResult,
+)
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -51,6 +57,21 @@ class AgentCalls:
         if max_results is not None:
             args["maxResults"] = max_results
         return self._validate(ListFilesResult, self._call("list_files", args))
+
+    def search_text(
+        self,
+        query: str,
+        *,
+        glob: str | None = None,
+        max_results: int | None = None,
+        regex: bool = False,
+    ) -> SearchTextResult:
+        args: dict[str, Any] = {"query": query, "regex": regex}
+        if glob is not None:
+            args["glob"] = glob
+        if max_results is not None:
+            args["maxResults"] = max_results
+        return self._validate(SearchTextResult, self._call("search_text", args))
 
     def read_file(
         self, path: str, start: int | None = None, end: int | None = None

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +63,11 @@ class PipeChannel:
 class LocalSandbox(AgentCalls):
     """The agent in a host subprocess, serving ``workspace`` (tests and development only)."""
 
-    def __init__(self, workspace: Path, timeout: float = 30.0) -> None:
+    def __init__(
+        self, workspace: Path, timeout: float = 30.0, env: dict[str, str] | None = None
+    ) -> None:
         self.workspace = workspace
+        self._tmp = tempfile.mkdtemp(prefix="patchbox-local-")
         self.proc = subprocess.Popen(
             [sys.executable, "-I", "-B", str(sandbox_image_dir() / "agent.py")],
             stdin=subprocess.PIPE,
@@ -71,6 +76,8 @@ class LocalSandbox(AgentCalls):
             env={
                 "PATCHBOX_WORKSPACE": str(workspace),
                 "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                "TMPDIR": self._tmp,
+                **(env or {}),
             },
         )
         self.channel = PipeChannel(self.proc)
@@ -105,3 +112,4 @@ class LocalSandbox(AgentCalls):
             self.channel.close()
         except SandboxError:
             pass
+        shutil.rmtree(self._tmp, ignore_errors=True)

@@ -10,10 +10,10 @@ operation runs inline, in order.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 import platform
+import re
 import select
 import signal
 import stat
@@ -22,12 +22,15 @@ import sys
 import tarfile
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
 from typing import IO, Any
 
-from . import jail
+from . import jail, search
 from .frames import KIND_BINARY, KIND_JSON, PROTOCOL_VERSION, FdReader, FrameError, encode_json
+from .globs import Glob, GlobError
+from .index import FileIndex
 
 AGENT_VERSION = "0.1.0"
 WORKSPACE = "/workspace"
@@ -36,6 +39,10 @@ MAX_READ_BYTES = 256 * 1024
 MAX_READ_LINES = 2000
 MAX_LIST_RESULTS = 10000
 DEFAULT_LIST_RESULTS = 1000
+MAX_SEARCH_RESULTS = 1000
+DEFAULT_SEARCH_RESULTS = 100
+MAX_QUERY = 1000
+SEARCH_CACHE_ENTRIES = 64
 MAX_RUN_OUTPUT = 1024 * 1024
 MAX_RUN_SECONDS = 24 * 3600
 
@@ -91,6 +98,9 @@ class Agent:
         self._write_lock = threading.Lock()
         self._workspace = workspace
         self._root_fd = -1
+        self._index: FileIndex | None = None
+        self._search_cache: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._index_lock = threading.Lock()
         self._greeted = False
         self._running: dict[int, subprocess.Popen[bytes]] = {}
         self._cancelled: set[int] = set()
@@ -167,7 +177,8 @@ class Agent:
     def _dispatch(self, rid: int, op: str, args: dict[str, Any]) -> None:
         handlers: dict[str, Callable[[], dict[str, Any]]] = {
             "hello": lambda: self._hello(args),
-            "list_files": lambda: self._list_files(args),
+            "list_files": lambda: self._locked(self._list_files, args),
+            "search_text": lambda: self._locked(self._search_text, args),
             "read_file": lambda: self._read_file(args),
             "cancel": lambda: self._cancel(args),
             "put_archive": lambda: self._put_archive(args),
@@ -186,6 +197,7 @@ class Agent:
             raise OpError("SANDBOX_FAILED", "protocol version mismatch")
         if self._root_fd < 0:
             self._root_fd = os.open(self._workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            self._index = FileIndex(self._root_fd, self._workspace)
         self._greeted = True
         return {
             "protocol": PROTOCOL_VERSION,
@@ -195,21 +207,71 @@ class Agent:
             "gid": os.getgid(),
         }
 
+    @property
+    def index(self) -> FileIndex:
+        assert self._index is not None  # noqa: S101 - made by hello, which comes first
+        return self._index
+
+    def _changed(self) -> None:
+        """The workspace may have changed: new version, caches dropped."""
+        with self._index_lock:
+            self.index.invalidate()
+            self._search_cache.clear()
+
+    def _locked(
+        self, fn: Callable[[dict[str, Any]], dict[str, Any]], args: dict[str, Any]
+    ) -> dict[str, Any]:
+        with self._index_lock:
+            return fn(args)
+
     def _list_files(self, args: dict[str, Any]) -> dict[str, Any]:
-        pattern = args.get("glob")
-        if pattern is not None and (not isinstance(pattern, str) or not 0 < len(pattern) <= 512):
-            raise _bad("glob must be a non-empty string of at most 512 characters")
+        keep = _glob_arg(args)
         limit = _int_arg(args, "maxResults", DEFAULT_LIST_RESULTS, 1, MAX_LIST_RESULTS)
-        files: list[str] = []
-        truncated = False
-        for rel in jail.walk_files(self._root_fd):
-            if pattern is None or fnmatch.fnmatchcase(rel, pattern):
-                if len(files) >= limit:
-                    truncated = True
-                    break
-                files.append(rel)
-        files.sort()
-        return {"files": files, "truncated": truncated}
+        files = self.index.files()
+        if keep is not None:
+            files = [p for p in files if keep(p)]
+        return {
+            "files": files[:limit],
+            "truncated": len(files) > limit,
+            "version": self.index.version,
+        }
+
+    def _search_text(self, args: dict[str, Any]) -> dict[str, Any]:
+        query = args.get("query")
+        if not isinstance(query, str) or not 0 < len(query) <= MAX_QUERY or "\x00" in query:
+            raise _bad("query must be a string of 1 to 1000 characters")
+        regex = args.get("regex", False)
+        if not isinstance(regex, bool):
+            raise _bad("regex must be a boolean")
+        keep = _glob_arg(args)
+        limit = _int_arg(args, "maxResults", DEFAULT_SEARCH_RESULTS, 1, MAX_SEARCH_RESULTS)
+        key = json.dumps([self.index.version, query, regex, args.get("glob"), limit])
+        cached = self._search_cache.get(key)
+        if cached is not None:
+            self._search_cache.move_to_end(key)
+            return dict(cached, cached=True)
+        by_dir = self.index.by_dir()
+        if keep is not None:
+            by_dir = _filter_dirs(by_dir, keep)
+        if regex:
+            try:
+                re.compile(query.encode("utf-8"))
+            except re.error as exc:
+                raise _bad(f"invalid regular expression: {exc.msg}") from exc
+            found = search.regex_search_bounded(self._workspace, by_dir, query, limit)
+            if found is None:
+                raise _bad(
+                    "the regular expression ran out of time; use a literal or a simpler pattern"
+                )
+        else:
+            found = search.search(
+                self._root_fd, by_dir, search.literal_finder(query.encode("utf-8")), limit
+            )
+        result = dict(found, version=self.index.version, cached=False)
+        self._search_cache[key] = result
+        while len(self._search_cache) > SEARCH_CACHE_ENTRIES:
+            self._search_cache.popitem(last=False)
+        return result
 
     def _read_file(self, args: dict[str, Any]) -> dict[str, Any]:
         start = _int_arg(args, "startLine", 1, 1, 10_000_000)
@@ -257,6 +319,7 @@ class Agent:
                     total += self._extract(tar, member)
         finally:
             stream.drain()
+            self._changed()
         return {"entries": count, "bytes": total}
 
     def _extract(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> int:
@@ -352,6 +415,7 @@ class Agent:
             self._running[rid] = proc
         assert proc.stdout is not None  # noqa: S101 - Popen contract with stdout=PIPE
         tail, total, timed_out = _collect(proc, proc.stdout, started + timeout, cap)
+        self._changed()
         with self._state_lock:
             self._running.pop(rid, None)
             cancelled = rid in self._cancelled
@@ -368,6 +432,28 @@ class Agent:
             "truncated": total > len(tail),
             "durationMs": int((time.monotonic() - started) * 1000),
         }
+
+
+def _glob_arg(args: dict[str, Any]) -> Glob | None:
+    pattern = args.get("glob")
+    if pattern is None:
+        return None
+    if not isinstance(pattern, str):
+        raise _bad("glob must be a string")
+    try:
+        return Glob(pattern)
+    except GlobError as exc:
+        raise _bad(str(exc)) from exc
+
+
+def _filter_dirs(by_dir: dict[str, list[str]], keep: Glob) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for directory, names in by_dir.items():
+        prefix = f"{directory}/" if directory else ""
+        kept = [n for n in names if keep(prefix + n)]
+        if kept:
+            out[directory] = kept
+    return out
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
