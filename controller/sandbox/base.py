@@ -71,6 +71,17 @@ class ReadFileResult(_Result):
     truncated: bool
 
 
+class ReplaceTextResult(_Result):
+    path: str = Field(max_length=4096)
+    line: int = Field(ge=1)
+    """The first line of the replaced text."""
+    removedLines: int = Field(ge=0)  # noqa: N815 - wire name
+    addedLines: int = Field(ge=0)  # noqa: N815 - wire name
+    sha256Before: str = Field(pattern=r"^[0-9a-f]{64}$")  # noqa: N815 - wire name
+    sha256After: str = Field(pattern=r"^[0-9a-f]{64}$")  # noqa: N815 - wire name
+    version: int = Field(ge=0)
+
+
 class PutArchiveResult(_Result):
     entries: int = Field(ge=0)
     bytes: int = Field(ge=0)

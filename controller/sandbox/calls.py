@@ -15,6 +15,7 @@ from controller.sandbox.base import (
     ListFilesResult,
     PutArchiveResult,
     ReadFileResult,
+    ReplaceTextResult,
     RunResult,
     SearchTextResult,
 )
@@ -82,6 +83,11 @@ class AgentCalls:
         if end is not None:
             args["endLine"] = end
         return self._validate(ReadFileResult, self._call("read_file", args))
+
+    def replace_text(self, path: str, old_text: str, new_text: str) -> ReplaceTextResult:
+        """Replaces the one exact occurrence of ``old_text`` (PATCH_REJECTED otherwise)."""
+        args = {"path": path, "oldText": old_text, "newText": new_text}
+        return self._validate(ReplaceTextResult, self._call("replace_text", args))
 
     def put_archive(self, data: bytes) -> PutArchiveResult:
         """Unpacks a tar archive made by the controller into /workspace."""

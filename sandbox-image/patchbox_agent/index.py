@@ -50,6 +50,10 @@ class FileIndex:
         self._dirs = None
         self._files = None
 
+    def touch(self) -> None:
+        """File contents changed but no path appeared or vanished: a new version, same list."""
+        self.version += 1
+
     def files(self) -> List[str]:
         """Every visible file, sorted."""
         if self._files is None:

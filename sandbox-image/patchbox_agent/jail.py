@@ -117,7 +117,7 @@ def walk_files(root_fd: int, prefix: str = "") -> Iterator[str]:
     with os.scandir(root_fd) as it:
         entries = sorted(it, key=lambda e: e.name)
     for entry in entries:
-        if is_protected_component(entry.name):
+        if is_protected_component(entry.name) or entry.name.startswith(".patchbox-tmp-"):
             continue
         rel = prefix + entry.name
         if entry.is_file(follow_symlinks=False):

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import IO, Any
 
-from . import jail, search
+from . import edit, jail, search
 from .frames import KIND_BINARY, KIND_JSON, PROTOCOL_VERSION, FdReader, FrameError, encode_json
 from .globs import Glob, GlobError
 from .index import FileIndex
@@ -179,6 +179,7 @@ class Agent:
             "hello": lambda: self._hello(args),
             "list_files": lambda: self._locked(self._list_files, args),
             "search_text": lambda: self._locked(self._search_text, args),
+            "replace_text": lambda: self._locked(self._replace_text, args),
             "read_file": lambda: self._read_file(args),
             "cancel": lambda: self._cancel(args),
             "put_archive": lambda: self._put_archive(args),
@@ -271,6 +272,24 @@ class Agent:
         self._search_cache[key] = result
         while len(self._search_cache) > SEARCH_CACHE_ENTRIES:
             self._search_cache.popitem(last=False)
+        return result
+
+    def _replace_text(self, args: dict[str, Any]) -> dict[str, Any]:
+        try:
+            result = edit.replace_text(
+                self._root_fd, args.get("path"), args.get("oldText"), args.get("newText")
+            )
+        except ValueError as exc:
+            raise _bad(str(exc)) from exc
+        except edit.EditRejected as exc:
+            raise OpError("PATCH_REJECTED", str(exc)) from exc
+        except edit.EditBroken as exc:
+            self.index.touch()
+            self._search_cache.clear()
+            raise OpError("SANDBOX_FAILED", str(exc)) from exc
+        self.index.touch()
+        self._search_cache.clear()
+        result["version"] = self.index.version
         return result
 
     def _read_file(self, args: dict[str, Any]) -> dict[str, Any]:
