@@ -87,6 +87,15 @@ class PutArchiveResult(_Result):
     bytes: int = Field(ge=0)
 
 
+class FileChanges(_Result):
+    """Visible files a process changed, as the agent observed them (bounded lists)."""
+
+    added: list[str] = Field(max_length=200)
+    removed: list[str] = Field(max_length=200)
+    modified: list[str] = Field(max_length=200)
+    count: int = Field(ge=0)
+
+
 class RunResult(_Result):
     """The outcome of one process in the sandbox, as the agent reports it.
 
@@ -102,6 +111,8 @@ class RunResult(_Result):
     outputBytes: int = Field(ge=0)  # noqa: N815 - wire name
     truncated: bool
     durationMs: int = Field(ge=0)  # noqa: N815 - wire name
+    changes: FileChanges | None = None
+    """Present when the run was asked to track changes."""
 
 
 class Channel(Protocol):
@@ -144,6 +155,18 @@ class Sandbox(Protocol):
         timeout: float,
         env: dict[str, str] | None = None,
         output_limit: int = 65536,
+        track_changes: bool = False,
     ) -> RunResult: ...
+
+    def search_text(
+        self,
+        query: str,
+        *,
+        glob: str | None = None,
+        max_results: int | None = None,
+        regex: bool = False,
+    ) -> SearchTextResult: ...
+
+    def replace_text(self, path: str, old_text: str, new_text: str) -> ReplaceTextResult: ...
 
     def close(self) -> None: ...

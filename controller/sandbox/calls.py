@@ -101,12 +101,16 @@ class AgentCalls:
         timeout: float,
         env: dict[str, str] | None = None,
         output_limit: int = 65536,
+        track_changes: bool = False,
     ) -> RunResult:
-        """Runs one process in /workspace; its whole process group dies at ``timeout``."""
+        """Runs one process in /workspace; its whole process group dies at ``timeout``.
+
+        With ``track_changes`` the result lists the visible files the process changed."""
         args = {
             "argv": argv,
             "env": env or {},
             "timeoutSeconds": timeout,
             "outputLimit": output_limit,
+            "trackChanges": track_changes,
         }
         return self._validate(RunResult, self._call("run", args, timeout + RUN_GRACE))

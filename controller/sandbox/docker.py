@@ -328,6 +328,7 @@ class DockerSandbox(AgentCalls):
         timeout: float,
         env: dict[str, str] | None = None,
         output_limit: int = 65536,
+        track_changes: bool = False,
     ) -> RunResult:
         """Runs one process in /workspace; its whole process group dies at ``timeout``.
 
@@ -335,7 +336,9 @@ class DockerSandbox(AgentCalls):
         limit during the run, or when the job's wall clock runs out.
         """
         self._raise_if_oom()
-        result = super().run(argv, timeout=timeout, env=env, output_limit=output_limit)
+        result = super().run(
+            argv, timeout=timeout, env=env, output_limit=output_limit, track_changes=track_changes
+        )
         # An OOM kill anywhere in the run (also of a grandchild whose parent then exits
         # normally) is reported by a Docker event that arrives before the response.
         self._raise_if_oom()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from . import jail
 
@@ -67,6 +67,27 @@ class FileIndex:
             self._build()
         assert self._dirs is not None  # noqa: S101 - set by _build
         return self._dirs
+
+    def snapshot(self) -> Dict[str, Tuple[int, int, int, int, int]]:
+        """Metadata of every visible file: (mode, size, mtime, ctime, inode). A change of
+        content always changes ctime, which no unprivileged process can set back."""
+        out: Dict[str, Tuple[int, int, int, int, int]] = {}
+        for directory, names in self.by_dir().items():
+            try:
+                dfd = jail.open_dir(self._root_fd, directory.split("/") if directory else [])
+            except jail.PathDeniedError:
+                continue
+            try:
+                for name in names:
+                    try:
+                        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                    except OSError:
+                        continue
+                    path = f"{directory}/{name}" if directory else name
+                    out[path] = (st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+            finally:
+                os.close(dfd)
+        return out
 
     def _build(self) -> None:
         walked = list(jail.walk_files(self._root_fd))

@@ -388,24 +388,13 @@ class Agent:
         return {"cancelled": proc is not None}
 
     def _run(self, rid: int, args: dict[str, Any]) -> dict[str, Any]:
-        argv = args.get("argv")
-        if (
-            not isinstance(argv, list)
-            or not argv
-            or not all(isinstance(a, str) and "\x00" not in a for a in argv)
-        ):
-            raise _bad("argv must be a non-empty list of strings")
-        env = args.get("env", {})
-        if not isinstance(env, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
-        ):
-            raise _bad("env must map strings to strings")
-        timeout = args.get("timeoutSeconds", 60)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-            raise _bad("timeoutSeconds must be a number")
-        if not 0 < timeout <= MAX_RUN_SECONDS:
-            raise _bad("timeoutSeconds out of range")
-        cap = _int_arg(args, "outputLimit", 64 * 1024, 0, MAX_RUN_OUTPUT)
+        argv, env, timeout, cap = _run_args(args)
+        track = args.get("trackChanges", False)
+        if not isinstance(track, bool):
+            raise _bad("trackChanges must be a boolean")
+        if track:
+            with self._index_lock:
+                before = self.index.snapshot()
         started = time.monotonic()
         try:
             proc = subprocess.Popen(
@@ -419,17 +408,7 @@ class Agent:
                 close_fds=True,
             )
         except OSError as exc:
-            return {
-                "exitCode": None,
-                "signal": None,
-                "timedOut": False,
-                "cancelled": False,
-                "spawnError": exc.strerror or type(exc).__name__,
-                "output": "",
-                "outputBytes": 0,
-                "truncated": False,
-                "durationMs": int((time.monotonic() - started) * 1000),
-            }
+            return _run_result(started, spawn_error=exc.strerror or type(exc).__name__)
         with self._state_lock:
             self._running[rid] = proc
         assert proc.stdout is not None  # noqa: S101 - Popen contract with stdout=PIPE
@@ -439,18 +418,79 @@ class Agent:
             self._running.pop(rid, None)
             cancelled = rid in self._cancelled
             self._cancelled.discard(rid)
-        code = proc.returncode
-        return {
-            "exitCode": code if code is not None and code >= 0 else None,
-            "signal": -code if code is not None and code < 0 else None,
-            "timedOut": timed_out,
-            "cancelled": cancelled,
-            "spawnError": None,
-            "output": tail.decode("utf-8", "replace"),
-            "outputBytes": total,
-            "truncated": total > len(tail),
-            "durationMs": int((time.monotonic() - started) * 1000),
-        }
+        result = _run_result(
+            started,
+            code=proc.returncode,
+            timed_out=timed_out,
+            cancelled=cancelled,
+            tail=tail,
+            total=total,
+        )
+        if track:
+            with self._index_lock:
+                result["changes"] = _changes(before, self.index.snapshot())
+        return result
+
+
+MAX_CHANGE_PATHS = 200
+
+
+def _changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """Visible files that a process added, removed or modified (bounded lists)."""
+    added = sorted(set(after) - set(before))
+    removed = sorted(set(before) - set(after))
+    modified = sorted(p for p in set(before) & set(after) if before[p] != after[p])
+    return {
+        "added": added[:MAX_CHANGE_PATHS],
+        "removed": removed[:MAX_CHANGE_PATHS],
+        "modified": modified[:MAX_CHANGE_PATHS],
+        "count": len(added) + len(removed) + len(modified),
+    }
+
+
+def _run_args(args: dict[str, Any]) -> tuple[list[str], dict[str, str], float, int]:
+    argv = args.get("argv")
+    if (
+        not isinstance(argv, list)
+        or not argv
+        or not all(isinstance(a, str) and "\x00" not in a for a in argv)
+    ):
+        raise _bad("argv must be a non-empty list of strings")
+    env = args.get("env", {})
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        raise _bad("env must map strings to strings")
+    timeout = args.get("timeoutSeconds", 60)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise _bad("timeoutSeconds must be a number")
+    if not 0 < timeout <= MAX_RUN_SECONDS:
+        raise _bad("timeoutSeconds out of range")
+    cap = _int_arg(args, "outputLimit", 64 * 1024, 0, MAX_RUN_OUTPUT)
+    return argv, env, float(timeout), cap
+
+
+def _run_result(  # noqa: PLR0913 - one field per keyword of the wire result
+    started: float,
+    *,
+    code: int | None = None,
+    timed_out: bool = False,
+    cancelled: bool = False,
+    tail: bytes = b"",
+    total: int = 0,
+    spawn_error: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "exitCode": code if code is not None and code >= 0 else None,
+        "signal": -code if code is not None and code < 0 else None,
+        "timedOut": timed_out,
+        "cancelled": cancelled,
+        "spawnError": spawn_error,
+        "output": tail.decode("utf-8", "replace"),
+        "outputBytes": total,
+        "truncated": total > len(tail),
+        "durationMs": int((time.monotonic() - started) * 1000),
+    }
 
 
 def _glob_arg(args: dict[str, Any]) -> Glob | None:

@@ -1,0 +1,220 @@
+"""The tool executor: the controller, not the model, authorises every effect (SPEC 10.3).
+
+It validates arguments (``tools.parse_arguments``), applies the write policy
+(``policy.write_denial``) before anything reaches the sandbox, runs only checks of the trusted
+configuration, and keeps the idempotency record of SPEC 5.6: the key of a call is
+``(turn, toolCallId)``; a replay in the same turn returns the recorded outcome without a second
+effect, the same key with other arguments is refused, and a later turn may reuse an id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.errors import ErrorCode, PatchboxError, ToolError
+from controller.policy import write_denial
+from controller.sandbox.base import RunResult, Sandbox
+from controller.task import CheckSpec
+from controller.text import strip_control
+from controller.tools import (
+    ArgumentsNotAnObjectError,
+    ListFilesArgs,
+    ReadFileArgs,
+    ReplaceTextArgs,
+    RunCheckArgs,
+    SearchTextArgs,
+    parse_arguments,
+)
+
+OUTPUT_TAIL = 8 * 1024
+
+
+class CheckChangedFilesError(PatchboxError):
+    """A check not declared ``mutates`` changed files: the job fails."""
+
+    code = ErrorCode.CHECK_FAILED
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    """What the model gets back for one call, plus what the ledger needs."""
+
+    turn: int
+    call_id: str
+    tool: str
+    ok: bool
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    effect: str = "none"
+    """``none``, ``write`` (workspace changed) or ``process`` (a check ran)."""
+
+    def for_model(self) -> dict[str, Any]:
+        if self.ok:
+            return {"ok": True, "result": self.result}
+        return {"ok": False, "error": self.error}
+
+
+@dataclass
+class ToolExecutor:
+    sandbox: Sandbox
+    checks: Mapping[str, CheckSpec] = field(default_factory=dict)
+    allowed_paths: list[str] | None = None
+    extra_protected: Iterable[str] = ()
+    _done: dict[tuple[int, str], tuple[str, ToolOutcome]] = field(default_factory=dict)
+    _check_cache: dict[str, ToolOutcome] = field(default_factory=dict)
+
+    def execute(self, turn: int, call_id: str, tool: str, raw: str | dict[str, Any]) -> ToolOutcome:
+        """Runs one tool call. Raises only for job-ending conditions (arguments that are not
+        an object, a broken sandbox, a check that changed files it should not have)."""
+        key = (turn, call_id)
+        digest = _digest(tool, raw)
+        recorded = self._done.get(key)
+        if recorded is not None:
+            if recorded[0] == digest:
+                return recorded[1]
+            return self._refuse(
+                turn,
+                call_id,
+                tool,
+                ErrorCode.TOOL_ARGUMENTS_INVALID,
+                "this toolCallId was already used in this turn with other arguments",
+            )
+        outcome = self._execute(turn, call_id, tool, raw)
+        self._done[key] = (digest, outcome)
+        return outcome
+
+    def _refuse(
+        self, turn: int, call_id: str, tool: str, code: ErrorCode, message: str
+    ) -> ToolOutcome:
+        return ToolOutcome(
+            turn,
+            call_id,
+            tool,
+            ok=False,
+            error={"code": str(code), "message": message, "retryable": True},
+        )
+
+    def _execute(
+        self, turn: int, call_id: str, tool: str, raw: str | dict[str, Any]
+    ) -> ToolOutcome:
+        try:
+            args = parse_arguments(tool, raw)
+            if isinstance(args, RunCheckArgs):
+                return self._run_check(turn, call_id, args.checkId)
+            result, effect = self._dispatch(args)
+        except ToolError as exc:
+            if not _retryable(exc):
+                raise
+            return self._refuse(turn, call_id, tool, exc.code, exc.message)
+        return ToolOutcome(turn, call_id, tool, ok=True, result=result, effect=effect)
+
+    def _dispatch(self, args: object) -> tuple[dict[str, Any], str]:
+        if isinstance(args, ListFilesArgs):
+            return self.sandbox.list_files(args.glob, args.maxResults).model_dump(), "none"
+        if isinstance(args, SearchTextArgs):
+            found = self.sandbox.search_text(
+                args.query, glob=args.glob, max_results=args.maxResults, regex=args.regex
+            )
+            return found.model_dump(), "none"
+        if isinstance(args, ReadFileArgs):
+            return self.sandbox.read_file(
+                args.path, args.startLine, args.endLine
+            ).model_dump(), "none"
+        if isinstance(args, ReplaceTextArgs):
+            self._check_write(args.path)
+            done = self.sandbox.replace_text(args.path, args.oldText, args.newText)
+            self._check_cache.clear()
+            return done.model_dump(), "write"
+        raise ToolError("this tool is not available", code=ErrorCode.TOOL_ARGUMENTS_INVALID)
+
+    def _check_write(self, path: str) -> None:
+        reason = write_denial(path, self.allowed_paths, self.extra_protected)
+        if reason is not None:
+            raise ToolError(f"{path[:200]}: {reason}", code=ErrorCode.TOOL_PATH_DENIED)
+
+    def _run_check(self, turn: int, call_id: str, check_id: str) -> ToolOutcome:
+        spec = self.checks.get(check_id)
+        if spec is None:
+            known = ", ".join(sorted(self.checks)) or "none"
+            raise ToolError(
+                f"unknown checkId {check_id!r}; configured: {known}",
+                code=ErrorCode.TOOL_ARGUMENTS_INVALID,
+            )
+        cached = self._check_cache.get(check_id)
+        if cached is not None:
+            result = dict(cached.result or {}, reused=True)
+            return ToolOutcome(turn, call_id, "run_check", ok=True, result=result, effect="none")
+        run = self.sandbox.run(
+            list(spec.argv),
+            timeout=spec.timeout_seconds,
+            env=spec.environment(),
+            output_limit=spec.output_limit,
+            track_changes=True,
+        )
+        changes = run.changes
+        changed = changes is not None and changes.count > 0
+        if changed and not spec.mutates:
+            assert changes is not None  # noqa: S101 - implied by changed
+            sample = (changes.added + changes.modified + changes.removed)[:10]
+            raise CheckChangedFilesError(
+                f"check {check_id} changed {changes.count} file(s) it was not declared to change: "
+                + ", ".join(sample)
+            )
+        result = check_result(check_id, run)
+        outcome = ToolOutcome(
+            turn,
+            call_id,
+            "run_check",
+            ok=True,
+            result=result,
+            effect="write" if changed else "process",
+        )
+        if changed:
+            self._check_cache.clear()
+        else:
+            self._check_cache[check_id] = outcome
+        return outcome
+
+
+def check_result(check_id: str, run: RunResult) -> dict[str, Any]:
+    """The model-facing (and evidence) view of a check run: status, exit, bounded output."""
+    if run.timedOut:
+        status = "timed_out"
+    elif run.exitCode == 0:
+        status = "passed"
+    else:
+        status = "failed"
+    output = strip_control(run.output)[-OUTPUT_TAIL:]
+    return {
+        "checkId": check_id,
+        "status": status,
+        "exitCode": run.exitCode,
+        "signal": run.signal,
+        "durationMs": run.durationMs,
+        "output": output,
+        "outputTruncated": run.truncated or len(run.output) > OUTPUT_TAIL,
+        "changes": run.changes.model_dump() if run.changes else None,
+        "reused": False,
+    }
+
+
+def _digest(tool: str, raw: str | dict[str, Any]) -> str:
+    """Identity of a call: the tool and its arguments as decoded (so the same call sent as a
+    JSON text or as an object is the same call)."""
+    value: Any = raw
+    if isinstance(raw, str):
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+    return hashlib.sha256(
+        json.dumps([tool, value], sort_keys=True, default=str).encode()
+    ).hexdigest()
+
+
+def _retryable(exc: ToolError) -> bool:
+    return not isinstance(exc, ArgumentsNotAnObjectError)

@@ -1,0 +1,77 @@
+"""The operator's task file (SPEC 11.2): trusted configuration, validated strictly."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from controller.limits import Limits
+
+CheckId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
+_SECRET_NAME = re.compile(r"(?i)(key|token|secret|password|passwd|credential|auth)")
+_PROXY_NAME = re.compile(r"(?i)_proxy$")
+
+CHECK_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": "/tmp",
+    "LANG": "C.UTF-8",
+    "TMPDIR": "/tmp",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "CI": "true",
+}
+"""The whole environment of a check, before the check's own (non-secret) additions."""
+
+
+class CheckSpec(BaseModel):
+    """One check: an argv (no shell), run in /workspace with a minimal environment."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    argv: list[Annotated[str, StringConstraints(min_length=1, max_length=4096)]] = Field(
+        min_length=1, max_length=256
+    )
+    timeout_seconds: float = Field(default=300.0, gt=0, le=86400)
+    required: bool = True
+    mutates: bool = False
+    """A check that may change files (a formatter); its changes are recorded as its effects.
+    Any other check that changes a file fails the job."""
+    env: dict[str, Annotated[str, StringConstraints(max_length=4096)]] = Field(default_factory=dict)
+    """Extra variables; names must not look like secrets or proxies."""
+    output_limit: int = Field(default=64 * 1024, ge=1024, le=1024 * 1024)
+
+    @model_validator(mode="after")
+    def _safe_env(self) -> Self:
+        for name, value in self.env.items():
+            if not _ENV_NAME.match(name):
+                msg = f"environment name {name[:64]!r} is not allowed"
+                raise ValueError(msg)
+            if _SECRET_NAME.search(name) or _PROXY_NAME.search(name):
+                msg = f"environment variable {name} looks like a secret or a proxy and is refused"
+                raise ValueError(msg)
+            if "\x00" in value:
+                msg = f"environment variable {name} contains NUL"
+                raise ValueError(msg)
+        if any("\x00" in a for a in self.argv):
+            msg = "argv contains NUL"
+            raise ValueError(msg)
+        return self
+
+    def environment(self) -> dict[str, str]:
+        return {**CHECK_ENV, **self.env}
+
+
+class TaskSpec(BaseModel):
+    """A job's task. Every field but ``prompt`` is optional; unknown fields are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    prompt: Annotated[str, StringConstraints(min_length=1, max_length=100_000)]
+    allowed_paths: list[Annotated[str, StringConstraints(min_length=1, max_length=4096)]] | None = (
+        None
+    )
+    checks: dict[CheckId, CheckSpec] = Field(default_factory=dict)
+    mode: Literal["review", "auto", "trusted-auto"] = "review"
+    limits: Limits = Field(default_factory=Limits)

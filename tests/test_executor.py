@@ -1,0 +1,229 @@
+"""The tool executor on the real agent (over pipes): policy, idempotency, checks."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from controller.errors import ErrorCode
+from controller.executor import CheckChangedFilesError, ToolExecutor
+from controller.policy import write_denial
+from controller.sandbox.local import LocalSandbox
+from controller.task import CheckSpec, TaskSpec
+from controller.text import strip_control
+from controller.tools import ArgumentsNotAnObjectError
+
+PY = sys.executable
+
+
+@pytest.fixture
+def box(tmp_path: Path) -> Iterator[LocalSandbox]:
+    ws = tmp_path / "ws"
+    (ws / "src").mkdir(parents=True)
+    (ws / "src" / "a.py").write_text("def f():\n    return 1\n")
+    (ws / "package.json").write_text("{}\n")
+    with LocalSandbox(ws) as sandbox:
+        yield sandbox
+
+
+def _executor(box: LocalSandbox, **kw: object) -> ToolExecutor:
+    checks = {
+        "ok": CheckSpec(
+            argv=[PY, "-c", "print('\\x1b[31mgreen\\x1b[0m \\x1b]8;;http://x\\x07link')"]
+        ),
+        "fail": CheckSpec(argv=[PY, "-c", "import sys; sys.exit(2)"]),
+        "slow": CheckSpec(argv=["sleep", "30"], timeout_seconds=1),
+        "sneaky": CheckSpec(argv=[PY, "-c", "open('src/a.py', 'a').write('# x\\n')"]),
+        "fmt": CheckSpec(argv=[PY, "-c", "open('src/a.py', 'a').write('# fmt\\n')"], mutates=True),
+        "env": CheckSpec(argv=[PY, "-c", "import os; print(sorted(os.environ))"]),
+    }
+    return ToolExecutor(box, checks=checks, **kw)  # type: ignore[arg-type]
+
+
+def test_reads_and_an_edit(box: LocalSandbox) -> None:
+    ex = _executor(box)
+    listing = ex.execute(1, "c1", "list_files", "{}")
+    assert listing.ok
+    assert listing.result is not None
+    assert listing.result["files"] == ["package.json", "src/a.py"]
+    edit = ex.execute(
+        1, "c2", "replace_text", {"path": "src/a.py", "oldText": "return 1", "newText": "return 2"}
+    )
+    assert edit.ok
+    assert edit.effect == "write"
+    assert (box.workspace / "src" / "a.py").read_text() == "def f():\n    return 2\n"
+
+
+def test_replay_in_the_same_turn_has_no_second_effect(box: LocalSandbox) -> None:
+    ex = _executor(box)
+    args = {"path": "src/a.py", "oldText": "return 1", "newText": "return 1 + 1"}
+    first = ex.execute(3, "dup", "replace_text", args)
+    again = ex.execute(3, "dup", "replace_text", json.dumps(args))
+    assert first.ok
+    assert again is first
+    assert (box.workspace / "src" / "a.py").read_text().count("1 + 1") == 1
+    conflicting = ex.execute(3, "dup", "replace_text", {**args, "newText": "return 3"})
+    assert not conflicting.ok
+    assert conflicting.error is not None
+    assert conflicting.error["code"] == "TOOL_ARGUMENTS_INVALID"
+    assert "already used in this turn" in conflicting.error["message"]
+    later = ex.execute(
+        4, "dup", "replace_text", {"path": "src/a.py", "oldText": "1 + 1", "newText": "2"}
+    )
+    assert later.ok, "a later turn may reuse an id"
+
+
+@pytest.mark.parametrize(
+    ("path", "allowed", "reason"),
+    [
+        ("package.json", None, "configuration path"),
+        (".env", ["."], "protected"),
+        (".github/workflows/ci.yml", None, "configuration path"),
+        ("src/a.py", ["tests/"], "outside the task's allowed_paths"),
+    ],
+)
+def test_write_policy_is_enforced_before_the_sandbox(
+    box: LocalSandbox, path: str, allowed: list[str] | None, reason: str
+) -> None:
+    ex = _executor(box, allowed_paths=allowed)
+    before = (box.workspace / "package.json").read_text()
+    out = ex.execute(1, "w", "replace_text", {"path": path, "oldText": "{}", "newText": "[]"})
+    assert not out.ok
+    assert out.error is not None
+    assert out.error["code"] == "TOOL_PATH_DENIED"
+    assert reason in out.error["message"]
+    assert (box.workspace / "package.json").read_text() == before
+
+
+def test_config_path_named_in_allowed_paths_may_be_written(box: LocalSandbox) -> None:
+    ex = _executor(box, allowed_paths=["package.json"])
+    out = ex.execute(
+        1, "w", "replace_text", {"path": "package.json", "oldText": "{}", "newText": "[]"}
+    )
+    assert out.ok
+
+
+def test_bad_arguments_are_retryable_and_non_objects_end_the_job(box: LocalSandbox) -> None:
+    ex = _executor(box)
+    out = ex.execute(1, "a", "read_file", {"path": "src/a.py", "bogus": 1})
+    assert not out.ok
+    assert out.error == {
+        "code": "TOOL_ARGUMENTS_INVALID",
+        "message": out.error["message"] if out.error else "",
+        "retryable": True,
+    }
+    with pytest.raises(ArgumentsNotAnObjectError):
+        ex.execute(1, "b", "read_file", "[1, 2]")
+
+
+def test_checks_report_status_and_clean_output(box: LocalSandbox) -> None:
+    ex = _executor(box)
+    ok = ex.execute(1, "k1", "run_check", {"checkId": "ok"})
+    assert ok.result is not None
+    assert (ok.result["status"], ok.result["exitCode"]) == ("passed", 0)
+    assert ok.result["output"] == "green link\n"
+    fail = ex.execute(1, "k2", "run_check", {"checkId": "fail"})
+    assert fail.result is not None
+    assert (fail.result["status"], fail.result["exitCode"]) == ("failed", 2)
+    slow = ex.execute(1, "k3", "run_check", {"checkId": "slow"})
+    assert slow.result is not None
+    assert (slow.result["status"], slow.result["signal"]) == ("timed_out", 9)
+    unknown = ex.execute(1, "k4", "run_check", {"checkId": "rm"})
+    assert unknown.error is not None
+    assert unknown.error["code"] == "TOOL_ARGUMENTS_INVALID"
+    assert "configured: env, fail, fmt, ok, slow, sneaky" in unknown.error["message"]
+
+
+def test_check_environment_is_the_allowlist(
+    box: LocalSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-planted")
+    out = _executor(box).execute(1, "e", "run_check", {"checkId": "env"})
+    assert out.result is not None
+    names = json.loads(out.result["output"].replace("'", '"'))
+    assert set(names) <= {
+        "PATH",
+        "HOME",
+        "LANG",
+        "TMPDIR",
+        "PYTHONDONTWRITEBYTECODE",
+        "CI",
+        "LC_CTYPE",
+    }
+
+
+def test_check_result_is_reused_only_at_the_same_version(box: LocalSandbox) -> None:
+    ex = _executor(box)
+    first = ex.execute(1, "a", "run_check", {"checkId": "ok"})
+    second = ex.execute(2, "a", "run_check", {"checkId": "ok"})
+    assert first.result is not None
+    assert second.result is not None
+    assert (first.result["reused"], second.result["reused"]) == (False, True)
+    ex.execute(
+        2, "b", "replace_text", {"path": "src/a.py", "oldText": "return 1", "newText": "return 5"}
+    )
+    third = ex.execute(2, "c", "run_check", {"checkId": "ok"})
+    assert third.result is not None
+    assert third.result["reused"] is False
+
+
+def test_undeclared_changes_by_a_check_end_the_job(box: LocalSandbox) -> None:
+    ex = _executor(box)
+    declared = ex.execute(1, "f", "run_check", {"checkId": "fmt"})
+    assert declared.effect == "write"
+    assert declared.result is not None
+    assert declared.result["changes"]["modified"] == ["src/a.py"]
+    with pytest.raises(CheckChangedFilesError, match=r"src/a\.py") as info:
+        ex.execute(1, "s", "run_check", {"checkId": "sneaky"})
+    assert info.value.code is ErrorCode.CHECK_FAILED
+
+
+@pytest.mark.parametrize(
+    ("path", "allowed", "denied"),
+    [
+        ("src/a.py", None, False),
+        ("src/.ENV.local", None, True),
+        ("deep/.Git/config", None, True),
+        ("certs/server.PEM", None, True),
+        ("yarn.lock", None, True),
+        ("yarn.lock", ["yarn.lock"], False),
+        (".husky/pre-commit", [".husky/"], False),
+        ("src/a.py", ["src"], False),
+        ("srcx/a.py", ["src"], True),
+        ("vendor/lib.py", ["vendor/lib.py"], False),
+        ("node_modules/x/index.js", None, True),
+    ],
+)
+def test_write_denial_table(path: str, allowed: list[str] | None, denied: bool) -> None:
+    assert (write_denial(path, allowed) is not None) is denied
+
+
+def test_strip_control() -> None:
+    raw = "\x1b[1;31mred\x1b[0m \x1b]0;title\x07ok\x1b]8;;u\x1b\\ \x07bell\r\nnext\x00\x9b2J"
+    assert strip_control(raw) == "red ok bell\nnext"
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{"OPENAI_API_KEY": "x"}, {"HTTPS_PROXY": "x"}, {"lower": "x"}, {"GITHUB_TOKEN": "x"}],
+)
+def test_checks_refuse_secret_or_proxy_variables(env: dict[str, str]) -> None:
+    with pytest.raises(ValidationError):
+        CheckSpec(argv=["true"], env=env)
+
+
+def test_task_file_is_strict() -> None:
+    task = TaskSpec.model_validate({"prompt": "fix it", "checks": {"tests": {"argv": ["pytest"]}}})
+    assert task.mode == "review"
+    assert task.checks["tests"].required is True
+    with pytest.raises(ValidationError):
+        TaskSpec.model_validate({"prompt": "x", "surprise": 1})
+    with pytest.raises(ValidationError):
+        TaskSpec.model_validate({"prompt": "x", "checks": {"bad id!": {"argv": ["true"]}}})
+    with pytest.raises(ValidationError):
+        TaskSpec.model_validate({"prompt": "x", "checks": {"t": {"argv": "pytest -q"}}})
