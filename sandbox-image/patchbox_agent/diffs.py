@@ -1,0 +1,940 @@
+"""Strict parser and exact applier for canonical git unified diffs (SPEC 5.4, 5.4.1, 6.2).
+
+Pure and standard-library only (python >= 3.9): used by the in-container agent for
+``apply_patch`` and by the host controller to validate the final change set. No I/O: the
+diff is a ``str``, file contents are ``bytes`` given by a ``read`` callable.
+
+``parse(text)`` returns one ``FilePatch`` per ``diff --git`` section or raises
+``DiffError(reason, message)``. ``apply(patches, read)`` returns the new content of every
+touched path (``None`` = deleted), all or nothing; by default it also checks the ``index``
+line's blob ids against the old and new content. ``stats(patches)`` counts lines.
+``check_path``, ``unquote``, ``fold`` and ``blob_id`` are the building blocks, public for
+callers that check names or contents themselves.
+
+It does not rely on ``git apply`` for anything (SPEC 5.4.1): no leading or trailing text, no
+offset search or fuzz, the ``diff --git``, ``---``/``+++`` and ``rename from/to`` names must
+agree, names are C-unquoted before they are checked, and compared after Unicode NFC and case
+folding. It only knows ``.git``: other protected paths (SPEC 5.7), ``allowed_paths``, the
+files' current modes and the baseline's list of paths are the caller's to check (``apply``
+takes ``tree_paths`` for case collisions with untouched files).
+
+Reason codes (``DiffError.reason``), a closed set (``REASONS``):
+
+- text: ``empty`` (no sections, or a section that changes nothing), ``too_large``,
+  ``too_many_files``, ``not_text`` (not UTF-8: the diff, a quoted name, or a file's content),
+  ``nul`` (NUL anywhere), ``truncated`` (no newline at the end of the diff text);
+- outside a file section: ``garbage`` (prose, a plain ``---`` diff, trailing lines),
+  ``fence`` (markdown fences), ``begin_patch`` (``*** Begin Patch`` style wrappers);
+- headers: ``bad_header`` (malformed or repeated extended header, ``index`` line, mode
+  lines without each other), ``header_mismatch`` (names or ``/dev/null`` that disagree),
+  ``crlf_header`` (CR at the end of a header, hunk header or marker line), ``bad_quote``
+  (invalid C-quoting);
+- names: ``absolute_path``, ``dotdot``, ``bad_path`` (empty, ``.`` or empty component, too
+  long), ``backslash``, ``control_char`` (C0/C1 controls, DEL, format characters, line
+  separators), ``percent_escape`` (``%2e`` style), ``git_dir`` (a component folding to
+  ``.git``, also ``.git.``/``.git ``/``git~1``), ``duplicate_file`` (two sections for one
+  path), ``case_collision`` (two different names that fold to one);
+- content kinds: ``binary``, ``symlink_mode`` (120000), ``gitlink`` (160000), ``bad_mode``
+  (any other mode but 100644/100755), ``mode_change`` (``old mode``/``new mode`` that do not
+  toggle 100644 <-> 100755), ``copy`` (``copy from/to``), ``dissimilarity`` (rewrites);
+- hunks: ``bad_hunk`` (malformed header, out of order or overlapping, inconsistent new
+  position, misplaced marker, a line that is not `` ``/``-``/``+``/``\\``),
+  ``hunk_count_mismatch`` (fewer or more lines than the header counts);
+- apply: ``missing`` (a modified, deleted or renamed file does not exist), ``exists`` (a
+  created file or rename target exists), ``context_mismatch`` (a hunk does not match at its
+  stated position, or a deleted file has more than the hunks remove), ``index_mismatch``
+  (the ``index`` line's blob ids differ from the old or new content), ``path_conflict``
+  (a file where the result needs a directory, or the reverse).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, TypedDict
+
+MAX_BYTES = 8 * 1024 * 1024
+MAX_FILES = 200
+MAX_PATH_BYTES = 4096
+
+MODE_FILE = "100644"
+MODE_EXEC = "100755"
+
+Kind = Literal["modify", "create", "delete", "rename"]
+Op = Literal[" ", "-", "+"]
+
+REASONS = frozenset(
+    {
+        "empty",
+        "too_large",
+        "too_many_files",
+        "not_text",
+        "nul",
+        "truncated",
+        "garbage",
+        "fence",
+        "begin_patch",
+        "bad_header",
+        "header_mismatch",
+        "crlf_header",
+        "bad_quote",
+        "absolute_path",
+        "dotdot",
+        "bad_path",
+        "backslash",
+        "control_char",
+        "percent_escape",
+        "git_dir",
+        "duplicate_file",
+        "case_collision",
+        "binary",
+        "symlink_mode",
+        "gitlink",
+        "bad_mode",
+        "mode_change",
+        "copy",
+        "dissimilarity",
+        "bad_hunk",
+        "hunk_count_mismatch",
+        "missing",
+        "exists",
+        "context_mismatch",
+        "index_mismatch",
+        "path_conflict",
+    }
+)
+
+
+class DiffError(Exception):
+    """A refused diff. ``reason`` is a stable code from ``REASONS``; ``message`` names a line
+    number or a validated path, never an unvalidated name."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Hunk:
+    """One ``@@ -old_start,old_len +new_start,new_len @@`` block. ``lines`` hold the text
+    without its newline; ``old_no_eol``/``new_no_eol`` mark a ``\\ No newline at end of
+    file`` after the last line of that side."""
+
+    old_start: int
+    old_len: int
+    new_start: int
+    new_len: int
+    lines: tuple[tuple[Op, str], ...]
+    old_no_eol: bool = False
+    new_no_eol: bool = False
+    section: str = ""
+
+    @property
+    def added(self) -> int:
+        return sum(1 for op, _ in self.lines if op == "+")
+
+    @property
+    def removed(self) -> int:
+        return sum(1 for op, _ in self.lines if op == "-")
+
+
+@dataclass(frozen=True)
+class FilePatch:
+    """One file section. ``old_path`` is None for a created file, ``new_path`` for a deleted
+    one; modes are ``100644``/``100755`` or None when the diff does not state them; blob ids
+    are as abbreviated in the ``index`` line, None when absent or all zeros."""
+
+    old_path: str | None
+    new_path: str | None
+    kind: Kind
+    old_mode: str | None
+    new_mode: str | None
+    index_old: str | None
+    index_new: str | None
+    hunks: tuple[Hunk, ...]
+    similarity: int | None = None
+
+    @property
+    def path(self) -> str:
+        name = self.new_path if self.new_path is not None else self.old_path
+        if name is None:  # pragma: no cover - parse never builds this
+            raise DiffError("bad_header", "file patch without a path")
+        return name
+
+    @property
+    def added(self) -> int:
+        return sum(h.added for h in self.hunks)
+
+    @property
+    def removed(self) -> int:
+        return sum(h.removed for h in self.hunks)
+
+
+class FileStats(TypedDict):
+    path: str
+    old_path: str | None
+    kind: str
+    added: int
+    removed: int
+
+
+# ---------------------------------------------------------------------------------------
+# names
+
+_ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
+_OCTAL = "01234567"
+_PERCENT_RE = re.compile(r"%[0-9A-Fa-f]{2}")
+_BAD_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def fold(name: str) -> str:
+    """The comparison key of a name: Unicode NFC and case folding."""
+    return unicodedata.normalize("NFC", unicodedata.normalize("NFC", name).casefold())
+
+
+def _unescape(text: str, i: int, end: int) -> tuple[int, int]:
+    """The byte of the escape after the backslash at ``i - 1`` and the index after it."""
+    ch = text[i]
+    if ch in _ESCAPES:
+        return _ESCAPES[ch], i + 1
+    digits = text[i : i + 3]
+    if i + 3 <= end and ch in "0123" and all(d in _OCTAL for d in digits):
+        return int(digits, 8), i + 3
+    raise DiffError("bad_quote", "invalid escape in a quoted name")
+
+
+def unquote(text: str) -> str:
+    """Git's C-style quoted name (``"a/\\303\\251"``) to a str; the whole text must be one
+    quoted string whose bytes are UTF-8."""
+    if len(text) < 2 or text[0] != '"' or text[-1] != '"':
+        raise DiffError("bad_quote", "not a quoted name")
+    out = bytearray()
+    i, end = 1, len(text) - 1
+    while i < end:
+        ch = text[i]
+        if ch == '"':
+            raise DiffError("bad_quote", "unescaped quote in a quoted name")
+        if ch != "\\":
+            out += ch.encode("utf-8")
+            i += 1
+            continue
+        if i + 1 >= end:
+            raise DiffError("bad_quote", "dangling backslash in a quoted name")
+        byte, i = _unescape(text, i + 1, end)
+        out.append(byte)
+    try:
+        return out.decode("utf-8")
+    except UnicodeDecodeError:
+        raise DiffError("not_text", "a quoted name is not UTF-8") from None
+
+
+def _quoted_end(text: str) -> int:
+    """The index after the closing quote of the quoted string that starts ``text``."""
+    i = 1
+    while i < len(text):
+        if text[i] == "\\":
+            i += 2
+            continue
+        if text[i] == '"':
+            return i + 1
+        i += 1
+    raise DiffError("bad_quote", "unterminated quoted name")
+
+
+def _check_chars(path: str) -> None:
+    if "\x00" in path:
+        raise DiffError("nul", "NUL in a path")
+    if any(unicodedata.category(ch) in _BAD_CATEGORIES for ch in path):
+        raise DiffError("control_char", "control character in a path")
+    if "\\" in path:
+        raise DiffError("backslash", "backslash in a path")
+    if path.startswith("/"):
+        raise DiffError("absolute_path", "absolute path")
+    if _PERCENT_RE.search(path):
+        raise DiffError("percent_escape", "percent-escape in a path")
+    if len(path.encode("utf-8")) > MAX_PATH_BYTES:
+        raise DiffError("bad_path", "path too long")
+
+
+def _is_git_dir(part: str) -> bool:
+    key = fold(part)
+    return key.rstrip(". ") == ".git" or key == "git~1"
+
+
+def check_path(path: str) -> None:
+    """Refuses a name that is not a plain relative path inside the tree, or touches ``.git``."""
+    if not path:
+        raise DiffError("bad_path", "empty path")
+    _check_chars(path)
+    for part in path.split("/"):
+        if part == "..":
+            raise DiffError("dotdot", "'..' component in a path")
+        if part in ("", "."):
+            raise DiffError("bad_path", "empty or '.' component in a path")
+        if _is_git_dir(part):
+            raise DiffError("git_dir", "path inside .git")
+
+
+def _label(value: str, prefix: str, lineno: int) -> str | None:
+    """The path of a ``---``/``+++`` label (None for /dev/null); git appends a tab to a
+    label that contains a space."""
+    if value.endswith("\t"):
+        value = value[:-1]
+        if " " not in value:
+            raise DiffError("bad_header", f"tab after a file name on line {lineno}")
+    if value == "/dev/null":
+        return None
+    name = unquote(value) if value.startswith('"') else value
+    if name.startswith("/"):
+        check_path(name)  # refused as an absolute path, not as a missing prefix
+    if not name.startswith(prefix):
+        raise DiffError("header_mismatch", f"file name without '{prefix}' on line {lineno}")
+    name = name[len(prefix) :]
+    check_path(name)
+    return name
+
+
+def _plain_name(value: str) -> str:
+    name = unquote(value) if value.startswith('"') else value
+    check_path(name)
+    return name
+
+
+def _git_line_sides(rest: str, lineno: int) -> tuple[str, str] | None:
+    """The two names of a ``diff --git`` line when quoting makes the split unambiguous;
+    None when both are unquoted (they then contain no quote, since git would quote it)."""
+    if rest.startswith('"'):
+        end = _quoted_end(rest)
+        first, tail = unquote(rest[:end]), rest[end:]
+    elif '"' in rest:
+        q = rest.index('"')
+        first, tail = rest[: q - 1], rest[q - 1 :]
+    else:
+        return None
+    if not tail.startswith(" "):
+        raise DiffError("bad_header", f"malformed diff --git line {lineno}")
+    second = tail[1:]
+    return first, unquote(second) if second.startswith('"') else second
+
+
+def _git_line_names(rest: str, expected: tuple[str, str] | None, lineno: int) -> tuple[str, str]:
+    """The (old, new) names of a ``diff --git a/P b/Q`` line, which must equal ``expected``
+    when other headers name the files, and must name one file twice otherwise."""
+    sides = _git_line_sides(rest, lineno)
+    if sides is None and expected is not None:
+        if rest != f"a/{expected[0]} b/{expected[1]}":
+            raise DiffError("header_mismatch", f"diff --git names disagree on line {lineno}")
+        return expected
+    if sides is None:
+        half = (len(rest) - 5) // 2
+        sides = (rest[: half + 2], rest[half + 3 :])
+        if rest != f"{sides[0]} {sides[1]}" or sides[0][2:] != sides[1][2:]:
+            raise DiffError("header_mismatch", f"diff --git names disagree on line {lineno}")
+    first, second = sides
+    if not (first.startswith("a/") and second.startswith("b/")):
+        if first.startswith("/") or second.startswith("/"):
+            raise DiffError("absolute_path", f"absolute path on line {lineno}")
+        raise DiffError("header_mismatch", f"diff --git names lack a/ b/ on line {lineno}")
+    names = (first[2:], second[2:])
+    if expected is not None and names != expected:
+        raise DiffError("header_mismatch", f"diff --git names disagree on line {lineno}")
+    return names
+
+
+# ---------------------------------------------------------------------------------------
+# text and sections
+
+_DIFF_GIT = "diff --git "
+_OPS: dict[str, Op] = {" ": " ", "-": "-", "+": "+"}
+_NO_EOL = "\\ No newline at end of file"
+_HUNK_RE = re.compile(
+    r"@@ -([0-9]{1,9})(?:,([0-9]{1,9}))? \+([0-9]{1,9})(?:,([0-9]{1,9}))? @@(?: (.*))?"
+)
+_INDEX_RE = re.compile(r"([0-9a-f]{4,64})\.\.([0-9a-f]{4,64})(?: ([0-9]{6}))?")
+_SIMILARITY_RE = re.compile(r"([0-9]{1,3})%")
+
+_HEADERS = (
+    ("old mode ", "old_mode"),
+    ("new mode ", "new_mode"),
+    ("new file mode ", "created"),
+    ("deleted file mode ", "deleted"),
+    ("similarity index ", "similarity"),
+    ("rename from ", "rename_from"),
+    ("rename to ", "rename_to"),
+    ("index ", "index"),
+)
+_REFUSED_HEADERS = (
+    ("copy from ", "copy"),
+    ("copy to ", "copy"),
+    ("dissimilarity index ", "dissimilarity"),
+    ("GIT binary patch", "binary"),
+    ("Binary files ", "binary"),
+)
+
+
+def _stray(line: str, lineno: int, default: str = "garbage") -> DiffError:
+    """The error for a line that is not part of the diff where it stands."""
+    stripped = line.lstrip()
+    if stripped.startswith(("```", "~~~")):
+        return DiffError("fence", f"markdown fence on line {lineno}")
+    if stripped.startswith("*** "):
+        return DiffError("begin_patch", f"'*** ...' patch wrapper on line {lineno}")
+    return DiffError(default, f"unexpected text on line {lineno}")
+
+
+def _leftover(line: str, lineno: int) -> DiffError:
+    """The error for a line after the last hunk of a section."""
+    if line[:1] in (" ", "-", "+"):
+        return DiffError("hunk_count_mismatch", f"line {lineno} beyond the hunk's counts")
+    if line.startswith("\\"):
+        return DiffError("bad_hunk", f"misplaced marker on line {lineno}")
+    return _stray(line, lineno)
+
+
+def _no_cr(line: str, lineno: int) -> None:
+    if line.endswith("\r"):
+        raise DiffError("crlf_header", f"CR at the end of header line {lineno}")
+
+
+def _check_text(text: str, max_bytes: int) -> None:
+    if len(text) > max_bytes:
+        raise DiffError("too_large", f"diff over {max_bytes} bytes")
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise DiffError("not_text", "diff is not valid UTF-8 text") from None
+    if size > max_bytes:
+        raise DiffError("too_large", f"diff over {max_bytes} bytes")
+    if not text.strip():
+        raise DiffError("empty", "empty diff")
+    if "\x00" in text:
+        raise DiffError("nul", "NUL in the diff")
+
+
+def _sections(lines: list[str], max_files: int) -> list[tuple[int, int]]:
+    """(start, end) line indexes of the file sections; nothing may precede the first."""
+    starts = [i for i, line in enumerate(lines) if line.startswith(_DIFF_GIT)]
+    first = starts[0] if starts else len(lines)
+    for i in range(first):
+        error = _stray(lines[i], i + 1)
+        if error.reason != "garbage":
+            raise error
+    if first:
+        raise DiffError("garbage", "text before the first 'diff --git' line")
+    if len(starts) > max_files:
+        raise DiffError("too_many_files", f"more than {max_files} files")
+    ends = [*starts[1:], len(lines)]
+    return [(start, ends[k]) for k, start in enumerate(starts)]
+
+
+# ---------------------------------------------------------------------------------------
+# hunks
+
+
+@dataclass
+class _Body:
+    old_left: int
+    new_left: int
+    lines: list[tuple[Op, str]] = field(default_factory=list)
+    old_no_eol: bool = False
+    new_no_eol: bool = False
+
+    def open(self) -> bool:
+        return self.old_left > 0 or self.new_left > 0
+
+    def take(self, line: str, lineno: int) -> None:
+        op = line[:1]
+        if op not in (" ", "-", "+"):
+            if line.startswith(("@@", _DIFF_GIT)):
+                raise DiffError("hunk_count_mismatch", f"hunk ends early on line {lineno}")
+            raise _stray(line, lineno, "bad_hunk")
+        old, new = op != "+", op != "-"
+        if (old and self.old_left == 0) or (new and self.new_left == 0):
+            raise DiffError("hunk_count_mismatch", f"line {lineno} beyond the hunk's counts")
+        self.old_left -= old
+        self.new_left -= new
+        self.lines.append((_OPS[op], line[1:]))
+
+    def mark(self, line: str, lineno: int) -> None:
+        """A ``\\ No newline at end of file`` after the last line of its side(s)."""
+        _no_cr(line, lineno)
+        if line != _NO_EOL:
+            raise DiffError("bad_hunk", f"unknown marker line {lineno}")
+        op = self.lines[-1][0]
+        if op in " -":
+            if self.old_left or self.old_no_eol:
+                raise DiffError("bad_hunk", f"misplaced marker on line {lineno}")
+            self.old_no_eol = True
+        if op in " +":
+            if self.new_left or self.new_no_eol:
+                raise DiffError("bad_hunk", f"misplaced marker on line {lineno}")
+            self.new_no_eol = True
+
+
+def _hunk_header(line: str, lineno: int) -> tuple[int, int, int, int, str]:
+    _no_cr(line, lineno)
+    m = _HUNK_RE.fullmatch(line)
+    if m is None:
+        raise DiffError("bad_hunk", f"malformed hunk header on line {lineno}")
+    old_start, new_start = int(m.group(1)), int(m.group(3))
+    old_len = 1 if m.group(2) is None else int(m.group(2))
+    new_len = 1 if m.group(4) is None else int(m.group(4))
+    if (old_len and not old_start) or (new_len and not new_start):
+        raise DiffError("bad_hunk", f"hunk starts at line 0 on line {lineno}")
+    return old_start, old_len, new_start, new_len, m.group(5) or ""
+
+
+def _read_hunk(sec: list[str], i: int, base: int) -> tuple[Hunk, int]:
+    old_start, old_len, new_start, new_len, section = _hunk_header(sec[i], base + i)
+    body = _Body(old_len, new_len)
+    header_line = base + i
+    i += 1
+    while body.open():
+        if i >= len(sec):
+            raise DiffError("hunk_count_mismatch", f"hunk on line {header_line} is short")
+        body.take(sec[i], base + i)
+        i += 1
+        if i < len(sec) and sec[i].startswith("\\"):
+            body.mark(sec[i], base + i)
+            i += 1
+    if not any(op != " " for op, _ in body.lines):
+        raise DiffError("bad_hunk", f"hunk on line {header_line} changes nothing")
+    hunk = Hunk(
+        old_start=old_start,
+        old_len=old_len,
+        new_start=new_start,
+        new_len=new_len,
+        lines=tuple(body.lines),
+        old_no_eol=body.old_no_eol,
+        new_no_eol=body.new_no_eol,
+        section=section,
+    )
+    return hunk, i
+
+
+def _before(start: int, length: int) -> int:
+    """How many lines of the file precede the hunk on that side."""
+    return start - 1 if length else start
+
+
+def _read_hunks(sec: list[str], i: int, base: int) -> tuple[list[Hunk], int]:
+    hunks: list[Hunk] = []
+    delta = 0
+    while i < len(sec) and sec[i].startswith("@@"):
+        lineno = base + i
+        hunk, i = _read_hunk(sec, i, base)
+        pos = _before(hunk.old_start, hunk.old_len)
+        if hunks:
+            last = hunks[-1]
+            if last.old_no_eol or last.new_no_eol:
+                raise DiffError("bad_hunk", f"hunk after the end of the file on line {lineno}")
+            if pos <= _before(last.old_start, last.old_len) + last.old_len:
+                raise DiffError("bad_hunk", f"hunk out of order or overlapping on line {lineno}")
+        if _before(hunk.new_start, hunk.new_len) != pos + delta:
+            raise DiffError("bad_hunk", f"inconsistent new position on line {lineno}")
+        delta += hunk.new_len - hunk.old_len
+        hunks.append(hunk)
+    return hunks, i
+
+
+# ---------------------------------------------------------------------------------------
+# file sections
+
+
+@dataclass
+class _Head:
+    lineno: int
+    rest: str
+    fields: dict[str, str] = field(default_factory=dict)
+    labelled: bool = False
+    minus: str | None = None
+    plus: str | None = None
+
+
+def _read_headers(sec: list[str], base: int) -> tuple[_Head, int]:
+    _no_cr(sec[0], base)
+    head = _Head(base, sec[0][len(_DIFF_GIT) :])
+    i = 1
+    while i < len(sec) and not sec[i].startswith(("--- ", "@@")):
+        line, lineno = sec[i], base + i
+        _no_cr(line, lineno)
+        for prefix, reason in _REFUSED_HEADERS:
+            if line.startswith(prefix):
+                raise DiffError(reason, f"refused header on line {lineno}")
+        known = next(((p, k) for p, k in _HEADERS if line.startswith(p)), None)
+        if known is None:
+            raise _stray(line, lineno)
+        if known[1] in head.fields:
+            raise DiffError("bad_header", f"repeated header on line {lineno}")
+        head.fields[known[1]] = line[len(known[0]) :]
+        i += 1
+    if i < len(sec) and sec[i].startswith("--- "):
+        i = _read_labels(sec, i, base, head)
+    return head, i
+
+
+def _read_labels(sec: list[str], i: int, base: int, head: _Head) -> int:
+    _no_cr(sec[i], base + i)
+    if i + 1 >= len(sec) or not sec[i + 1].startswith("+++ "):
+        raise DiffError("bad_header", f"'---' without '+++' on line {base + i}")
+    _no_cr(sec[i + 1], base + i + 1)
+    head.labelled = True
+    head.minus = _label(sec[i][4:], "a/", base + i)
+    head.plus = _label(sec[i + 1][4:], "b/", base + i + 1)
+    if i + 2 >= len(sec) or not sec[i + 2].startswith("@@"):
+        raise DiffError("bad_hunk", f"file names without hunks on line {base + i}")
+    return i + 2
+
+
+def _kind(fields: dict[str, str], lineno: int) -> Kind:
+    flags = ("created" in fields, "deleted" in fields, "rename_from" in fields)
+    if ("rename_from" in fields) != ("rename_to" in fields):
+        raise DiffError("bad_header", f"rename from/to without the other in section {lineno}")
+    if sum(flags) > 1:
+        raise DiffError("bad_header", f"conflicting headers in section {lineno}")
+    if "similarity" in fields and not flags[2]:
+        raise DiffError("bad_header", f"similarity index without rename in section {lineno}")
+    if flags[0]:
+        return "create"
+    if flags[1]:
+        return "delete"
+    return "rename" if flags[2] else "modify"
+
+
+def _check_mode(mode: str, lineno: int) -> str:
+    if mode == "120000":
+        raise DiffError("symlink_mode", f"symlink mode in section {lineno}")
+    if mode == "160000":
+        raise DiffError("gitlink", f"gitlink (submodule) mode in section {lineno}")
+    if mode not in (MODE_FILE, MODE_EXEC):
+        raise DiffError("bad_mode", f"mode other than {MODE_FILE}/{MODE_EXEC} in {lineno}")
+    return mode
+
+
+def _index(
+    fields: dict[str, str], kind: Kind, lineno: int
+) -> tuple[str | None, str | None, str | None]:
+    """(old blob, new blob, mode) of the ``index`` line, None where absent or all zeros."""
+    value = fields.get("index")
+    if value is None:
+        return None, None, None
+    m = _INDEX_RE.fullmatch(value)
+    if m is None:
+        raise DiffError("bad_header", f"malformed index line in section {lineno}")
+    old, new, mode = m.groups()
+    old_zero, new_zero = not old.strip("0"), not new.strip("0")
+    if old_zero != (kind == "create") or new_zero != (kind == "delete"):
+        raise DiffError("header_mismatch", f"index line disagrees in section {lineno}")
+    if mode is not None:
+        _check_mode(mode, lineno)
+    return (None if old_zero else old), (None if new_zero else new), mode
+
+
+def _modes(
+    fields: dict[str, str], kind: Kind, index_mode: str | None, lineno: int
+) -> tuple[str | None, str | None]:
+    for key in ("old_mode", "new_mode", "created", "deleted"):
+        if key in fields:
+            _check_mode(fields[key], lineno)
+    old, new = fields.get("old_mode"), fields.get("new_mode")
+    if old is None and new is None:
+        given = fields.get("created") or fields.get("deleted") or index_mode
+        if given is not None and index_mode not in (None, given):
+            raise DiffError("header_mismatch", f"index mode disagrees in section {lineno}")
+        return (None if kind == "create" else given), (None if kind == "delete" else given)
+    if old is None or new is None or index_mode is not None or kind in ("create", "delete"):
+        raise DiffError("bad_header", f"misplaced mode lines in section {lineno}")
+    if old == new:
+        raise DiffError("mode_change", f"not a 100644/100755 toggle in section {lineno}")
+    return old, new
+
+
+def _similarity(fields: dict[str, str], lineno: int) -> int | None:
+    value = fields.get("similarity")
+    if value is None:
+        return None
+    m = _SIMILARITY_RE.fullmatch(value)
+    if m is None or int(m.group(1)) > 100:
+        raise DiffError("bad_header", f"malformed similarity index in section {lineno}")
+    return int(m.group(1))
+
+
+def _label_name(head: _Head, kind: Kind) -> str:
+    """The one file name of a labelled non-rename section."""
+    minus, plus = head.minus, head.plus
+    if kind == "create":
+        if minus is not None or plus is None:
+            raise DiffError("header_mismatch", f"created file not from /dev/null, {head.lineno}")
+        return plus
+    if kind == "delete":
+        if plus is not None or minus is None:
+            raise DiffError("header_mismatch", f"deleted file not to /dev/null, {head.lineno}")
+        return minus
+    if minus is None or plus is None or minus != plus:
+        raise DiffError("header_mismatch", f"'---'/'+++' names disagree in {head.lineno}")
+    return minus
+
+
+def _names(head: _Head, kind: Kind) -> tuple[str | None, str | None]:
+    expected: tuple[str, str] | None = None
+    if kind == "rename":
+        expected = (
+            _plain_name(head.fields["rename_from"]),
+            _plain_name(head.fields["rename_to"]),
+        )
+        if head.labelled and (head.minus, head.plus) != expected:
+            raise DiffError("header_mismatch", f"rename names disagree in {head.lineno}")
+        if expected[0] == expected[1]:
+            raise DiffError("bad_header", f"rename to the same name in {head.lineno}")
+    elif head.labelled:
+        name = _label_name(head, kind)
+        expected = (name, name)
+    old, new = _git_line_names(head.rest, expected, head.lineno)
+    check_path(old)
+    check_path(new)
+    if kind != "rename" and old != new:
+        raise DiffError("header_mismatch", f"diff --git names differ in {head.lineno}")
+    return (None if kind == "create" else old), (None if kind == "delete" else new)
+
+
+def _check_shape(patch: FilePatch, lineno: int) -> None:
+    hunks = patch.hunks
+    if patch.kind == "create" and hunks and (len(hunks) > 1 or hunks[0].old_len):
+        raise DiffError("bad_hunk", f"created file with old lines in section {lineno}")
+    if patch.kind == "delete" and hunks and (len(hunks) > 1 or hunks[0].new_len):
+        raise DiffError("bad_hunk", f"deleted file with new lines in section {lineno}")
+    if patch.kind == "delete" and hunks and hunks[0].old_start != 1:
+        raise DiffError("bad_hunk", f"deleted file not from line 1 in section {lineno}")
+    if patch.kind == "modify" and not hunks and patch.old_mode == patch.new_mode:
+        raise DiffError("empty", f"section {lineno} changes nothing")
+
+
+def _parse_section(sec: list[str], base: int) -> FilePatch:
+    head, i = _read_headers(sec, base)
+    hunks, i = _read_hunks(sec, i, base)
+    if i < len(sec):
+        raise _leftover(sec[i], base + i)
+    if hunks and not head.labelled:
+        raise DiffError("bad_header", f"hunks without '---'/'+++' lines in section {base}")
+    kind = _kind(head.fields, base)
+    old_path, new_path = _names(head, kind)
+    index_old, index_new, index_mode = _index(head.fields, kind, base)
+    old_mode, new_mode = _modes(head.fields, kind, index_mode, base)
+    patch = FilePatch(
+        old_path=old_path,
+        new_path=new_path,
+        kind=kind,
+        old_mode=old_mode,
+        new_mode=new_mode,
+        index_old=index_old,
+        index_new=index_new,
+        hunks=tuple(hunks),
+        similarity=_similarity(head.fields, base),
+    )
+    _check_shape(patch, base)
+    return patch
+
+
+def _touched(patch: FilePatch) -> list[str]:
+    return sorted({p for p in (patch.old_path, patch.new_path) if p is not None})
+
+
+def check_collisions(patches: Iterable[FilePatch]) -> None:
+    """No path in two sections, and no two different names that fold to one."""
+    seen: dict[str, str] = {}
+    for patch in patches:
+        local: dict[str, str] = {}
+        for name in _touched(patch):
+            if local.setdefault(fold(name), name) != name:
+                raise DiffError("case_collision", f"{name!r} collides with another name")
+        for key, name in local.items():
+            other = seen.get(key)
+            if other == name:
+                raise DiffError("duplicate_file", f"{name!r} in two sections")
+            if other is not None:
+                raise DiffError("case_collision", f"{name!r} collides with {other!r}")
+        seen.update(local)
+
+
+def parse(text: str, *, max_files: int = MAX_FILES, max_bytes: int = MAX_BYTES) -> list[FilePatch]:
+    """Parses a canonical git diff; raises DiffError for anything else."""
+    _check_text(text, max_bytes)
+    lines = text.split("\n")
+    truncated = lines[-1] != ""
+    if not truncated:
+        lines.pop()
+    sections = _sections(lines, max_files)
+    if truncated:
+        raise DiffError("truncated", "the diff does not end with a newline")
+    patches = [_parse_section(lines[start:end], start + 1) for start, end in sections]
+    check_collisions(patches)
+    return patches
+
+
+# ---------------------------------------------------------------------------------------
+# apply
+
+
+def blob_id(data: bytes, object_format: str = "sha1") -> str:
+    """Git's blob id of ``data`` (``sha1`` or ``sha256`` object format)."""
+    header = b"blob %d\x00" % len(data)
+    return hashlib.new(object_format, header + data, usedforsecurity=False).hexdigest()
+
+
+def _text_lines(data: bytes, path: str) -> tuple[list[bytes], bool]:
+    """The lines of a file without their newlines, and whether it ends with one."""
+    if b"\x00" in data:
+        raise DiffError("not_text", f"{path} is binary")
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise DiffError("not_text", f"{path} is not UTF-8 text") from None
+    if not data:
+        return [], True
+    lines = data.split(b"\n")
+    if data.endswith(b"\n"):
+        lines.pop()
+        return lines, True
+    return lines, False
+
+
+def _side(hunk: Hunk, skip: str) -> list[bytes]:
+    return [text.encode("utf-8") for op, text in hunk.lines if op != skip]
+
+
+def _check_hunk(hunk: Hunk, lines: list[bytes], eol: bool, where: str) -> bool:
+    """Checks that the hunk matches exactly at its position; returns whether it reaches the
+    end of the file."""
+    pos = _before(hunk.old_start, hunk.old_len)
+    end = pos + hunk.old_len
+    at_end = end == len(lines)
+    if end > len(lines) or lines[pos:end] != _side(hunk, "+"):
+        raise DiffError("context_mismatch", f"{where} does not match at its position")
+    if (hunk.old_no_eol or hunk.new_no_eol) and not at_end:
+        raise DiffError("context_mismatch", f"{where}: no-newline marker before the end")
+    if at_end and lines and eol == hunk.old_no_eol:
+        raise DiffError("context_mismatch", f"{where}: newline at end of file differs")
+    return at_end
+
+
+def patch_bytes(data: bytes, hunks: Sequence[Hunk], path: str = "file") -> bytes:
+    """Applies the hunks of one file at exactly their stated positions."""
+    lines, eol = _text_lines(data, path)
+    out: list[bytes] = []
+    cursor = 0
+    for number, hunk in enumerate(hunks, 1):
+        pos = _before(hunk.old_start, hunk.old_len)
+        if pos < cursor:
+            raise DiffError("bad_hunk", f"{path} hunk {number} out of order")
+        if _check_hunk(hunk, lines, eol, f"{path} hunk {number}"):
+            eol = not hunk.new_no_eol
+        out.extend(lines[cursor:pos])
+        out.extend(_side(hunk, "-"))
+        cursor = pos + hunk.old_len
+    out.extend(lines[cursor:])
+    if not out:
+        return b""
+    return b"\n".join(out) + (b"\n" if eol else b"")
+
+
+def _check_blob(expected: str | None, data: bytes, path: str, object_format: str) -> None:
+    if expected is not None and not blob_id(data, object_format).startswith(expected):
+        raise DiffError("index_mismatch", f"{path} does not match the index line")
+
+
+def _old_content(patch: FilePatch, read: Callable[[str], bytes | None]) -> bytes:
+    if patch.kind == "create":
+        if read(patch.path) is not None:
+            raise DiffError("exists", f"{patch.path} already exists")
+        return b""
+    old_path = patch.old_path or patch.path
+    data = read(old_path)
+    if data is None:
+        raise DiffError("missing", f"{old_path} does not exist")
+    if patch.kind == "rename" and read(patch.path) is not None:
+        raise DiffError("exists", f"{patch.path} already exists")
+    return data
+
+
+def _apply_one(
+    patch: FilePatch, read: Callable[[str], bytes | None], check_index: bool, object_format: str
+) -> dict[str, bytes | None]:
+    old = _old_content(patch, read)
+    new = patch_bytes(old, patch.hunks, patch.path)
+    if check_index:
+        _check_blob(patch.index_old, old, patch.old_path or patch.path, object_format)
+        _check_blob(patch.index_new, new, patch.path, object_format)
+    if patch.kind == "delete":
+        if new:
+            raise DiffError("context_mismatch", f"{patch.path} has more than the hunks remove")
+        return {patch.path: None}
+    if patch.kind == "rename" and patch.old_path is not None:
+        return {patch.old_path: None, patch.path: new}
+    return {patch.path: new}
+
+
+def _check_tree(patches: Sequence[FilePatch], tree_paths: Iterable[str]) -> set[str]:
+    """Untouched baseline paths (folded); a created name may not fold onto one of them."""
+    touched = {name for patch in patches for name in _touched(patch)}
+    untouched = {fold(p): p for p in tree_paths if p not in touched}
+    for patch in patches:
+        other = untouched.get(fold(patch.path))
+        if patch.kind not in ("create", "rename") or other is None:
+            continue
+        if other == patch.path:
+            raise DiffError("exists", f"{patch.path} already exists")
+        raise DiffError("case_collision", f"{patch.path} collides with {other}")
+    return set(untouched)
+
+
+def _check_layout(files: set[str], created: set[str]) -> None:
+    """No created file where a directory is needed, or the reverse (names folded)."""
+    for key in created:
+        parts = key.split("/")
+        if any("/".join(parts[:n]) in files for n in range(1, len(parts))):
+            raise DiffError("path_conflict", "a file stands where a directory is needed")
+    dirs = tuple(key + "/" for key in created)
+    if dirs and any(key.startswith(dirs) for key in files):
+        raise DiffError("path_conflict", "a created file stands where a directory is")
+
+
+def apply(
+    patches: Iterable[FilePatch],
+    read: Callable[[str], bytes | None],
+    *,
+    tree_paths: Iterable[str] | None = None,
+    check_index: bool = True,
+    object_format: str = "sha1",
+) -> dict[str, bytes | None]:
+    """New content per touched path (None = deleted), all or nothing. ``read(path)`` gives
+    the current bytes or None. ``tree_paths``, when given, lists the baseline's files for
+    case-collision and file/directory checks. ``check_index`` checks the ``index`` line's
+    blob ids against the old and new content."""
+    items = list(patches)
+    check_collisions(items)
+    result: dict[str, bytes | None] = {}
+    for patch in items:
+        result.update(_apply_one(patch, read, check_index, object_format))
+    remaining = set() if tree_paths is None else _check_tree(items, tree_paths)
+    created = {fold(p.path) for p in items if p.kind in ("create", "rename")}
+    _check_layout(remaining | {fold(p) for p, data in result.items() if data is not None}, created)
+    return result
+
+
+def stats(patches: Iterable[FilePatch]) -> list[FileStats]:
+    """Per file: path (the new one for a rename), old_path (renames only), kind, added and
+    removed lines."""
+    return [
+        FileStats(
+            path=p.path,
+            old_path=p.old_path if p.kind == "rename" else None,
+            kind=p.kind,
+            added=p.added,
+            removed=p.removed,
+        )
+        for p in patches
+    ]
