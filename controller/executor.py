@@ -21,6 +21,7 @@ from controller.sandbox.base import RunResult, Sandbox
 from controller.task import CheckSpec
 from controller.text import strip_control
 from controller.tools import (
+    ApplyPatchArgs,
     ArgumentsNotAnObjectError,
     ListFilesArgs,
     ReadFileArgs,
@@ -29,6 +30,7 @@ from controller.tools import (
     SearchTextArgs,
     parse_arguments,
 )
+from patchbox_agent import diffs
 
 OUTPUT_TAIL = 8 * 1024
 
@@ -124,6 +126,12 @@ class ToolExecutor:
             return self.sandbox.read_file(
                 args.path, args.startLine, args.endLine
             ).model_dump(), "none"
+        if isinstance(args, ApplyPatchArgs):
+            for path in _patch_paths(args.patch):
+                self._check_write(path)
+            done_patch = self.sandbox.apply_patch(args.patch)
+            self._check_cache.clear()
+            return done_patch.model_dump(), "write"
         if isinstance(args, ReplaceTextArgs):
             self._check_write(args.path)
             done = self.sandbox.replace_text(args.path, args.oldText, args.newText)
@@ -200,6 +208,16 @@ def check_result(check_id: str, run: RunResult) -> dict[str, Any]:
         "changes": run.changes.model_dump() if run.changes else None,
         "reused": False,
     }
+
+
+def _patch_paths(text: str) -> list[str]:
+    """Every path a patch touches, parsed strictly on the host (the container's parser is
+    not trusted to have applied the policy)."""
+    try:
+        patches = diffs.parse(text)
+    except diffs.DiffError as exc:
+        raise ToolError(str(exc)[:1000], code=ErrorCode.PATCH_REJECTED) from exc
+    return sorted({p for patch in patches for p in (patch.old_path, patch.new_path) if p})
 
 
 def _digest(tool: str, raw: str | dict[str, Any]) -> str:

@@ -82,6 +82,21 @@ class ReplaceTextResult(_Result):
     version: int = Field(ge=0)
 
 
+class PatchedFile(_Result):
+    path: str = Field(max_length=4096)
+    oldPath: str | None = Field(max_length=4096)  # noqa: N815 - wire name
+    kind: Literal["modify", "create", "delete", "rename"]
+    added: int = Field(ge=0)
+    removed: int = Field(ge=0)
+    sha256Before: str | None = Field(pattern=r"^[0-9a-f]{64}$")  # noqa: N815 - wire name
+    sha256After: str | None = Field(pattern=r"^[0-9a-f]{64}$")  # noqa: N815 - wire name
+
+
+class ApplyPatchResult(_Result):
+    files: list[PatchedFile] = Field(max_length=200)
+    version: int = Field(ge=0)
+
+
 class PutArchiveResult(_Result):
     entries: int = Field(ge=0)
     bytes: int = Field(ge=0)
@@ -168,5 +183,7 @@ class Sandbox(Protocol):
     ) -> SearchTextResult: ...
 
     def replace_text(self, path: str, old_text: str, new_text: str) -> ReplaceTextResult: ...
+
+    def apply_patch(self, patch: str) -> ApplyPatchResult: ...
 
     def close(self) -> None: ...

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from controller.errors import ProtocolError
 from controller.sandbox.base import (
+    ApplyPatchResult,
     ListFilesResult,
     PutArchiveResult,
     ReadFileResult,
@@ -88,6 +89,10 @@ class AgentCalls:
         """Replaces the one exact occurrence of ``old_text`` (PATCH_REJECTED otherwise)."""
         args = {"path": path, "oldText": old_text, "newText": new_text}
         return self._validate(ReplaceTextResult, self._call("replace_text", args))
+
+    def apply_patch(self, patch: str) -> ApplyPatchResult:
+        """Applies one canonical diff, all or nothing (PATCH_REJECTED when it does not apply)."""
+        return self._validate(ApplyPatchResult, self._call("apply_patch", {"patch": patch}))
 
     def put_archive(self, data: bytes) -> PutArchiveResult:
         """Unpacks a tar archive made by the controller into /workspace."""

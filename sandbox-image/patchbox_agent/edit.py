@@ -14,7 +14,7 @@ import secrets
 import stat
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import jail
+from . import diffs, jail
 
 MAX_EDIT_FILE = 8 * 1024 * 1024
 TMP_PREFIX = ".patchbox-tmp-"
@@ -171,3 +171,210 @@ def _restore(dfd: int, name: str, data: bytes, mode: int, before_print: Optional
         raise EditBroken("the file could not be restored after a rejected edit") from exc
     if fingerprint(dfd, name) != before_print:
         raise EditBroken("the workspace differs from before a rejected edit")
+
+
+def _read_for_patch(root_fd: int, path: str) -> Optional[bytes]:
+    """Current bytes of ``path`` for the applier: None if missing; denied paths refuse the
+    whole patch (links, protected names, non-regular files)."""
+    parts = jail.split(path)
+    try:
+        dfd = jail.open_dir(root_fd, parts[:-1])
+    except jail.PathDeniedError:
+        return None
+    try:
+        try:
+            os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        data, _ = _read(dfd, parts[-1])
+        return data
+    finally:
+        os.close(dfd)
+
+
+def _current_mode(root_fd: int, path: str) -> Optional[int]:
+    parts = jail.split(path)
+    try:
+        dfd = jail.open_dir(root_fd, parts[:-1])
+    except jail.PathDeniedError:
+        return None
+    try:
+        return stat.S_IMODE(os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False).st_mode)
+    except OSError:
+        return None
+    finally:
+        os.close(dfd)
+
+
+def _check_modes(root_fd: int, patches: List[Any]) -> None:
+    """No mode escalation: a new file is 100644, an existing file keeps its own mode, and a
+    mode line must name the file's real mode."""
+    for p in patches:
+        if p.kind == "create":
+            if p.new_mode not in (None, "100644"):
+                raise EditRejected(f"{p.path}: new files are created with mode 100644 only")
+            continue
+        if p.new_mode is not None and p.old_mode is not None and p.new_mode != p.old_mode:
+            raise EditRejected(f"{p.path}: mode changes are not allowed")
+        mode = _current_mode(root_fd, p.old_path)
+        if mode is None:
+            continue
+        real = "100755" if mode & 0o111 else "100644"
+        stated = p.old_mode or p.new_mode
+        if stated is not None and stated != real:
+            raise EditRejected(f"{p.path}: the patch states mode {stated}, the file has {real}")
+
+
+def apply_patch(root_fd: int, text: Any, tree_paths: List[str]) -> Dict[str, Any]:
+    """Applies one canonical diff, all or nothing (SPEC 5.4).
+
+    Rejections before any write raise EditRejected (the workspace is untouched); a failure
+    after the first visible write raises EditBroken.
+    """
+    if not isinstance(text, str) or not text:
+        raise ValueError("patch must be a non-empty string")
+    try:
+        patches = diffs.parse(text)
+        for p in patches:
+            for path in {p.old_path, p.new_path} - {None}:
+                jail.split(path)
+        _check_modes(root_fd, patches)
+        modes = {p.path: _mode_for(root_fd, p) for p in patches}
+        result = diffs.apply(
+            patches, lambda path: _read_for_patch(root_fd, path), tree_paths=tree_paths
+        )
+    except diffs.DiffError as exc:
+        raise EditRejected(str(exc)) from exc
+    except jail.PathDeniedError as exc:
+        raise EditRejected("the patch touches a path that may not be written") from exc
+    before = {path: _read_for_patch(root_fd, path) for path in result}
+    _write_all(root_fd, result, modes)
+    files = []
+    for st in diffs.stats(patches):
+        old = before.get(st["old_path"] or st["path"])
+        new = result.get(st["path"])
+        files.append(
+            {
+                "path": st["path"],
+                "oldPath": st["old_path"],
+                "kind": st["kind"],
+                "added": st["added"],
+                "removed": st["removed"],
+                "sha256Before": hashlib.sha256(old).hexdigest() if old is not None else None,
+                "sha256After": hashlib.sha256(new).hexdigest() if new is not None else None,
+            }
+        )
+    return {"files": files}
+
+
+def _mode_for(root_fd: int, patch: Any) -> int:
+    if patch.kind == "create":
+        return 0o644
+    mode = _current_mode(root_fd, patch.old_path)
+    return 0o755 if mode is not None and mode & 0o111 else 0o644
+
+
+class _Staging:
+    """Temp files written beside their targets, and the directories made for them."""
+
+    def __init__(self, root_fd: int) -> None:
+        self.root_fd = root_fd
+        self.staged: List[Tuple[int, str, str]] = []
+        self.made: List[Tuple[int, str]] = []
+
+    def stage(self, path: str, data: bytes, mode: int) -> None:
+        parts = jail.split(path)
+        dfd = _dirs_for(self.root_fd, parts[:-1], self.made)
+        tmp = TMP_PREFIX + secrets.token_hex(8)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(tmp, flags, 0o600, dir_fd=dfd)
+        except OSError:
+            os.close(dfd)
+            raise
+        self.staged.append((dfd, tmp, parts[-1]))
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            os.fchmod(out.fileno(), mode)
+
+    def undo(self) -> None:
+        for dfd, tmp, _ in self.staged:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+        for dfd, name in reversed(self.made):
+            try:
+                os.rmdir(name, dir_fd=dfd)
+            except OSError:
+                pass
+
+    def commit(self) -> None:
+        for dfd, tmp, name in self.staged:
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+
+    def close(self) -> None:
+        _close_all(self.staged, self.made)
+
+
+def _write_all(root_fd: int, result: Dict[str, Optional[bytes]], modes: Dict[str, int]) -> None:
+    """Stages every new file as a temp file first (invisible to the tree), then renames and
+    deletes. A failure while staging leaves the workspace as it was."""
+    staging = _Staging(root_fd)
+    try:
+        try:
+            for path, data in sorted(result.items()):
+                if data is not None:
+                    staging.stage(path, data, modes.get(path, 0o644))
+        except (OSError, jail.PathDeniedError) as exc:
+            staging.undo()
+            raise EditRejected(f"the patch could not be staged: {exc.__class__.__name__}") from exc
+        try:
+            staging.commit()
+            for path in sorted(p for p, data in result.items() if data is None):
+                _unlink(root_fd, path)
+        except (OSError, jail.PathDeniedError) as exc:
+            raise EditBroken("the patch failed half way; the workspace changed") from exc
+    finally:
+        staging.close()
+
+
+def _unlink(root_fd: int, path: str) -> None:
+    parts = jail.split(path)
+    dfd = jail.open_dir(root_fd, parts[:-1])
+    try:
+        os.unlink(parts[-1], dir_fd=dfd)
+    finally:
+        os.close(dfd)
+
+
+def _dirs_for(root_fd: int, parts: List[str], made: List[Tuple[int, str]]) -> int:
+    """Opens (creating where missing) the directories ``parts``; records what it created."""
+    fd = os.dup(root_fd)
+    for part in parts:
+        try:
+            os.mkdir(part, 0o755, dir_fd=fd)
+            made.append((os.dup(fd), part))
+        except FileExistsError:
+            pass
+        except OSError:
+            os.close(fd)
+            raise
+        try:
+            nfd = os.open(
+                part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+            )
+        finally:
+            os.close(fd)
+        fd = nfd
+    return fd
+
+
+def _close_all(staged: List[Tuple[int, str, str]], made: List[Tuple[int, str]]) -> None:
+    for fd in {dfd for dfd, _, _ in staged} | {dfd for dfd, _ in made}:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    staged.clear()
+    made.clear()

@@ -180,6 +180,7 @@ class Agent:
             "list_files": lambda: self._locked(self._list_files, args),
             "search_text": lambda: self._locked(self._search_text, args),
             "replace_text": lambda: self._locked(self._replace_text, args),
+            "apply_patch": lambda: self._locked(self._apply_patch, args),
             "read_file": lambda: self._read_file(args),
             "cancel": lambda: self._cancel(args),
             "put_archive": lambda: self._put_archive(args),
@@ -288,6 +289,22 @@ class Agent:
             self._search_cache.clear()
             raise OpError("SANDBOX_FAILED", str(exc)) from exc
         self.index.touch()
+        self._search_cache.clear()
+        result["version"] = self.index.version
+        return result
+
+    def _apply_patch(self, args: dict[str, Any]) -> dict[str, Any]:
+        try:
+            result = edit.apply_patch(self._root_fd, args.get("patch"), self.index.files())
+        except ValueError as exc:
+            raise _bad(str(exc)) from exc
+        except edit.EditRejected as exc:
+            raise OpError("PATCH_REJECTED", str(exc)[:1000]) from exc
+        except edit.EditBroken as exc:
+            self.index.invalidate()
+            self._search_cache.clear()
+            raise OpError("SANDBOX_FAILED", str(exc)) from exc
+        self.index.invalidate()
         self._search_cache.clear()
         result["version"] = self.index.version
         return result

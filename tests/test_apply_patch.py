@@ -1,0 +1,221 @@
+"""apply_patch on the agent (over pipes, no Docker) and through the executor's policy."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from controller.errors import ErrorCode, ToolError
+from controller.executor import ToolExecutor
+from controller.sandbox.local import LocalSandbox
+
+A_PY = "def f(text):\n    return text.split(',')\n"
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    root = tmp_path / "ws"
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "a.py").write_text(A_PY)
+    (root / "old.txt").write_text("gone\n")
+    (root / "run.sh").write_text("#!/bin/sh\n")
+    (root / "run.sh").chmod(0o755)
+    (root / "crlf.txt").write_bytes(b"one\r\ntwo\r\n")
+    (root / ".env").write_text("A=1\n")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "t.txt").write_text("secret\n")
+    (root / "link.txt").symlink_to(tmp_path / "outside" / "t.txt")
+    (root / "linkdir").symlink_to(tmp_path / "outside")
+    return root
+
+
+@pytest.fixture
+def box(ws: Path) -> Iterator[LocalSandbox]:
+    with LocalSandbox(ws) as sandbox:
+        yield sandbox
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    }
+
+
+MODIFY = """diff --git a/src/a.py b/src/a.py
+--- a/src/a.py
++++ b/src/a.py
+@@ -1,2 +1,2 @@
+ def f(text):
+-    return text.split(',')
++    return text.split(',') if text else []
+"""
+
+CREATE = """diff --git a/src/new.py b/src/new.py
+new file mode 100644
+--- /dev/null
++++ b/src/new/../new.py
+@@ -0,0 +1 @@
++x = 1
+"""
+
+
+def test_modify_create_delete_rename_in_one_patch(box: LocalSandbox, ws: Path) -> None:
+    patch = (
+        MODIFY
+        + "diff --git a/tests/test_a.py b/tests/test_a.py\nnew file mode 100644\n--- /dev/null\n"
+        "+++ b/tests/test_a.py\n@@ -0,0 +1 @@\n+assert True\n"
+        "diff --git a/old.txt b/old.txt\ndeleted file mode 100644\n--- a/old.txt\n+++ /dev/null\n"
+        "@@ -1 +0,0 @@\n-gone\n"
+        "diff --git a/run.sh b/bin/run.sh\nsimilarity index 100%\nrename from run.sh\nrename to bin/run.sh\n"
+    )
+    res = box.apply_patch(patch)
+    assert [(f.path, f.kind, f.added, f.removed) for f in res.files] == [
+        ("src/a.py", "modify", 1, 1),
+        ("tests/test_a.py", "create", 1, 0),
+        ("old.txt", "delete", 0, 1),
+        ("bin/run.sh", "rename", 0, 0),
+    ]
+    assert (
+        ws / "src" / "a.py"
+    ).read_text() == "def f(text):\n    return text.split(',') if text else []\n"
+    assert res.files[0].sha256Before == hashlib.sha256(A_PY.encode()).hexdigest()
+    assert (ws / "tests" / "test_a.py").read_text() == "assert True\n"
+    assert not (ws / "old.txt").exists()
+    assert not (ws / "run.sh").exists()
+    assert (ws / "bin" / "run.sh").stat().st_mode & 0o777 == 0o755
+    assert not list(ws.rglob(".patchbox-tmp-*"))
+
+
+def _git_diff(ws: Path, tmp_path: Path, edit: dict[str, bytes]) -> str:
+    """A diff made by real git for the given new contents of files of the workspace."""
+    repo = tmp_path / "gitcopy"
+    subprocess.run(["cp", "-a", str(ws), str(repo)], check=True)
+    env = {
+        "PATH": "/usr/bin:/bin:/usr/local/bin",
+        "HOME": str(tmp_path),
+        "GIT_CONFIG_NOSYSTEM": "1",
+    }
+    git = [
+        "git",
+        "-c",
+        "core.hooksPath=/dev/null",
+        "-c",
+        "user.name=t",
+        "-c",
+        "user.email=t@t",
+        "-C",
+        str(repo),
+    ]
+    subprocess.run([*git, "init", "-q"], env=env, check=True)
+    subprocess.run([*git, "add", "-A"], env=env, check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], env=env, check=True)
+    for name, data in edit.items():
+        (repo / name).write_bytes(data)
+    out = subprocess.run([*git, "diff"], env=env, check=True, capture_output=True).stdout
+    return out.decode("utf-8")
+
+
+def test_a_real_git_diff_applies_exactly(box: LocalSandbox, ws: Path, tmp_path: Path) -> None:
+    new = b"one\r\nTWO\r\nthree\r\n"
+    patch = _git_diff(ws, tmp_path, {"crlf.txt": new})
+    box.apply_patch(patch)
+    assert (ws / "crlf.txt").read_bytes() == new
+
+
+@pytest.mark.parametrize(
+    ("patch", "reason"),
+    [
+        ("```diff\n" + MODIFY + "```\n", "fence"),
+        ("Here is the fix:\n" + MODIFY, "garbage"),
+        (MODIFY + "Hope this helps!\n", "garbage"),
+        ("*** Begin Patch\n" + MODIFY + "*** End Patch\n", "begin_patch"),
+        (CREATE, "dotdot|header_mismatch"),
+        (MODIFY.replace("+++ b/src/a.py", "+++ b/src/b.py"), "header_mismatch"),
+        (MODIFY.replace("@@ -1,2 +1,2 @@", "@@ -1,2 +1,2 @@\r"), "crlf_header"),
+        (MODIFY.replace(" def f(text):", " def g(text):"), "context_mismatch"),
+        (MODIFY.replace("@@ -1,2 +1,2 @@", "@@ -2,2 +2,2 @@"), "context_mismatch|missing|bad_hunk"),
+        (MODIFY + MODIFY, "duplicate_file"),
+        (MODIFY.replace("src/a.py", ".git/config"), "git_dir"),
+        (MODIFY.replace("src/a.py", "SRC/.GIT/hooks/pre-commit"), "git_dir"),
+        (MODIFY.replace("src/a.py", "/etc/passwd"), "absolute_path|header_mismatch|bad_header"),
+        (
+            "diff --git a/l b/l\nnew file mode 120000\n--- /dev/null\n+++ b/l\n@@ -0,0 +1 @@\n+/etc/passwd\n",
+            "symlink_mode",
+        ),
+        (
+            "diff --git a/m b/m\nnew file mode 160000\n--- /dev/null\n+++ b/m\n@@ -0,0 +1 @@\n+Subproject commit 0\n",
+            "gitlink",
+        ),
+        (
+            "diff --git a/b.bin b/b.bin\nnew file mode 100644\nGIT binary patch\nliteral 1\nIc${NULL}\n\nliteral 0\n\n",
+            "binary",
+        ),
+        (
+            "diff --git a/run.sh b/run.sh\nold mode 100755\nnew mode 100644\n",
+            "mode change|mode_change",
+        ),
+        (
+            "diff --git a/x.sh b/x.sh\nnew file mode 100755\n--- /dev/null\n+++ b/x.sh\n@@ -0,0 +1 @@\n+echo\n",
+            "100644 only",
+        ),
+        ("diff --git a/a b/b\ncopy from src/a.py\ncopy to b\n", "copy"),
+    ],
+)
+def test_refused_patches_change_nothing(
+    box: LocalSandbox, ws: Path, patch: str, reason: str
+) -> None:
+    before = _snapshot(ws)
+    with pytest.raises(ToolError, match=reason) as info:
+        box.apply_patch(patch)
+    assert info.value.code is ErrorCode.PATCH_REJECTED
+    assert _snapshot(ws) == before
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["link.txt", "linkdir/t.txt", ".env"],
+)
+def test_patches_through_links_or_onto_protected_files_are_refused(
+    box: LocalSandbox, ws: Path, target: str
+) -> None:
+    patch = (
+        f"diff --git a/{target} b/{target}\n--- a/{target}\n+++ b/{target}\n"
+        "@@ -1 +1 @@\n-secret\n+owned\n"
+    )
+    with pytest.raises(ToolError) as info:
+        box.apply_patch(patch)
+    assert info.value.code is ErrorCode.PATCH_REJECTED
+    assert (ws.parent / "outside" / "t.txt").read_text() == "secret\n"
+    assert (ws / ".env").read_text() == "A=1\n"
+
+
+def test_all_or_nothing(box: LocalSandbox, ws: Path) -> None:
+    """The first file would apply, the second does not: neither changes."""
+    bad_second = MODIFY + (
+        "diff --git a/crlf.txt b/crlf.txt\n--- a/crlf.txt\n+++ b/crlf.txt\n@@ -1 +1 @@\n-nope\n+x\n"
+    )
+    before = _snapshot(ws)
+    with pytest.raises(ToolError, match="context_mismatch"):
+        box.apply_patch(bad_second)
+    assert _snapshot(ws) == before
+
+
+def test_executor_applies_policy_to_every_path_of_a_patch(box: LocalSandbox, ws: Path) -> None:
+    ex = ToolExecutor(box, allowed_paths=["src/"])
+    ok = ex.execute(1, "p1", "apply_patch", {"patch": MODIFY})
+    assert ok.ok
+    assert ok.effect == "write"
+    outside = MODIFY.replace("src/a.py", "crlf.txt")
+    denied = ex.execute(1, "p2", "apply_patch", {"patch": outside})
+    assert denied.error is not None
+    assert denied.error["code"] == "TOOL_PATH_DENIED"
+    assert "allowed_paths" in denied.error["message"]
+    garbage = ex.execute(1, "p3", "apply_patch", {"patch": "please apply\n" + MODIFY})
+    assert garbage.error is not None
+    assert garbage.error["code"] == "PATCH_REJECTED"
