@@ -25,6 +25,8 @@ from controller.labels import CONTROLLER, OWNER_FILTER, current_identity, new_jo
 from controller.limits import Limits  # noqa: E402
 from controller.sandbox.base import Runtime, SandboxSpec  # noqa: E402
 from controller.sandbox.docker import DockerSandbox  # noqa: E402
+from controller.sandbox.local import LocalSandbox  # noqa: E402
+from tests.harness import AgentWorkspace  # noqa: E402
 
 RUNTIMES: list[Runtime] = ["runc", "runsc"]
 
@@ -124,3 +126,17 @@ def make_sandbox(
     yield factory
     for box in boxes:
         box.close()
+
+
+@pytest.fixture(params=["local", "docker"])
+def agent(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[AgentWorkspace]:
+    """An empty workspace served by the agent over pipes (``local``) or in a container."""
+    if request.param == "local":
+        root = tmp_path / "ws"
+        root.mkdir()
+        (tmp_path / "outside").mkdir()
+        with LocalSandbox(root, env={"PATCHBOX_REGEX_SECONDS": "2"}) as box:
+            yield AgentWorkspace("local", box, root, str(tmp_path / "outside"))
+        return
+    make: SandboxFactory = request.getfixturevalue("make_sandbox")
+    yield AgentWorkspace("docker", make(), Path("/workspace"), "/tmp/outside")

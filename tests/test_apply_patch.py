@@ -1,50 +1,35 @@
-"""apply_patch on the agent (over pipes, no Docker) and through the executor's policy."""
+"""apply_patch on the real agent (over pipes and in a container) and through the executor."""
 
 from __future__ import annotations
 
 import hashlib
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from controller.errors import ErrorCode, ToolError
 from controller.executor import ToolExecutor
-from controller.sandbox.local import LocalSandbox
+from tests.harness import AgentWorkspace
 
 A_PY = "def f(text):\n    return text.split(',')\n"
 
 
 @pytest.fixture
-def ws(tmp_path: Path) -> Path:
-    root = tmp_path / "ws"
-    (root / "src").mkdir(parents=True)
-    (root / "src" / "a.py").write_text(A_PY)
-    (root / "old.txt").write_text("gone\n")
-    (root / "run.sh").write_text("#!/bin/sh\n")
-    (root / "run.sh").chmod(0o755)
-    (root / "crlf.txt").write_bytes(b"one\r\ntwo\r\n")
-    (root / ".env").write_text("A=1\n")
-    (tmp_path / "outside").mkdir()
-    (tmp_path / "outside" / "t.txt").write_text("secret\n")
-    (root / "link.txt").symlink_to(tmp_path / "outside" / "t.txt")
-    (root / "linkdir").symlink_to(tmp_path / "outside")
-    return root
-
-
-@pytest.fixture
-def box(ws: Path) -> Iterator[LocalSandbox]:
-    with LocalSandbox(ws) as sandbox:
-        yield sandbox
-
-
-def _snapshot(root: Path) -> dict[str, bytes]:
-    return {
-        p.relative_to(root).as_posix(): p.read_bytes()
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and not p.is_symlink()
-    }
+def ws(agent: AgentWorkspace) -> AgentWorkspace:
+    agent.setup(
+        {
+            "src/a.py": A_PY,
+            "old.txt": "gone\n",
+            "run.sh": "#!/bin/sh\n",
+            "crlf.txt": b"one\r\ntwo\r\n",
+            ".env": "A=1\n",
+        },
+        modes={"run.sh": 0o755},
+        links={"link.txt": "{outside}/t.txt", "linkdir": "{outside}"},
+        outside={"t.txt": "secret\n"},
+    )
+    return agent
 
 
 MODIFY = """diff --git a/src/a.py b/src/a.py
@@ -65,7 +50,7 @@ new file mode 100644
 """
 
 
-def test_modify_create_delete_rename_in_one_patch(box: LocalSandbox, ws: Path) -> None:
+def test_modify_create_delete_rename_in_one_patch(ws: AgentWorkspace) -> None:
     patch = (
         MODIFY
         + "diff --git a/tests/test_a.py b/tests/test_a.py\nnew file mode 100644\n--- /dev/null\n"
@@ -74,28 +59,29 @@ def test_modify_create_delete_rename_in_one_patch(box: LocalSandbox, ws: Path) -
         "@@ -1 +0,0 @@\n-gone\n"
         "diff --git a/run.sh b/bin/run.sh\nsimilarity index 100%\nrename from run.sh\nrename to bin/run.sh\n"
     )
-    res = box.apply_patch(patch)
+    res = ws.box.apply_patch(patch)
     assert [(f.path, f.kind, f.added, f.removed) for f in res.files] == [
         ("src/a.py", "modify", 1, 1),
         ("tests/test_a.py", "create", 1, 0),
         ("old.txt", "delete", 0, 1),
         ("bin/run.sh", "rename", 0, 0),
     ]
-    assert (
-        ws / "src" / "a.py"
-    ).read_text() == "def f(text):\n    return text.split(',') if text else []\n"
+    files = ws.files()
+    assert files["src/a.py"][0] == b"def f(text):\n    return text.split(',') if text else []\n"
     assert res.files[0].sha256Before == hashlib.sha256(A_PY.encode()).hexdigest()
-    assert (ws / "tests" / "test_a.py").read_text() == "assert True\n"
-    assert not (ws / "old.txt").exists()
-    assert not (ws / "run.sh").exists()
-    assert (ws / "bin" / "run.sh").stat().st_mode & 0o777 == 0o755
-    assert not list(ws.rglob(".patchbox-tmp-*"))
+    assert files["tests/test_a.py"] == (b"assert True\n", 0o644)
+    assert "old.txt" not in files
+    assert "run.sh" not in files
+    assert files["bin/run.sh"] == (b"#!/bin/sh\n", 0o755)
+    assert not [p for p in files if ".patchbox-tmp-" in p]
 
 
-def _git_diff(ws: Path, tmp_path: Path, edit: dict[str, bytes]) -> str:
-    """A diff made by real git for the given new contents of files of the workspace."""
+def _git_diff(tmp_path: Path, files: dict[str, bytes], edit: dict[str, bytes]) -> str:
+    """A diff made by real git for the given old and new contents."""
     repo = tmp_path / "gitcopy"
-    subprocess.run(["cp", "-a", str(ws), str(repo)], check=True)
+    repo.mkdir()
+    for name, data in files.items():
+        (repo / name).write_bytes(data)
     env = {
         "PATH": "/usr/bin:/bin:/usr/local/bin",
         "HOME": str(tmp_path),
@@ -121,11 +107,11 @@ def _git_diff(ws: Path, tmp_path: Path, edit: dict[str, bytes]) -> str:
     return out.decode("utf-8")
 
 
-def test_a_real_git_diff_applies_exactly(box: LocalSandbox, ws: Path, tmp_path: Path) -> None:
+def test_a_real_git_diff_applies_exactly(ws: AgentWorkspace, tmp_path: Path) -> None:
     new = b"one\r\nTWO\r\nthree\r\n"
-    patch = _git_diff(ws, tmp_path, {"crlf.txt": new})
-    box.apply_patch(patch)
-    assert (ws / "crlf.txt").read_bytes() == new
+    patch = _git_diff(tmp_path, {"crlf.txt": b"one\r\ntwo\r\n"}, {"crlf.txt": new})
+    ws.box.apply_patch(patch)
+    assert ws.read("crlf.txt") == new
 
 
 @pytest.mark.parametrize(
@@ -167,14 +153,12 @@ def test_a_real_git_diff_applies_exactly(box: LocalSandbox, ws: Path, tmp_path: 
         ("diff --git a/a b/b\ncopy from src/a.py\ncopy to b\n", "copy"),
     ],
 )
-def test_refused_patches_change_nothing(
-    box: LocalSandbox, ws: Path, patch: str, reason: str
-) -> None:
-    before = _snapshot(ws)
+def test_refused_patches_change_nothing(ws: AgentWorkspace, patch: str, reason: str) -> None:
+    before = ws.files()
     with pytest.raises(ToolError, match=reason) as info:
-        box.apply_patch(patch)
+        ws.box.apply_patch(patch)
     assert info.value.code is ErrorCode.PATCH_REJECTED
-    assert _snapshot(ws) == before
+    assert ws.files() == before
 
 
 @pytest.mark.parametrize(
@@ -182,32 +166,32 @@ def test_refused_patches_change_nothing(
     ["link.txt", "linkdir/t.txt", ".env"],
 )
 def test_patches_through_links_or_onto_protected_files_are_refused(
-    box: LocalSandbox, ws: Path, target: str
+    ws: AgentWorkspace, target: str
 ) -> None:
     patch = (
         f"diff --git a/{target} b/{target}\n--- a/{target}\n+++ b/{target}\n"
         "@@ -1 +1 @@\n-secret\n+owned\n"
     )
     with pytest.raises(ToolError) as info:
-        box.apply_patch(patch)
+        ws.box.apply_patch(patch)
     assert info.value.code is ErrorCode.PATCH_REJECTED
-    assert (ws.parent / "outside" / "t.txt").read_text() == "secret\n"
-    assert (ws / ".env").read_text() == "A=1\n"
+    assert ws.outside("t.txt") == b"secret\n"
+    assert ws.read(".env") == b"A=1\n"
 
 
-def test_all_or_nothing(box: LocalSandbox, ws: Path) -> None:
+def test_all_or_nothing(ws: AgentWorkspace) -> None:
     """The first file would apply, the second does not: neither changes."""
     bad_second = MODIFY + (
         "diff --git a/crlf.txt b/crlf.txt\n--- a/crlf.txt\n+++ b/crlf.txt\n@@ -1 +1 @@\n-nope\n+x\n"
     )
-    before = _snapshot(ws)
+    before = ws.files()
     with pytest.raises(ToolError, match="context_mismatch"):
-        box.apply_patch(bad_second)
-    assert _snapshot(ws) == before
+        ws.box.apply_patch(bad_second)
+    assert ws.files() == before
 
 
-def test_executor_applies_policy_to_every_path_of_a_patch(box: LocalSandbox, ws: Path) -> None:
-    ex = ToolExecutor(box, allowed_paths=["src/"])
+def test_executor_applies_policy_to_every_path_of_a_patch(ws: AgentWorkspace) -> None:
+    ex = ToolExecutor(ws.box, allowed_paths=["src/"])
     ok = ex.execute(1, "p1", "apply_patch", {"patch": MODIFY})
     assert ok.ok
     assert ok.effect == "write"

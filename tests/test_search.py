@@ -1,47 +1,49 @@
-"""list_files / search_text on the agent (over pipes, no Docker): visibility, bounds, cache."""
+"""list_files / search_text on the real agent (over pipes and in a container)."""
 
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from controller.errors import ErrorCode, ToolError
-from controller.sandbox.local import LocalSandbox
 from patchbox_agent.globs import Glob, GlobError
+from tests.harness import AgentWorkspace
 
 
 @pytest.fixture
-def ws(tmp_path: Path) -> Path:
-    root = tmp_path / "ws"
-    (root / "src" / "pkg").mkdir(parents=True)
-    (root / "build").mkdir()
-    (root / "src" / "a.py").write_text("import os\n\ndef needle():\n    return 'needle'\n")
-    (root / "src" / "pkg" / "b.py").write_text("x = 1\ny = 'needle'\n")
-    (root / "src" / "crlf.txt").write_bytes(b"one\r\nneedle here\r\n")
-    (root / "README.md").write_text("no match\n")
-    (root / "bin.dat").write_bytes(b"\x00needle\x00")
-    (root / "latin1.txt").write_bytes(b"caf\xe9 needle\n")
-    (root / ".env").write_text("needle=secret\n")
-    (root / "build" / "out.py").write_text("needle\n")
-    (root / "debug.log").write_text("needle\n")
-    (root / ".gitignore").write_text("build/\n*.log\n")
-    (tmp_path / "outside.txt").write_text("needle\n")
-    (root / "link.txt").symlink_to(tmp_path / "outside.txt")
-    (root / "linkdir").symlink_to(tmp_path)
-    return root
+def ws(agent: AgentWorkspace) -> AgentWorkspace:
+    agent.setup(
+        {
+            "src/a.py": "import os\n\ndef needle():\n    return 'needle'\n",
+            "src/pkg/b.py": "x = 1\ny = 'needle'\n",
+            "src/crlf.txt": b"one\r\nneedle here\r\n",
+            "README.md": "no match\n",
+            "bin.dat": b"\x00needle\x00",
+            "latin1.txt": b"caf\xe9 needle\n",
+            ".env": "needle=secret\n",
+            "build/out.py": "needle\n",
+            "debug.log": "needle\n",
+            ".gitignore": "build/\n*.log\n",
+        },
+        links={"link.txt": "{outside}/outside.txt", "linkdir": "{outside}"},
+        outside={"outside.txt": "needle\n"},
+    )
+    return agent
 
 
-@pytest.fixture
-def box(ws: Path) -> Iterator[LocalSandbox]:
-    with LocalSandbox(ws, env={"PATCHBOX_REGEX_SECONDS": "2"}) as sandbox:
-        yield sandbox
+def _write(ws: AgentWorkspace, path: str, text: str) -> None:
+    """Writes a file the way repo code would: through a process in the sandbox."""
+    code = f"open({path!r}, 'w').write({text!r})"
+    res = ws.box.run(
+        ["python3", "-c", code] if ws.kind == "docker" else [sys.executable, "-c", code], timeout=30
+    )
+    assert res.exitCode == 0, res.output
 
 
-def test_listing_hides_ignored_protected_and_linked(box: LocalSandbox) -> None:
+def test_listing_hides_ignored_protected_and_linked(ws: AgentWorkspace) -> None:
+    box = ws.box
     assert box.list_files().files == [
         ".gitignore",
         "README.md",
@@ -56,8 +58,8 @@ def test_listing_hides_ignored_protected_and_linked(box: LocalSandbox) -> None:
     assert box.list_files(glob="src/**").files == ["src/a.py", "src/crlf.txt", "src/pkg/b.py"]
 
 
-def test_literal_search_hits_text_only(box: LocalSandbox) -> None:
-    res = box.search_text("needle")
+def test_literal_search_hits_text_only(ws: AgentWorkspace) -> None:
+    res = ws.box.search_text("needle")
     found = [(h.path, h.line, h.text) for h in res.hits]
     assert found == [
         ("src/a.py", 3, "def needle():"),
@@ -68,50 +70,47 @@ def test_literal_search_hits_text_only(box: LocalSandbox) -> None:
     assert res.truncated is False
 
 
-def test_search_bounds_and_glob(box: LocalSandbox) -> None:
-    res = box.search_text("needle", max_results=2)
+def test_search_bounds_and_glob(ws: AgentWorkspace) -> None:
+    res = ws.box.search_text("needle", max_results=2)
     assert len(res.hits) == 2
     assert res.truncated is True
-    only = box.search_text("needle", glob="src/pkg/*")
+    only = ws.box.search_text("needle", glob="src/pkg/*")
     assert [h.path for h in only.hits] == ["src/pkg/b.py"]
 
 
-def test_long_lines_are_cut(box: LocalSandbox, ws: Path) -> None:
-    (ws / "long.txt").write_text("x" * 5000 + "needle" + "y" * 5000 + "\n")
-    box.run(["true"], timeout=10)  # a run may change files: the index is rebuilt after it
-    hit = next(h for h in box.search_text("needle").hits if h.path == "long.txt")
+def test_long_lines_are_cut(ws: AgentWorkspace) -> None:
+    _write(ws, "long.txt", "x" * 5000 + "needle" + "y" * 5000 + "\n")
+    hit = next(h for h in ws.box.search_text("needle").hits if h.path == "long.txt")
     assert len(hit.text) == 500
 
 
-def test_cache_is_per_workspace_version(box: LocalSandbox, ws: Path) -> None:
-    first = box.search_text("needle")
-    again = box.search_text("needle")
+def test_cache_is_per_workspace_version(ws: AgentWorkspace) -> None:
+    first = ws.box.search_text("needle")
+    again = ws.box.search_text("needle")
     assert (first.cached, again.cached) == (False, True)
     assert again.version == first.version
     assert again.hits == first.hits
-    res = box.run([sys.executable, "-c", "open('src/new.py', 'w').write('needle\\n')"], timeout=20)
-    assert res.exitCode == 0
-    after = box.search_text("needle")
+    _write(ws, "src/new.py", "needle\n")
+    after = ws.box.search_text("needle")
     assert after.cached is False
     assert after.version > first.version
     assert "src/new.py" in [h.path for h in after.hits]
-    assert (ws / "src" / "new.py").exists()
 
 
-def test_regex_search_and_its_time_bound(box: LocalSandbox, ws: Path) -> None:
-    res = box.search_text(r"def \w+\(", regex=True)
+def test_regex_search_and_its_time_bound(ws: AgentWorkspace) -> None:
+    res = ws.box.search_text(r"def \w+\(", regex=True)
     assert [(h.path, h.line) for h in res.hits] == [("src/a.py", 3)]
     with pytest.raises(ToolError) as info:
-        box.search_text("(unclosed", regex=True)
+        ws.box.search_text("(unclosed", regex=True)
     assert info.value.code is ErrorCode.TOOL_ARGUMENTS_INVALID
-    (ws / "evil.txt").write_text("a" * 40 + "!\n")
-    box.run(["true"], timeout=10)
+    _write(ws, "evil.txt", "a" * 40 + "!\n")
+    bound = 2 if ws.kind == "local" else 10
     started = time.monotonic()
     with pytest.raises(ToolError, match="ran out of time") as info:
-        box.search_text("(a+)+$", regex=True)
+        ws.box.search_text("(a+)+$", regex=True)
     assert info.value.code is ErrorCode.TOOL_ARGUMENTS_INVALID
-    assert time.monotonic() - started < 6
-    assert box.search_text("needle").hits  # the agent is still fine
+    assert bound - 0.5 < time.monotonic() - started < bound + 4
+    assert ws.box.search_text("needle").hits  # the agent is still fine
 
 
 @pytest.mark.parametrize(

@@ -340,7 +340,8 @@ class DockerSandbox(AgentCalls):
             argv, timeout=timeout, env=env, output_limit=output_limit, track_changes=track_changes
         )
         # An OOM kill anywhere in the run (also of a grandchild whose parent then exits
-        # normally) is reported by a Docker event that arrives before the response.
+        # normally) comes as a Docker event, in practice before the response; a later one
+        # is caught at the next call.
         self._raise_if_oom()
         if (
             result.signal == 9

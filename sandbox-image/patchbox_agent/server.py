@@ -37,6 +37,8 @@ WORKSPACE = "/workspace"
 
 MAX_READ_BYTES = 256 * 1024
 MAX_READ_LINES = 2000
+MAX_READ_FILE = 64 * 1024 * 1024
+MAX_LINE_BYTES = 1024 * 1024
 MAX_LIST_RESULTS = 10000
 DEFAULT_LIST_RESULTS = 1000
 MAX_SEARCH_RESULTS = 1000
@@ -315,24 +317,10 @@ class Agent:
         end = min(end, start + MAX_READ_LINES - 1)
         fd = jail.open_file(self._root_fd, args.get("path"))
         with os.fdopen(fd, "rb") as fh:
-            lines: list[str] = []
-            size = 0
-            total = 0
-            truncated = False
-            for raw in fh:
-                total += 1
-                if b"\x00" in raw:
-                    raise jail.PathDeniedError
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise jail.PathDeniedError from exc
-                if start <= total <= end and not truncated:
-                    if size + len(raw) > MAX_READ_BYTES:
-                        truncated = True
-                    else:
-                        lines.append(text)
-                        size += len(raw)
+            if os.fstat(fd).st_size > MAX_READ_FILE or b"\x00" in fh.read(8192):
+                raise jail.PathDeniedError
+            fh.seek(0)
+            lines, total, truncated = _read_lines(fh, start, end)
         last = start + len(lines) - 1 if lines else start - 1
         return {
             "path": args["path"],
@@ -508,6 +496,33 @@ def _run_result(  # noqa: PLR0913 - one field per keyword of the wire result
         "truncated": total > len(tail),
         "durationMs": int((time.monotonic() - started) * 1000),
     }
+
+
+def _read_lines(fh: IO[bytes], start: int, end: int) -> tuple[list[str], int, bool]:
+    """Lines ``start..end`` (bounded in bytes), the total line count, and whether the range
+    was cut. The whole file must be UTF-8 text with no NUL and no line over 1 MiB."""
+    lines: list[str] = []
+    size = 0
+    total = 0
+    truncated = False
+    while True:
+        raw = fh.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            break
+        if len(raw) > MAX_LINE_BYTES or b"\x00" in raw:
+            raise jail.PathDeniedError
+        total += 1
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise jail.PathDeniedError from exc
+        if start <= total <= end and not truncated:
+            if size + len(raw) > MAX_READ_BYTES:
+                truncated = True
+            else:
+                lines.append(text)
+                size += len(raw)
+    return lines, total, truncated
 
 
 def _glob_arg(args: dict[str, Any]) -> Glob | None:
