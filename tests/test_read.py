@@ -148,7 +148,8 @@ def test_symlink_swapped_in_during_reads_never_escapes(ws: AgentWorkspace) -> No
     py = "python3" if ws.kind == "docker" else sys.executable
     target = f"{ws.outside_dir}/secret.txt"
     # The session serialises calls, so the swapper runs detached (its own session).
-    res = ws.box.run(["setsid", "-f", py, "-c", SWAPPER, target, "4"], timeout=30)
+    detach = 'setsid "$0" -c "$1" "$2" 4 >/dev/null 2>&1 & sleep 0.5'  # until setsid ran
+    res = ws.box.run(["sh", "-c", detach, py, SWAPPER, target], timeout=30)
     assert res.exitCode == 0
     time.sleep(0.3)
     seen = {"plain": 0, "denied": 0}
