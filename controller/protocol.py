@@ -8,6 +8,8 @@ keys, no NaN or Infinity, bounded numbers and bounded nesting.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import struct
 from typing import Any
@@ -18,6 +20,8 @@ PROTOCOL_VERSION = 1
 MAGIC = b"PB"
 KIND_JSON = b"J"
 KIND_BINARY = b"B"
+KIND_SIGNED = b"S"
+TAG_SIZE = 32
 HEADER = struct.Struct(">2scI")
 HEADER_SIZE = HEADER.size
 
@@ -45,11 +49,30 @@ def encode_request(rid: int, op: str, args: dict[str, Any]) -> bytes:
 def parse_header(header: bytes, max_frame: int = MAX_RESPONSE_FRAME) -> tuple[bytes, int]:
     """Checks a frame header; returns ``(kind, length)`` or raises ProtocolError."""
     magic, kind, length = HEADER.unpack(header)
-    if magic != MAGIC or kind not in (KIND_JSON, KIND_BINARY):
+    if magic != MAGIC or kind not in (KIND_JSON, KIND_BINARY, KIND_SIGNED):
         raise ProtocolError("malformed frame header from the sandbox")
     if length > max_frame:
         raise ProtocolError(f"oversized frame from the sandbox ({length} bytes > {max_frame})")
     return kind, length
+
+
+class FrameVerifier:
+    """Checks the agent's signed frames: HMAC-SHA256 over (sequence number, JSON) under the
+    key sent in ``hello``. A frame that fails is a forgery or a corruption: the job fails."""
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+        self._seq = 0
+
+    def open(self, payload: bytes) -> bytes:
+        if len(payload) < TAG_SIZE:
+            raise ProtocolError("unauthenticated frame from the sandbox")
+        self._seq += 1
+        tag, body = payload[:TAG_SIZE], payload[TAG_SIZE:]
+        want = hmac.new(self._key, self._seq.to_bytes(8, "big") + body, hashlib.sha256).digest()
+        if not hmac.compare_digest(tag, want):
+            raise ProtocolError("unauthenticated frame from the sandbox (bad signature)")
+        return body
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

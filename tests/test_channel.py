@@ -29,9 +29,10 @@ from tests.conftest import SandboxFactory
 pytestmark = pytest.mark.docker
 
 HOSTILE_AGENT = r"""
-import json, os, struct, sys, time
+import hashlib, hmac, json, os, struct, sys, time
 mode = sys.argv[1]
 inp, out = 0, 1
+seq = 0
 def read_frame():
     hdr = b""
     while len(hdr) < 7:
@@ -46,17 +47,24 @@ def read_frame():
     return json.loads(body)
 def send(raw):
     os.write(out, raw)
-def frame(obj_bytes):
-    return b"PB" + b"J" + struct.pack(">I", len(obj_bytes)) + obj_bytes
+def frame(body, kind=b"S"):
+    global seq
+    if kind == b"S":
+        seq += 1
+        body = hmac.new(key, seq.to_bytes(8, "big") + body, hashlib.sha256).digest() + body
+    return b"PB" + kind + struct.pack(">I", len(body)) + body
 req = read_frame()
+key = bytes.fromhex(req["args"]["key"])
 hello = {"protocol": 1, "agent": "hostile", "python": "3", "uid": os.getuid(), "gid": os.getgid()}
-send(frame(json.dumps({"id": req["id"], "ok": True, "result": hello}).encode()))
+first = frame(json.dumps({"id": req["id"], "ok": True, "result": hello}).encode())
+send(first)
 req = read_frame()
 rid = req["id"]
+good = json.dumps({"id": rid, "ok": True, "result": {"files": ["a"], "truncated": False, "version": 1}}).encode()
 if mode == "garbage":
     send(b"this is not a frame at all")
 elif mode == "oversized":
-    send(b"PB" + b"J" + struct.pack(">I", 1 << 30))
+    send(b"PB" + b"S" + struct.pack(">I", 1 << 30))
     send(b"x" * 65536)
 elif mode == "dupkeys":
     send(frame(b'{"id": %d, "ok": true, "ok": true, "result": {}}' % rid))
@@ -65,13 +73,20 @@ elif mode == "nan":
 elif mode == "deep":
     send(frame(b'{"id": %d, "ok": true, "result": {"x": ' % rid + b"[" * 5000 + b"]" * 5000 + b"}}"))
 elif mode == "wrongid":
-    send(frame(json.dumps({"id": rid + 7, "ok": True, "result": {"files": [], "truncated": False}}).encode()))
+    send(frame(good.replace(b'"id": %d' % rid, b'"id": %d' % (rid + 7))))
 elif mode == "badschema":
-    send(frame(json.dumps({"id": rid, "ok": True, "result": {"files": [], "truncated": False, "x": 1}}).encode()))
+    send(frame(json.dumps({"id": rid, "ok": True, "result": {"files": [], "truncated": False, "version": 1, "x": 1}}).encode()))
 elif mode == "badcode":
     send(frame(json.dumps({"id": rid, "ok": False, "error": {"code": "APPLY_CONFLICT", "message": "m"}}).encode()))
 elif mode == "binary":
-    send(b"PB" + b"B" + struct.pack(">I", 3) + b"abc")
+    send(frame(b"abc", kind=b"B"))
+elif mode == "unsigned":
+    send(frame(good, kind=b"J"))
+elif mode == "badtag":
+    body = frame(good)
+    send(body[:7] + bytes(32) + body[39:])
+elif mode == "replay":
+    send(first)
 elif mode == "late":
     time.sleep(300)
 elif mode == "exit":
@@ -79,7 +94,7 @@ elif mode == "exit":
 elif mode == "stderr_flood":
     for _ in range(160):
         os.write(2, b"e" * 65536)
-    send(frame(json.dumps({"id": rid, "ok": True, "result": {"files": ["a"], "truncated": False}}).encode()))
+    send(frame(good))
     time.sleep(300)
 """
 
@@ -148,7 +163,10 @@ def test_binary_transfer_is_exact(make_sandbox: SandboxFactory, runtime: Runtime
         ("wrongid", "unexpected id"),
         ("badschema", "does not match its schema"),
         ("badcode", "malformed"),
-        ("binary", "unexpected binary frame"),
+        ("binary", "unexpected unsigned or binary frame"),
+        ("unsigned", "unexpected unsigned or binary frame"),
+        ("badtag", "bad signature"),
+        ("replay", "bad signature"),
         ("exit", "closed the channel"),
     ],
 )
@@ -210,7 +228,7 @@ def test_missing_agent_binary_is_a_clean_failure(
     docker_client: docker.DockerClient, sandbox_image: str
 ) -> None:
     spec = SandboxSpec(image=sandbox_image, job_id=new_job_id(), agent_argv=("/no/such/agent",))
-    with pytest.raises(SandboxError, match="closed the channel"):
+    with pytest.raises(SandboxError, match="cannot start the sandbox"):
         DockerSandbox.start(docker_client, spec, current_identity())
     assert (
         docker_client.containers.list(all=True, filters={"label": f"io.patchbox.job={spec.job_id}"})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from typing import Any
@@ -13,9 +14,10 @@ from controller.protocol import (
     BINARY_CHUNK,
     HEADER_SIZE,
     KIND_BINARY,
-    KIND_JSON,
+    KIND_SIGNED,
     MAX_RESPONSE_FRAME,
     PROTOCOL_VERSION,
+    FrameVerifier,
     decode_json,
     encode,
     encode_request,
@@ -51,6 +53,8 @@ class AgentSession:
         self._send_lock = threading.Lock()
         self._ignored: set[int] = set()
         self._broken: str | None = None
+        self._key = secrets.token_bytes(32)
+        self._verifier = FrameVerifier(self._key)
 
     @property
     def broken(self) -> str | None:
@@ -87,12 +91,12 @@ class AgentSession:
     def _read_frame(self, deadline: float) -> dict[str, Any]:
         self._fill(HEADER_SIZE, deadline)
         kind, length = parse_header(bytes(self._buf[:HEADER_SIZE]), self._max_frame)
-        if kind != KIND_JSON:
-            raise ProtocolError("unexpected binary frame from the sandbox")
+        if kind != KIND_SIGNED:
+            raise ProtocolError("unexpected unsigned or binary frame from the sandbox")
         self._fill(HEADER_SIZE + length, deadline)
         payload = bytes(self._buf[HEADER_SIZE : HEADER_SIZE + length])
         del self._buf[: HEADER_SIZE + length]
-        return decode_json(payload)
+        return decode_json(self._verifier.open(payload))
 
     def _take_id(self) -> int:
         rid = self._next_id
@@ -161,7 +165,7 @@ class AgentSession:
         return self._next_id
 
     def hello(self, timeout: float) -> HelloResult:
-        result = self.call("hello", {"protocol": PROTOCOL_VERSION}, timeout)
+        result = self.call("hello", {"protocol": PROTOCOL_VERSION, "key": self._key.hex()}, timeout)
         try:
             hello = HelloResult.model_validate(result)
         except ValidationError as exc:

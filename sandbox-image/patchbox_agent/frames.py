@@ -2,7 +2,13 @@
 
 A frame is a 7-byte header and a payload::
 
-    b"PB" | kind (1 byte: b"J" JSON object, b"B" binary chunk) | length (uint32, big endian)
+    b"PB" | kind (1 byte) | length (uint32, big endian)
+
+Kinds: ``J`` a JSON object (controller to agent), ``B`` a binary chunk, ``S`` a signed JSON
+object (agent to controller): a 32-byte HMAC-SHA256 tag, then the JSON. The tag covers the
+frame's sequence number (8 bytes, big endian, from 1) and the JSON, under the key the
+controller sent in ``hello``, before any repository code ran. A process in the sandbox that
+gets hold of the channel can therefore break it, but never forge an answer.
 
 JSON payloads are UTF-8 objects. Binary frames only follow a request that announced
 them (``put_archive``). The header is checked before the payload is read, so an
@@ -11,6 +17,8 @@ oversized frame is refused without buffering it.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import struct
@@ -19,6 +27,7 @@ PROTOCOL_VERSION = 1
 MAGIC = b"PB"
 KIND_JSON = b"J"
 KIND_BINARY = b"B"
+KIND_SIGNED = b"S"
 HEADER = struct.Struct(">2scI")
 HEADER_SIZE = HEADER.size
 
@@ -36,6 +45,20 @@ def encode(kind: bytes, payload: bytes) -> bytes:
 def encode_json(obj: object) -> bytes:
     data = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     return encode(KIND_JSON, data.encode("utf-8"))
+
+
+class Signer:
+    """Signs the agent's frames: HMAC-SHA256 over (sequence number, JSON)."""
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+        self._seq = 0
+
+    def encode(self, obj: object) -> bytes:
+        body = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        self._seq += 1
+        tag = hmac.new(self._key, self._seq.to_bytes(8, "big") + body, hashlib.sha256).digest()
+        return encode(KIND_SIGNED, tag + body)
 
 
 class FdReader:

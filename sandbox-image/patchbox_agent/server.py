@@ -28,7 +28,7 @@ from functools import partial
 from typing import IO, Any
 
 from . import edit, jail, search
-from .frames import KIND_BINARY, KIND_JSON, PROTOCOL_VERSION, FdReader, FrameError, encode_json
+from .frames import KIND_BINARY, KIND_JSON, PROTOCOL_VERSION, FdReader, FrameError, Signer
 from .globs import Glob, GlobError
 from .index import FileIndex
 
@@ -104,6 +104,7 @@ class Agent:
         self._search_cache: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._index_lock = threading.Lock()
         self._greeted = False
+        self._signer: Signer | None = None
         self._running: dict[int, subprocess.Popen[bytes]] = {}
         self._cancelled: set[int] = set()
         self._state_lock = threading.Lock()
@@ -111,8 +112,10 @@ class Agent:
     # -- output ---------------------------------------------------------------------------
 
     def _send(self, obj: object) -> None:
-        data = encode_json(obj)
+        if self._signer is None:
+            return  # nothing is ever answered without the controller's key
         with self._write_lock:
+            data = self._signer.encode(obj)
             view = memoryview(data)
             while view:
                 n = os.write(self._out_fd, view)
@@ -197,6 +200,12 @@ class Agent:
     # -- operations -----------------------------------------------------------------------
 
     def _hello(self, args: dict[str, Any]) -> dict[str, Any]:
+        if self._greeted:
+            raise OpError("SANDBOX_FAILED", "hello may come only once")
+        key = args.get("key")
+        if not isinstance(key, str) or len(key) != 64:
+            raise OpError("SANDBOX_FAILED", "hello needs a 32-byte key")
+        self._signer = Signer(bytes.fromhex(key))
         if args.get("protocol") != PROTOCOL_VERSION:
             raise OpError("SANDBOX_FAILED", "protocol version mismatch")
         if self._root_fd < 0:
@@ -627,12 +636,40 @@ def _not_dumpable() -> None:
         pass
 
 
+def _init_process(child: int) -> int:
+    """Pid 1's work: reap every orphan, pass SIGTERM on, and end with the agent's status.
+
+    Pid 1 holds no channel descriptor (only /dev/null), so /proc/1/fd leads nowhere.
+    """
+    signal.signal(signal.SIGTERM, lambda *_: os.kill(child, signal.SIGKILL))
+    while True:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            return 0
+        except InterruptedError:
+            continue
+        if pid == child:
+            return os.waitstatus_to_exitcode(status) & 0xFF
+
+
 def main() -> int:
     """Entry point: takes private copies of stdin/stdout and points fds 0 and 1 at /dev/null.
 
-    Nothing the agent starts can then write into the channel by accident.
+    Nothing the agent starts can then write into the channel by accident. As pid 1 (the
+    container's init) it forks: the parent only reaps orphans, the child serves, so the
+    agent's own waits on its processes never race with reaping.
     """
     _not_dumpable()
+    if os.getpid() == 1:
+        child = os.fork()
+        if child:
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.close(null)
+            return _init_process(child)
+        _not_dumpable()
     in_fd = os.dup(0)
     out_fd = os.dup(1)
     null = os.open(os.devnull, os.O_RDWR)
