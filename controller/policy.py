@@ -10,6 +10,8 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Iterable
 
+from patchbox_agent.globs import Glob
+
 NEVER_NAMES = frozenset({".git", ".npmrc", ".pypirc", ".netrc", ".git-credentials", ".dockercfg"})
 NEVER_PREFIXES = (".env", "id_rsa", "id_dsa", "id_ecdsa", "id_ed25519")
 NEVER_SUFFIXES = (".pem", ".key", ".p12", ".pfx", ".keystore", ".jks")
@@ -101,8 +103,9 @@ def _allowed(path: str, allowed: Iterable[str]) -> bool:
 def write_denial(
     path: str, allowed_paths: list[str] | None, extra_protected: Iterable[str] = ()
 ) -> str | None:
-    """Why ``path`` may not be written, or None when it may."""
-    if never_touch(path) or any(_allowed(path, [p]) for p in extra_protected):
+    """Why ``path`` may not be written, or None when it may. ``extra_protected`` are the
+    operator's globs, matched as the agent matches them (folded, whole path)."""
+    if never_touch(path) or any(Glob(fold(g))(fold(path)) for g in extra_protected):
         return "protected path"
     if allowed_paths is not None and not _allowed(path, allowed_paths):
         return "outside the task's allowed_paths"

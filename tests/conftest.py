@@ -115,10 +115,19 @@ def make_sandbox(
     boxes: list[DockerSandbox] = []
 
     def factory(
-        runtime: Runtime = "runc", limits: Limits | None = None, **fields: Any
+        runtime: Runtime = "runc",
+        limits: Limits | None = None,
+        protected: tuple[str, ...] = (),
+        **fields: Any,
     ) -> DockerSandbox:
         lim = limits or Limits(**({"memory_mb": 512, "workspace_mb": 128} | fields))
-        spec = SandboxSpec(image=sandbox_image, job_id=new_job_id(), runtime=runtime, limits=lim)
+        spec = SandboxSpec(
+            image=sandbox_image,
+            job_id=new_job_id(),
+            runtime=runtime,
+            limits=lim,
+            protected=protected,
+        )
         box = DockerSandbox.start(docker_client, spec, current_identity())
         boxes.append(box)
         return box

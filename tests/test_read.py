@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from controller.errors import ErrorCode, ToolError
+from controller.executor import ToolExecutor
+from controller.sandbox.docker import DockerSandbox
+from controller.sandbox.local import LocalSandbox
+from tests.conftest import SandboxFactory
 from tests.harness import AgentWorkspace
 
 MARKER = "TOP-MARKER-OUTSIDE"
@@ -164,3 +169,38 @@ def test_symlink_swapped_in_during_reads_never_escapes(ws: AgentWorkspace) -> No
         seen["plain"] += 1
     assert seen["plain"] > 10, seen
     assert seen["denied"] > 10, seen  # the link was really there during reads
+
+
+@pytest.mark.parametrize("kind", ["local", "docker"])
+def test_operator_protected_paths_are_invisible(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    protected = ("secrets/**", "*.secret")
+    files: dict[str, bytes | str] = {
+        "a.txt": "needle\n",
+        "secrets/db.yaml": "needle\n",
+        "conf/prod.SECRET": "needle\n",
+    }
+    if kind == "local":
+        root = tmp_path / "ws"
+        for name, text in files.items():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / name).write_text(str(text))
+        box: LocalSandbox | DockerSandbox = LocalSandbox(root, protected=protected)
+        request.addfinalizer(box.close)
+    else:
+        make: SandboxFactory = request.getfixturevalue("make_sandbox")
+        box = make(protected=protected)
+        AgentWorkspace("docker", box, Path("/workspace"), "/tmp/outside").setup(files)
+    assert box.list_files().files == ["a.txt"]
+    assert [h.path for h in box.search_text("needle").hits] == ["a.txt"]
+    for path in ("secrets/db.yaml", "conf/prod.SECRET"):
+        with pytest.raises(ToolError) as info:
+            box.read_file(path)
+        assert info.value.code is ErrorCode.TOOL_PATH_DENIED
+    ex = ToolExecutor(box, extra_protected=protected)
+    out = ex.execute(
+        1, "w", "replace_text", {"path": "secrets/db.yaml", "oldText": "needle", "newText": "x"}
+    )
+    assert out.error is not None
+    assert out.error["code"] == "TOOL_PATH_DENIED"

@@ -24,6 +24,8 @@ class SandboxSpec(BaseModel):
     job_id: str
     ready_timeout: float = 60.0
     """Seconds from create to a completed handshake."""
+    protected: tuple[str, ...] = ()
+    """The operator's protected globs (SPEC 5.7): never listed, read or written."""
     agent_argv: tuple[str, ...] = ("python3", "-I", "-B", "/opt/patchbox/agent.py")
     """How the agent is started inside the image."""
 

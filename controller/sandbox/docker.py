@@ -258,7 +258,7 @@ class DockerSandbox(AgentCalls):
         except docker.errors.APIError as exc:
             raise SandboxError(f"cannot start the sandbox: {exc.explanation}") from exc
         try:
-            self._hello = self._session.hello(self.spec.ready_timeout)
+            self._hello = self._session.hello(self.spec.ready_timeout, self.spec.protected)
         except SandboxError as exc:
             raise self._diagnose(exc) from exc
 

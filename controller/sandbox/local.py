@@ -64,7 +64,11 @@ class LocalSandbox(AgentCalls):
     """The agent in a host subprocess, serving ``workspace`` (tests and development only)."""
 
     def __init__(
-        self, workspace: Path, timeout: float = 30.0, env: dict[str, str] | None = None
+        self,
+        workspace: Path,
+        timeout: float = 30.0,
+        env: dict[str, str] | None = None,
+        protected: tuple[str, ...] = (),
     ) -> None:
         self.workspace = workspace
         self._tmp = tempfile.mkdtemp(prefix="patchbox-local-")
@@ -83,7 +87,7 @@ class LocalSandbox(AgentCalls):
         self.channel = PipeChannel(self.proc)
         self.session = AgentSession(self.channel)
         try:
-            self._hello = self.session.hello(timeout)
+            self._hello = self.session.hello(timeout, protected)
         except BaseException:
             self.close()
             raise

@@ -164,8 +164,9 @@ class AgentSession:
     def next_id(self) -> int:
         return self._next_id
 
-    def hello(self, timeout: float) -> HelloResult:
-        result = self.call("hello", {"protocol": PROTOCOL_VERSION, "key": self._key.hex()}, timeout)
+    def hello(self, timeout: float, protected: tuple[str, ...] = ()) -> HelloResult:
+        args = {"protocol": PROTOCOL_VERSION, "key": self._key.hex(), "protected": list(protected)}
+        result = self.call("hello", args, timeout)
         try:
             hello = HelloResult.model_validate(result)
         except ValidationError as exc:

@@ -14,6 +14,8 @@ import stat
 import unicodedata
 from typing import Iterator
 
+from .globs import Glob
+
 MAX_PATH_BYTES = 4096
 MAX_COMPONENTS = 128
 
@@ -24,6 +26,21 @@ _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_
 _PROTECTED_NAMES = frozenset({".git", ".npmrc", ".pypirc", ".netrc"})
 _PROTECTED_PREFIXES = (".env", "id_rsa", "id_dsa", "id_ecdsa", "id_ed25519")
 _PROTECTED_SUFFIXES = (".pem", ".key")
+
+
+_EXTRA: list[Glob] = []
+
+
+def set_operator_protected(patterns: list[str]) -> None:
+    """Adds the operator's protected globs (matched against the whole folded path)."""
+    _EXTRA[:] = [Glob(fold(p)) for p in patterns]
+
+
+def operator_protected(path: str) -> bool:
+    if not _EXTRA:
+        return False
+    folded = fold(path)
+    return any(g(folded) for g in _EXTRA)
 
 
 class PathDeniedError(Exception):
@@ -59,6 +76,8 @@ def split(path: object) -> list[str]:
     for part in parts:
         if part in ("", ".", "..") or is_protected_component(part):
             raise PathDeniedError
+    if operator_protected(path):
+        raise PathDeniedError
     return parts
 
 
@@ -121,7 +140,8 @@ def walk_files(root_fd: int, prefix: str = "") -> Iterator[str]:
             continue
         rel = prefix + entry.name
         if entry.is_file(follow_symlinks=False):
-            yield rel
+            if not operator_protected(rel):
+                yield rel
         elif entry.is_dir(follow_symlinks=False):
             try:
                 sub = os.open(entry.name, _DIR_FLAGS, dir_fd=root_fd)

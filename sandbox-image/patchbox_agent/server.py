@@ -208,6 +208,13 @@ class Agent:
         self._signer = Signer(bytes.fromhex(key))
         if args.get("protocol") != PROTOCOL_VERSION:
             raise OpError("SANDBOX_FAILED", "protocol version mismatch")
+        protected = args.get("protected", [])
+        if not isinstance(protected, list) or not all(isinstance(p, str) for p in protected):
+            raise OpError("SANDBOX_FAILED", "protected must be a list of globs")
+        try:
+            jail.set_operator_protected(protected)
+        except GlobError as exc:
+            raise OpError("SANDBOX_FAILED", "a protected glob is invalid") from exc
         if self._root_fd < 0:
             self._root_fd = os.open(self._workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             self._index = FileIndex(self._root_fd, self._workspace)
