@@ -139,3 +139,40 @@ def test_hostile_globs_are_bounded() -> None:
     for bad in ("", "x" * 513, "[abc"):
         with pytest.raises(GlobError):
             Glob(bad)
+
+
+INDEX_CHANGES = """
+import os, shutil
+os.makedirs("new/deep", exist_ok=True)
+open("new/deep/n.py", "w").write("x\\n")
+open("src/pkg/skip.log", "w").write("x\\n")
+shutil.rmtree("src/pkg")
+os.makedirs("gone", exist_ok=True)
+open("gone/g.py", "w").write("x\\n")
+"""
+
+INDEX_LINK_SWAP = """
+import os, shutil
+shutil.rmtree("gone")
+os.symlink("/", "gone")
+open(".gitignore", "a").write("new/\\n")
+"""
+
+
+def test_index_follows_every_change_of_the_tree(ws: AgentWorkspace) -> None:
+    py = "python3" if ws.kind == "docker" else sys.executable
+    before = ws.box.list_files()
+    assert "src/pkg/b.py" in before.files
+    assert ws.box.run([py, "-c", INDEX_CHANGES], timeout=30).exitCode == 0
+    after = ws.box.list_files()
+    assert after.version > before.version
+    assert "new/deep/n.py" in after.files
+    assert "gone/g.py" in after.files
+    assert not [p for p in after.files if p.startswith("src/pkg/")]
+    assert "src/pkg/skip.log" not in after.files
+    assert ws.box.run([py, "-c", INDEX_LINK_SWAP], timeout=30).exitCode == 0
+    last = ws.box.list_files()
+    assert not [p for p in last.files if p.startswith(("gone", "new/"))]
+    assert ".gitignore" in last.files
+    assert ws.box.run(["true"], timeout=30).exitCode == 0
+    assert ws.box.list_files().files == last.files

@@ -34,21 +34,39 @@ _GIT_OPTS = [
 ]
 
 
+DirStat = Tuple[int, int, int]
+
+
 class FileIndex:
+    """Visible files per directory, kept honest across versions without rescanning the tree.
+
+    After a possible change (a process ran, a patch applied) every known directory is
+    stat'ed: any entry added, removed or renamed changes its directory's ctime, which no
+    unprivileged process can set back, so only those directories are read again (and new
+    subdirectories walked). New files go through git's ignore check; a changed
+    ``.gitignore`` rebuilds everything.
+    """
+
     def __init__(self, root_fd: int, workspace: str) -> None:
         self._root_fd = root_fd
         self._workspace = workspace
         self.version = 0
-        self._dirs: Optional[Dict[str, List[str]]] = None
-        self._files: Optional[List[str]] = None
         self.git_filtered = False
         self._git_dir = os.path.join(tempfile.gettempdir(), ".patchbox-index-git")
+        self._raw: Dict[str, List[str]] = {}
+        self._subdirs: Dict[str, List[str]] = {}
+        self._dstat: Dict[str, DirStat] = {}
+        self._ignored: set[str] = set()
+        self._ignore_files: Dict[str, DirStat] = {}
+        self._dirs: Optional[Dict[str, List[str]]] = None
+        self._files: Optional[List[str]] = None
+        self._built = False
+        self._stale = False
 
     def invalidate(self) -> None:
-        """The workspace changed (or may have): a new version, nothing cached survives."""
+        """The tree may have changed (paths added or removed): a new version."""
         self.version += 1
-        self._dirs = None
-        self._files = None
+        self._stale = True
 
     def touch(self) -> None:
         """File contents changed but no path appeared or vanished: a new version, same list."""
@@ -56,17 +74,130 @@ class FileIndex:
 
     def files(self) -> List[str]:
         """Every visible file, sorted."""
+        dirs = self.by_dir()
         if self._files is None:
-            self._build()
-        assert self._files is not None  # noqa: S101 - set by _build
+            self._files = sorted(_join(d, n) for d, names in dirs.items() for n in names)
         return self._files
 
     def by_dir(self) -> Dict[str, List[str]]:
         """Visible file names grouped by their directory ("" for the top)."""
+        if not self._built:
+            self._full()
+        elif self._stale:
+            self._refresh()
+        self._stale = False
         if self._dirs is None:
-            self._build()
-        assert self._dirs is not None  # noqa: S101 - set by _build
+            self._dirs = {}
+            for d, names in self._raw.items():
+                kept = [
+                    n
+                    for n in names
+                    if _join(d, n) not in self._ignored and not jail.operator_protected(_join(d, n))
+                ]
+                if kept:
+                    self._dirs[d] = kept
         return self._dirs
+
+    # -- building -------------------------------------------------------------------------
+
+    def _full(self) -> None:
+        self._raw, self._subdirs, self._dstat = {}, {}, {}
+        self._walk("", os.dup(self._root_fd))
+        self._ignored = self._git_ignored()
+        self._ignore_files = self._stat_ignore_files()
+        self._built = True
+        self._dirs = None
+        self._files = None
+
+    def _walk(self, rel: str, dfd: int) -> List[str]:
+        """Reads directory ``rel`` (descriptor ``dfd``, closed here) and its new subtree;
+        returns the files found."""
+        found: List[str] = []
+        try:
+            st = os.fstat(dfd)
+            self._dstat[rel] = (st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+            files, subdirs = _scan(dfd)
+            self._raw[rel] = files
+            self._subdirs[rel] = subdirs
+            found.extend(_join(rel, n) for n in files)
+            for name in subdirs:
+                try:
+                    sub = os.open(name, jail._DIR_FLAGS, dir_fd=dfd)  # noqa: SLF001
+                except OSError:
+                    continue
+                found.extend(self._walk(_join(rel, name), sub))
+        finally:
+            os.close(dfd)
+        return found
+
+    def _drop(self, rel: str) -> None:
+        for name in self._subdirs.pop(rel, []):
+            self._drop(_join(rel, name))
+        self._raw.pop(rel, None)
+        self._dstat.pop(rel, None)
+
+    def _refresh(self) -> None:
+        if self._stat_ignore_files() != self._ignore_files:
+            self._full()
+            return
+        new_files: List[str] = []
+        changed = False
+        for rel in sorted(self._dstat, key=lambda d: (d.count("/"), d)):
+            if rel in self._dstat and self._stat_dir(rel) != self._dstat[rel]:
+                changed = True
+                new_files.extend(self._reread(rel))
+        if changed:
+            if new_files:
+                self._ignored |= self._git_ignored(new_files)
+            self._dirs = None
+            self._files = None
+
+    def _reread(self, rel: str) -> List[str]:
+        """Reads a changed directory again: its files, new subtrees walked, gone ones dropped."""
+        try:
+            dfd = jail.open_dir(self._root_fd, rel.split("/") if rel else [])
+        except jail.PathDeniedError:
+            self._drop(rel)
+            return []
+        old_files = set(self._raw.get(rel, []))
+        old_subdirs = set(self._subdirs.get(rel, []))
+        try:
+            st = os.fstat(dfd)
+            self._dstat[rel] = (st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+            files, subdirs = _scan(dfd)
+            self._raw[rel] = files
+            self._subdirs[rel] = subdirs
+            new = [_join(rel, n) for n in files if n not in old_files]
+            for name in old_subdirs - set(subdirs):
+                self._drop(_join(rel, name))
+            for name in subdirs:
+                if name in old_subdirs:
+                    continue
+                try:
+                    sub = os.open(name, jail._DIR_FLAGS, dir_fd=dfd)  # noqa: SLF001
+                except OSError:
+                    continue
+                new.extend(self._walk(_join(rel, name), sub))
+        finally:
+            os.close(dfd)
+        return new
+
+    def _stat_dir(self, rel: str) -> Optional[DirStat]:
+        try:
+            st = os.stat(rel or ".", dir_fd=self._root_fd, follow_symlinks=False)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+    def _stat_ignore_files(self) -> Dict[str, DirStat]:
+        out: Dict[str, DirStat] = {}
+        for d, names in self._raw.items():
+            if ".gitignore" in names:
+                path = _join(d, ".gitignore")
+                st = self._stat_dir(path)
+                if st is not None:
+                    out[path] = st
+        return out
 
     def snapshot(self) -> Dict[str, Tuple[int, int, int, int, int]]:
         """Metadata of every visible file: (mode, size, mtime, ctime, inode). A change of
@@ -89,49 +220,64 @@ class FileIndex:
                 os.close(dfd)
         return out
 
-    def _build(self) -> None:
-        walked = list(jail.walk_files(self._root_fd))
-        ignored = self._ignored()
-        files = [p for p in walked if p not in ignored] if ignored else walked
-        dirs: Dict[str, List[str]] = {}
-        for path in files:
-            head, _, name = path.rpartition("/")
-            dirs.setdefault(head, []).append(name)
-        self._files = files
-        self._dirs = dirs
-
-    def _ignored(self) -> set[str]:
-        try:
-            if not os.path.isdir(self._git_dir):
-                subprocess.run(
-                    ["git", *_GIT_OPTS, "init", "-q", "--bare", self._git_dir],
-                    env=_GIT_ENV,
-                    stdin=subprocess.DEVNULL,
-                    capture_output=True,
-                    check=True,
-                    timeout=30,
-                )
-            out = subprocess.run(
-                [
-                    "git",
-                    *_GIT_OPTS,
-                    f"--git-dir={self._git_dir}",
-                    f"--work-tree={self._workspace}",
-                    "ls-files",
-                    "-z",
-                    "--others",
-                    "--ignored",
-                    "--exclude-standard",
-                ],
+    def _git(self, args: List[str], stdin: bytes = b"") -> bytes:
+        if not os.path.isdir(self._git_dir):
+            subprocess.run(
+                ["git", *_GIT_OPTS, "init", "-q", "--bare", self._git_dir],
                 env=_GIT_ENV,
-                cwd="/",
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
                 check=True,
-                timeout=120,
-            ).stdout
+                timeout=30,
+            )
+        return subprocess.run(
+            [
+                "git",
+                *_GIT_OPTS,
+                f"--git-dir={self._git_dir}",
+                f"--work-tree={self._workspace}",
+                *args,
+            ],
+            env=_GIT_ENV,
+            cwd="/",
+            input=stdin,
+            capture_output=True,
+            check=False,
+            timeout=120,
+        ).stdout
+
+    def _git_ignored(self, paths: Optional[List[str]] = None) -> set[str]:
+        """What git would ignore: everything (a full build), or among ``paths``."""
+        try:
+            if paths is None:
+                out = self._git(["ls-files", "-z", "--others", "--ignored", "--exclude-standard"])
+            else:
+                data = "\0".join(paths).encode("utf-8", "surrogateescape") + b"\0"
+                out = self._git(["check-ignore", "-z", "--stdin", "--no-index"], data)
         except (OSError, subprocess.SubprocessError):
             self.git_filtered = False
             return set()
         self.git_filtered = True
         return {p for p in out.decode("utf-8", "surrogateescape").split("\0") if p}
+
+
+def _join(directory: str, name: str) -> str:
+    return f"{directory}/{name}" if directory else name
+
+
+def _scan(dfd: int) -> Tuple[List[str], List[str]]:
+    """A directory's regular files and real subdirectories, protected names left out."""
+    files: List[str] = []
+    subdirs: List[str] = []
+    with os.scandir(dfd) as it:
+        for entry in it:
+            name = entry.name
+            if jail.is_protected_component(name) or name.startswith(".patchbox-tmp-"):
+                continue
+            if entry.is_file(follow_symlinks=False):
+                files.append(name)
+            elif entry.is_dir(follow_symlinks=False):
+                subdirs.append(name)
+    files.sort()
+    subdirs.sort()
+    return files, subdirs

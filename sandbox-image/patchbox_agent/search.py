@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from . import jail
@@ -28,26 +28,28 @@ Finder = Callable[[bytes], Iterator[int]]
 
 
 def _read_text(dfd: int, name: str) -> Optional[bytes]:
+    """The file's bytes, or None when it cannot be opened without following a link, is
+    larger than the bound, or looks binary. ``O_NONBLOCK`` keeps a FIFO from blocking; a
+    short read of a regular file means its end, so small files cost one read."""
     try:
         fd = os.open(name, _FILE_FLAGS, dir_fd=dfd)
     except OSError:
         return None
+    chunks = []
+    size = 0
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_FILE_BYTES:
-            return None
-        chunks = []
-        left = MAX_FILE_BYTES + 1
-        while left > 0:
-            chunk = os.read(fd, min(max(st.st_size + 1, 65536), left))
-            if not chunk:
-                break
+        while True:
+            chunk = os.read(fd, 65536)
             chunks.append(chunk)
-            left -= len(chunk)
-        data = b"".join(chunks)
+            size += len(chunk)
+            if len(chunk) < 65536 or size > MAX_FILE_BYTES:
+                break
+    except OSError:
+        return None
     finally:
         os.close(fd)
-    if len(data) > MAX_FILE_BYTES or b"\x00" in data[:8192]:
+    data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    if size > MAX_FILE_BYTES or b"\x00" in data[:8192]:
         return None
     return data
 
@@ -99,6 +101,34 @@ def _hits_in(path: str, data: bytes, find: Finder, room: int) -> Tuple[List[Hit]
     return hits, False
 
 
+def _search_dir(
+    root_fd: int, directory: str, names: List[str], find: Finder, room: int
+) -> Tuple[List[Hit], int, bool]:
+    hits: List[Hit] = []
+    scanned = 0
+    try:
+        dfd = jail.open_dir(root_fd, directory.split("/") if directory else [])
+    except jail.PathDeniedError:
+        return hits, 0, False
+    try:
+        for name in names:
+            data = _read_text(dfd, name)
+            if data is None:
+                continue
+            scanned += 1
+            found, cut = _hits_in(_join(directory, name), data, find, room - len(hits))
+            hits.extend(found)
+            if cut or len(hits) >= room:
+                return hits, scanned, True
+    finally:
+        os.close(dfd)
+    return hits, scanned, False
+
+
+BATCH_DIRS = 32
+THREADS = 2
+
+
 def search(
     root_fd: int,
     by_dir: Dict[str, List[str]],
@@ -106,33 +136,43 @@ def search(
     limit: int,
     keep: Optional[Callable[[str], bool]] = None,
 ) -> Dict[str, Any]:
-    """Searches every indexed file (sorted by path) until ``limit`` hits."""
+    """Searches every indexed file in path order until ``limit`` hits. Directories are read
+    by two threads, batch by batch (file reads release the interpreter lock); results are
+    merged in order, so the answer is the same as a serial scan's."""
+    work = []
+    for directory in sorted(by_dir):
+        names = [n for n in by_dir[directory] if keep is None or keep(_join(directory, n))]
+        if names:
+            work.append((directory, names))
     hits: List[Hit] = []
     scanned = 0
     truncated = False
-    for directory in sorted(by_dir):
-        names = [n for n in by_dir[directory] if keep is None or keep(_join(directory, n))]
-        if not names:
-            continue
-        try:
-            dfd = jail.open_dir(root_fd, directory.split("/") if directory else [])
-        except jail.PathDeniedError:
-            continue
-        try:
-            for name in names:
-                data = _read_text(dfd, name)
-                if data is None:
-                    continue
-                scanned += 1
-                found, truncated = _hits_in(_join(directory, name), data, find, limit - len(hits))
-                hits.extend(found)
-                if truncated or len(hits) >= limit:
+    batches = [work[i : i + BATCH_DIRS] for i in range(0, len(work), BATCH_DIRS)]
+
+    def run_batch(batch: List[Tuple[str, List[str]]], room: int) -> Tuple[List[Hit], int, bool]:
+        out: List[Hit] = []
+        count = 0
+        for directory, names in batch:
+            found, n, cut = _search_dir(root_fd, directory, names, find, room - len(out))
+            out.extend(found)
+            count += n
+            if cut:
+                return out, count, True
+        return out, count, False
+
+    with ThreadPoolExecutor(max_workers=THREADS) as pool:
+        for start in range(0, len(batches), THREADS):
+            room = limit - len(hits)
+            futures = [pool.submit(run_batch, b, room) for b in batches[start : start + THREADS]]
+            for future in futures:
+                found, n, cut = future.result()
+                scanned += n
+                hits.extend(found[: limit - len(hits)])
+                if cut or len(hits) >= limit:
                     truncated = True
                     break
-        finally:
-            os.close(dfd)
-        if truncated:
-            break
+            if truncated:
+                break
     hits.sort(key=lambda h: (h["path"], h["line"]))
     return {"hits": hits, "truncated": truncated, "filesScanned": scanned}
 
