@@ -110,8 +110,14 @@ class FileIndex:
         self._files = None
 
     def _walk(self, rel: str, dfd: int) -> List[str]:
-        """Reads directory ``rel`` (descriptor ``dfd``, closed here) and its new subtree;
-        returns the files found."""
+        """Reads directory ``rel`` (descriptor ``dfd``, closed here) and its whole subtree."""
+        return self._read_dir(rel, dfd, set(), set())
+
+    def _read_dir(
+        self, rel: str, dfd: int, old_files: set[str], old_subdirs: set[str]
+    ) -> List[str]:
+        """Reads directory ``rel`` (``dfd`` is closed here): records its files, drops
+        subdirectories that are gone, walks new ones. Returns the files not known before."""
         found: List[str] = []
         try:
             st = os.fstat(dfd)
@@ -119,8 +125,12 @@ class FileIndex:
             files, subdirs = _scan(dfd)
             self._raw[rel] = files
             self._subdirs[rel] = subdirs
-            found.extend(_join(rel, n) for n in files)
+            found.extend(_join(rel, n) for n in files if n not in old_files)
+            for name in old_subdirs - set(subdirs):
+                self._drop(_join(rel, name))
             for name in subdirs:
+                if name in old_subdirs:
+                    continue
                 try:
                     sub = os.open(name, jail._DIR_FLAGS, dir_fd=dfd)  # noqa: SLF001
                 except OSError:
@@ -159,28 +169,9 @@ class FileIndex:
         except jail.PathDeniedError:
             self._drop(rel)
             return []
-        old_files = set(self._raw.get(rel, []))
-        old_subdirs = set(self._subdirs.get(rel, []))
-        try:
-            st = os.fstat(dfd)
-            self._dstat[rel] = (st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
-            files, subdirs = _scan(dfd)
-            self._raw[rel] = files
-            self._subdirs[rel] = subdirs
-            new = [_join(rel, n) for n in files if n not in old_files]
-            for name in old_subdirs - set(subdirs):
-                self._drop(_join(rel, name))
-            for name in subdirs:
-                if name in old_subdirs:
-                    continue
-                try:
-                    sub = os.open(name, jail._DIR_FLAGS, dir_fd=dfd)  # noqa: SLF001
-                except OSError:
-                    continue
-                new.extend(self._walk(_join(rel, name), sub))
-        finally:
-            os.close(dfd)
-        return new
+        return self._read_dir(
+            rel, dfd, set(self._raw.get(rel, [])), set(self._subdirs.get(rel, []))
+        )
 
     def _stat_dir(self, rel: str) -> Optional[DirStat]:
         try:
