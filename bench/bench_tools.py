@@ -212,7 +212,7 @@ def main() -> None:
         ),
         row("git ls-files (reference, host)", m["ls"], None, "-", None),
         row(
-            "list_files, fresh version",
+            "list_files, new version",
             m["list"],
             lf,
             "<= 2x",
