@@ -1,0 +1,78 @@
+"""Which checks a job may run (SPEC 2, 5.5): trusted configuration only.
+
+Checks come from the operator's host configuration and the task file (the task wins on an
+id both define). A repository may suggest checks in ``.patchbox/checks.json``; they are read
+only with the explicit ``trust_repo_config`` opt-in, never by default, and never replace a
+check the operator defined.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+
+from pydantic import TypeAdapter, ValidationError
+
+from controller.errors import UsageError
+from controller.task import CheckId, CheckSpec
+
+REPO_CHECKS_FILE = ".patchbox/checks.json"
+MAX_REPO_CHECKS_BYTES = 64 * 1024
+
+_REPO_CHECKS = TypeAdapter(dict[CheckId, CheckSpec])
+
+
+def read_repo_checks(repo_root: Path) -> dict[str, CheckSpec]:
+    """The repository's suggested checks: a regular file (no link at any component), at most
+    64 KiB of strict JSON; a missing file means none. Anything else is a usage error."""
+    try:
+        dfd = os.open(repo_root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UsageError("the repository cannot be opened") from exc
+    try:
+        sub = os.open(".patchbox", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
+    except FileNotFoundError:
+        os.close(dfd)
+        return {}
+    except OSError as exc:
+        os.close(dfd)
+        raise UsageError(f"{REPO_CHECKS_FILE}: not a plain folder") from exc
+    os.close(dfd)
+    try:
+        fd = os.open("checks.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=sub)
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise UsageError(f"{REPO_CHECKS_FILE}: not a regular file") from exc
+    finally:
+        os.close(sub)
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise UsageError(f"{REPO_CHECKS_FILE}: not a regular file")
+        data = fh.read(MAX_REPO_CHECKS_BYTES + 1)
+    if len(data) > MAX_REPO_CHECKS_BYTES:
+        raise UsageError(f"{REPO_CHECKS_FILE}: larger than {MAX_REPO_CHECKS_BYTES} bytes")
+    try:
+        return _REPO_CHECKS.validate_json(data)
+    except (ValidationError, json.JSONDecodeError) as exc:
+        raise UsageError(f"{REPO_CHECKS_FILE}: invalid ({exc.__class__.__name__})") from exc
+
+
+def resolve_checks(
+    task: Mapping[str, CheckSpec],
+    host: Mapping[str, CheckSpec] | None = None,
+    repo_root: Path | None = None,
+    *,
+    trust_repo_config: bool = False,
+) -> dict[str, CheckSpec]:
+    """The job's checks: host configuration, then the task (overrides by id), then, only
+    with ``trust_repo_config``, the repository's suggestions for ids nobody else defined."""
+    checks = dict(host or {})
+    checks.update(task)
+    if trust_repo_config and repo_root is not None:
+        for check_id, spec in read_repo_checks(repo_root).items():
+            checks.setdefault(check_id, spec)
+    return checks
