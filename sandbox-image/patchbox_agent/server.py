@@ -19,18 +19,20 @@ import signal
 import stat
 import subprocess
 import sys
-import tarfile
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from . import edit, jail, search
+from . import jail
 from .frames import KIND_BINARY, KIND_JSON, PROTOCOL_VERSION, FdReader, FrameError, Signer
 from .globs import Glob, GlobError
 from .index import FileIndex
+
+if TYPE_CHECKING:
+    import tarfile
 
 AGENT_VERSION = "0.1.0"
 WORKSPACE = "/workspace"
@@ -257,6 +259,8 @@ class Agent:
         }
 
     def _search_text(self, args: dict[str, Any]) -> dict[str, Any]:
+        from . import search  # imported on first use: a faster start
+
         query = args.get("query")
         if not isinstance(query, str) or not 0 < len(query) <= MAX_QUERY or "\x00" in query:
             raise _bad("query must be a string of 1 to 1000 characters")
@@ -294,6 +298,8 @@ class Agent:
         return result
 
     def _replace_text(self, args: dict[str, Any]) -> dict[str, Any]:
+        from . import edit  # imported on first use: a faster start
+
         try:
             result = edit.replace_text(
                 self._root_fd, args.get("path"), args.get("oldText"), args.get("newText")
@@ -312,6 +318,8 @@ class Agent:
         return result
 
     def _apply_patch(self, args: dict[str, Any]) -> dict[str, Any]:
+        from . import edit  # imported on first use: a faster start
+
         try:
             result = edit.apply_patch(self._root_fd, args.get("patch"), self.index.files())
         except ValueError as exc:
@@ -348,6 +356,8 @@ class Agent:
         }
 
     def _put_archive(self, args: dict[str, Any]) -> dict[str, Any]:
+        import tarfile  # imported on first use: a faster start
+
         size = _int_arg(args, "size", 0, 0, 1 << 40)
         stream = _Chunks(self._reader, size)
         count = 0
