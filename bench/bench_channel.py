@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import argparse
 import io
-import math
 import subprocess
 import sys
 import tarfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from common import loadavg, percentile, print_table
 from controller.demo.run import example_archive
 from controller.dockerclient import connect
 from controller.image import ImageBuilder
@@ -30,7 +29,7 @@ from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.docker import DockerSandbox
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    pass
 
 SAMPLE_PATH = "bench/sample.txt"
 SAMPLE_SIZE = 1024
@@ -58,33 +57,9 @@ def sample_archive() -> bytes:
     return buf.getvalue()
 
 
-def loadavg() -> str:
-    """The 1, 5 and 15 minute load averages: a busy machine shows in the numbers."""
-    return " ".join(Path("/proc/loadavg").read_text(encoding="ascii").split()[:3])
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (``q`` in 0..100)."""
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
 def fmt_ms(seconds: float) -> str:
     ms = seconds * 1000
     return f"{ms:.3f} ms" if ms < 10 else f"{ms:.1f} ms"
-
-
-def print_table(rows: list[list[str]]) -> None:
-    header = ["what", "n", "p50", "p99", "ratio vs reference", "target", "met?"]
-    table = [header, *rows]
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    for k, row in enumerate(table):
-        print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
-        if k == 0:
-            print("  ".join("-" * w for w in widths))
 
 
 @dataclass
@@ -190,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"measuring {runtime} ...", file=sys.stderr)
         rows += rows_for(runtime, measure(image, runtime, args))
     print(f"load average at the end: {loadavg()}", file=sys.stderr)
-    print_table(rows)
+    print_table(["what", "n", "p50", "p99", "ratio vs reference", "target", "met?"], rows)
     return 0
 
 

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import docker.errors
 
+from common import loadavg, percentile, print_table
 from controller.demo.run import example_archive
 from controller.dockerclient import connect
 from controller.image import ImageBuilder
@@ -47,7 +48,7 @@ from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.docker import DockerSandbox
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Sequence
+    from collections.abc import Callable, Iterator
 
     import docker
 
@@ -63,30 +64,6 @@ SERIES: dict[str, tuple[str, bool]] = {
     "total": ("usage - file cache + shim/fuse (cost)", True),
 }
 """Per-container readings: key -> (label, whether the 30 MB target applies)."""
-
-
-def loadavg() -> str:
-    """The 1, 5 and 15 minute load averages: a busy machine shows in the numbers."""
-    return " ".join(Path("/proc/loadavg").read_text(encoding="ascii").split()[:3])
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (``q`` in 0..100)."""
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
-def print_table(rows: list[list[str]]) -> None:
-    header = ["what", "n", "median", "max", "ratio vs reference", "target", "met?"]
-    table = [header, *rows]
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    for k, row in enumerate(table):
-        print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
-        if k == 0:
-            print("  ".join("-" * w for w in widths))
 
 
 # -- host-side readings -----------------------------------------------------------------
@@ -441,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         with sigint_ignored():
             remove_leftovers(client, job_id)
     print(f"load average at the end: {loadavg()}", file=sys.stderr)
-    print_table(rows)
+    print_table(["what", "n", "median", "max", "ratio vs reference", "target", "met?"], rows)
     for failure in failures[:10]:
         print(f"failure: {failure}", file=sys.stderr)
     return 0 if not failures else 1

@@ -15,14 +15,13 @@ splits start + close into phases, timed around the Docker API calls that DockerS
 from __future__ import annotations
 
 import argparse
-import math
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from common import loadavg, percentile, print_table
 from controller.dockerclient import connect
 from controller.image import ImageBuilder
 from controller.labels import JOB, current_identity, new_job_id
@@ -31,7 +30,7 @@ from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.docker import DockerSandbox
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable
 
     import docker
 
@@ -39,32 +38,8 @@ TARGET_RATIO = 1.3
 """median(ready) must be at most 1.3 x median(docker run)."""
 
 
-def loadavg() -> str:
-    """The 1, 5 and 15 minute load averages: a busy machine shows in the numbers."""
-    return " ".join(Path("/proc/loadavg").read_text(encoding="ascii").split()[:3])
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (``q`` in 0..100)."""
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
 def fmt_ms(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms"
-
-
-def print_table(rows: list[list[str]], header: list[str] | None = None) -> None:
-    header = header or ["what", "n", "median", "p90", "ratio vs reference", "target", "met?"]
-    table = [header, *rows]
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    for k, row in enumerate(table):
-        print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
-        if k == 0:
-            print("  ".join("-" * w for w in widths))
 
 
 PHASES = ("create", "events + attach", "start", "hello", "close")
@@ -284,9 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         remove_leftovers(client, job_id)
     print(f"load average at the end: {loadavg()}", file=sys.stderr)
-    print_table(rows)
+    print_table(["what", "n", "median", "p90", "ratio vs reference", "target", "met?"], rows)
     print()
-    print_table(phases, ["phase of start + close", "n", "median", "p90", "share"])
+    print_table(["phase of start + close", "n", "median", "p90", "share"], phases)
     return 0
 
 
