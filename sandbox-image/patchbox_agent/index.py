@@ -10,8 +10,6 @@ index, so a listing or a cached search is never older than the workspace.
 from __future__ import annotations
 
 import os
-import subprocess
-import tempfile
 from typing import Dict, List, Optional, Tuple
 
 from . import jail
@@ -52,7 +50,7 @@ class FileIndex:
         self._workspace = workspace
         self.version = 0
         self.git_filtered = False
-        self._git_dir = os.path.join(tempfile.gettempdir(), ".patchbox-index-git")
+        self._git_dir = os.path.join(os.environ.get("TMPDIR") or "/tmp", ".patchbox-index-git")
         self._raw: Dict[str, List[str]] = {}
         self._subdirs: Dict[str, List[str]] = {}
         self._dstat: Dict[str, DirStat] = {}
@@ -212,6 +210,8 @@ class FileIndex:
         return out
 
     def _git(self, args: List[str], stdin: bytes = b"") -> bytes:
+        import subprocess  # imported on first use: a faster start
+
         if not os.path.isdir(self._git_dir):
             subprocess.run(
                 ["git", *_GIT_OPTS, "init", "-q", "--bare", self._git_dir],
@@ -239,6 +239,8 @@ class FileIndex:
 
     def _git_ignored(self, paths: Optional[List[str]] = None) -> set[str]:
         """What git would ignore: everything (a full build), or among ``paths``."""
+        import subprocess  # imported on first use: a faster start
+
         try:
             if paths is None:
                 out = self._git(["ls-files", "-z", "--others", "--ignored", "--exclude-standard"])

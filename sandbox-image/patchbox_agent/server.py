@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import json
 import os
-import platform
-import re
 import select
 import signal
 import stat
-import subprocess
 import sys
 import threading
 import time
@@ -32,6 +29,7 @@ from .globs import Glob, GlobError
 from .index import FileIndex
 
 if TYPE_CHECKING:
+    import subprocess
     import tarfile
 
 AGENT_VERSION = "0.1.0"
@@ -224,7 +222,7 @@ class Agent:
         return {
             "protocol": PROTOCOL_VERSION,
             "agent": AGENT_VERSION,
-            "python": platform.python_version(),
+            "python": sys.version.split()[0],
             "uid": os.getuid(),
             "gid": os.getgid(),
         }
@@ -278,6 +276,8 @@ class Agent:
         if keep is not None:
             by_dir = _filter_dirs(by_dir, keep)
         if regex:
+            import re  # imported on first use: a faster start
+
             try:
                 re.compile(query.encode("utf-8"))
             except re.error as exc:
@@ -426,6 +426,8 @@ class Agent:
         if track:
             with self._index_lock:
                 before = self.index.snapshot()
+        import subprocess  # imported on first use: a faster start
+
         started = time.monotonic()
         try:
             proc = subprocess.Popen(
