@@ -318,9 +318,7 @@ class DockerSandbox(AgentCalls):
             )
         if self._oom_killed(wait=isinstance(exc, ProtocolError) is False):
             self._kill()
-            return LimitExceededError(
-                f"memory limit of {self.spec.limits.memory_mb} MB exceeded (OOM kill)"
-            )
+            return self._oom_error()
         self._kill()
         tail = self._channel.stderr_tail() if self._channel else ""
         if tail:
@@ -365,17 +363,18 @@ class DockerSandbox(AgentCalls):
             and not result.cancelled
             and self._oom_killed(wait=True)
         ):
-            raise LimitExceededError(
-                f"memory limit of {self.spec.limits.memory_mb} MB exceeded (OOM kill)"
-            )
+            raise self._oom_error()
         return result
+
+    def _oom_error(self) -> LimitExceededError:
+        return LimitExceededError(
+            f"memory limit of {self.spec.limits.memory_mb} MB exceeded (OOM kill)"
+        )
 
     def _raise_if_oom(self) -> None:
         """Once Docker reported an OOM kill, the sandbox is not used again."""
         if self._watcher is not None and self._watcher.oom.is_set():
-            raise LimitExceededError(
-                f"memory limit of {self.spec.limits.memory_mb} MB exceeded (OOM kill)"
-            )
+            raise self._oom_error()
 
     # -- teardown -------------------------------------------------------------------------
 

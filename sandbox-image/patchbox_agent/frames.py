@@ -42,11 +42,6 @@ def encode(kind: bytes, payload: bytes) -> bytes:
     return HEADER.pack(MAGIC, kind, len(payload)) + payload
 
 
-def encode_json(obj: object) -> bytes:
-    data = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    return encode(KIND_JSON, data.encode("utf-8"))
-
-
 class Signer:
     """Signs the agent's frames: HMAC-SHA256 over (sequence number, JSON)."""
 
