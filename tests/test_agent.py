@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.errors import ErrorCode, ToolError
+from controller.errors import ErrorCode, SandboxError, ToolError
 from controller.paths import sandbox_image_dir
 from controller.protocol import KIND_JSON, encode
 from controller.sandbox.local import LocalSandbox
@@ -227,3 +227,58 @@ def test_agent_refuses_a_broken_controller_stream(tmp_path: Path, data: bytes, c
     out, _ = proc.communicate(data, timeout=10)
     assert proc.returncode == code
     assert out == b""
+
+
+def _hostile_tar(kind: str) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        if kind == "symlink-write-through":
+            link = tarfile.TarInfo("link")
+            link.type = tarfile.SYMTYPE
+            link.linkname = "../outside"
+            tar.addfile(link)
+            name = "link/owned.txt"
+        else:
+            name = {"dotdot": "../outside/owned.txt", "nested-dotdot": "a/../../outside/owned.txt"}[
+                kind
+            ]
+        info = tarfile.TarInfo(name)
+        info.size = 5
+        tar.addfile(info, io.BytesIO(b"owned"))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("extractor", ["gnu-tar", "python"])
+@pytest.mark.parametrize("kind", ["dotdot", "nested-dotdot", "symlink-write-through"])
+def test_hostile_archive_is_refused_and_writes_nothing_outside(
+    tmp_path: Path, extractor: str, kind: str
+) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    env = {"PATCHBOX_AGENT_TAR": "python"} if extractor == "python" else {}
+    with LocalSandbox(ws, env=env) as sandbox:
+        with pytest.raises(SandboxError) as info:
+            sandbox.put_archive(_hostile_tar(kind))
+        assert info.value.code is ErrorCode.SANDBOX_FAILED
+        assert "archive" in info.value.message
+    assert list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize("extractor", ["gnu-tar", "python"])
+def test_both_extractors_give_the_same_tree(tmp_path: Path, extractor: str) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    env = {"PATCHBOX_AGENT_TAR": "python"} if extractor == "python" else {}
+    data = _tar(
+        {"a/b/c.txt": b"x\r\ny", "\u00e9t\u00e9.md": b"", "bin/run": b"#!/bin/sh\n", "p": b"1"},
+        {"bin/run": 0o775, "p": 0o664},
+    )
+    with LocalSandbox(ws, env=env) as sandbox:
+        loaded = sandbox.put_archive(data)
+        assert (loaded.entries, loaded.bytes) == (4, len(data))
+    assert (ws / "a/b/c.txt").read_bytes() == b"x\r\ny"
+    assert (ws / "\u00e9t\u00e9.md").read_bytes() == b""
+    assert (ws / "bin/run").stat().st_mode & 0o777 == 0o755
+    assert (ws / "p").stat().st_mode & 0o777 == 0o644

@@ -147,7 +147,8 @@ def test_binary_transfer_is_exact(make_sandbox: SandboxFactory, runtime: Runtime
         info.size = len(payload)
         tar.addfile(info, io.BytesIO(payload))
     box = make_sandbox(runtime=runtime)
-    assert box.put_archive(buf.getvalue()).bytes == len(payload)
+    data = buf.getvalue()
+    assert box.put_archive(data).bytes == len(data)
     res = box.run(["sha256sum", "data.bin"], timeout=30)
     assert res.output.split()[0] == hashlib.sha256(payload).hexdigest()
 

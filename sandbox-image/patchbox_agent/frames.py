@@ -67,7 +67,7 @@ class FdReader:
 
     def _fill(self, n: int) -> bool:
         while len(self._buf) < n:
-            chunk = os.read(self._fd, max(65536, n - len(self._buf)))
+            chunk = os.read(self._fd, max(1 << 20, n - len(self._buf)))
             if not chunk:
                 self.at_eof = True
                 return False
