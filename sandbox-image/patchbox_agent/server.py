@@ -483,10 +483,8 @@ class Agent:
                 count += 1
                 try:
                     self._extract(tar, member)
-                except OpError as exc:
-                    if exc.code == "SANDBOX_FAILED":
-                        raise
-                    raise OpError("SANDBOX_FAILED", f"archive refused: {exc.message}") from exc
+                except (jail.PathDeniedError, OSError) as exc:
+                    raise OpError("SANDBOX_FAILED", "archive refused: a path is denied") from exc
         return count
 
     def _extract(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> int:
