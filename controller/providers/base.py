@@ -1,0 +1,218 @@
+"""The model edge: the events every provider produces and the Protocol the loop drives.
+
+::
+
+    PatchboxError
+     +-- ProviderError                PROVIDER_ERROR: the endpoint failed or broke the protocol
+     |    +-- DuplicateToolCallIdError    two tool calls of one turn share an id
+     +-- CancelledError               CANCELLED: cancelled while a turn was pending
+
+A duplicate tool-call id within one turn is a :class:`ProviderError` (the job ends), not
+``TOOL_ARGUMENTS_INVALID``: the loop could not tell the model which of the two calls a
+result belongs to, so there is nothing the model could correct. The same id in different
+turns is accepted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Annotated, Any, Protocol, Self
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from controller.errors import ErrorCode, PatchboxError
+
+CallId = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+ToolNameText = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+
+
+class ProviderError(PatchboxError):
+    """The provider failed (transport, HTTP status, malformed answer, deadline).
+
+    The message never contains the API key or a response body verbatim.
+    """
+
+    code = ErrorCode.PROVIDER_ERROR
+
+
+class DuplicateToolCallIdError(ProviderError):
+    """One turn holds two tool calls with the same id."""
+
+
+class CancelledError(PatchboxError):
+    """The provider was cancelled; raised by ``next_turn`` during or after :meth:`cancel`."""
+
+    code = ErrorCode.CANCELLED
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class ToolCall(_Event):
+    """One tool call as the model sent it."""
+
+    id: CallId
+    """The call id; results are sent back under it."""
+    name: ToolNameText
+    """The tool name, not yet checked against the six tools."""
+    arguments: str
+    """The raw JSON text of the arguments. It may be invalid JSON: the loop validates it
+    with :func:`controller.tools.parse_arguments` and tells the model what was wrong."""
+
+
+class ModelTurn(_Event):
+    """One answer of the model: tool calls to run, or none when the model has finished."""
+
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    """In the order the model sent them; ids are unique within the turn."""
+    text: str | None = None
+    """Assistant text beside or instead of tool calls."""
+    usage: dict[str, int] = Field(default_factory=dict)
+    """What is known of the cost: ``input_tokens``, ``output_tokens``, ``total_tokens``,
+    ``request_bytes``, ``response_bytes``; a key is missing where it is unknown."""
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> Self:
+        duplicate = duplicate_id(c.id for c in self.tool_calls)
+        if duplicate is not None:
+            msg = f"duplicate tool call id {duplicate[:64]!r} in one turn"
+            raise ValueError(msg)
+        return self
+
+
+class ToolResult(_Event):
+    """What the loop sends back for one tool call of the previous turn."""
+
+    call_id: CallId
+    name: ToolNameText
+    content: str
+    """The tool's output or error, as text for the model."""
+
+
+def duplicate_id(ids: Iterable[str]) -> str | None:
+    """The first id that occurs twice in ``ids``, or None."""
+    seen: set[str] = set()
+    for call_id in ids:
+        if call_id in seen:
+            return call_id
+        seen.add(call_id)
+    return None
+
+
+def new_turn(calls: Sequence[ToolCall], text: str | None, usage: dict[str, int]) -> ModelTurn:
+    """Builds a turn; raises :class:`DuplicateToolCallIdError` for a repeated id."""
+    duplicate = duplicate_id(c.id for c in calls)
+    if duplicate is not None:
+        raise DuplicateToolCallIdError(f"duplicate tool call id {duplicate[:64]!r} in one turn")
+    return ModelTurn(tool_calls=list(calls), text=text, usage=usage)
+
+
+def check_results(previous: ModelTurn | None, results: Sequence[ToolResult]) -> None:
+    """Raises ValueError unless ``results`` answer exactly the calls of ``previous``.
+
+    Before the first turn (``previous`` is None) the results must be empty. A wrong set of
+    results is a bug in the caller, not a provider failure.
+    """
+    expected = [] if previous is None else [c.id for c in previous.tool_calls]
+    got = [r.call_id for r in results]
+    if sorted(got) != sorted(expected):
+        msg = "tool results must answer exactly the tool calls of the previous turn"
+        raise ValueError(msg)
+
+
+MAX_JSON_DEPTH = 64
+MAX_JSON_NUMBER_CHARS = 40
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            msg = "duplicate key"
+            raise ValueError(msg)
+        out[key] = value
+    return out
+
+
+def _no_constant(_name: str) -> Any:
+    msg = "non-finite number"
+    raise ValueError(msg)
+
+
+def _bounded_int(text: str) -> int:
+    if len(text) > MAX_JSON_NUMBER_CHARS:
+        msg = "number too long"
+        raise ValueError(msg)
+    return int(text)
+
+
+def _bounded_float(text: str) -> float:
+    if len(text) > MAX_JSON_NUMBER_CHARS:
+        msg = "number too long"
+        raise ValueError(msg)
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        msg = "non-finite number"
+        raise ValueError(msg)
+    return value
+
+
+def _depth(value: Any) -> int:
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, level = stack.pop()
+        deepest = max(deepest, level)
+        if deepest > MAX_JSON_DEPTH:
+            break
+        if isinstance(item, dict):
+            stack.extend((v, level + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, level + 1) for v in item)
+    return deepest
+
+
+def loads_strict(data: bytes | str) -> Any:
+    """Decodes untrusted JSON; ``ValueError`` for invalid UTF-8 or JSON, a duplicate key,
+    NaN or Infinity, an overlong number, or nesting deeper than :data:`MAX_JSON_DEPTH`."""
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+        value = json.loads(
+            text,
+            object_pairs_hook=_no_duplicates,
+            parse_constant=_no_constant,
+            parse_int=_bounded_int,
+            parse_float=_bounded_float,
+        )
+    except RecursionError as exc:
+        msg = "nested too deeply"
+        raise ValueError(msg) from exc
+    if _depth(value) > MAX_JSON_DEPTH:
+        msg = "nested too deeply"
+        raise ValueError(msg)
+    return value
+
+
+class Provider(Protocol):
+    """A model conversation about one task.
+
+    The provider is made with the task prompt. The loop calls :meth:`next_turn` with an
+    empty list first (the provider sends the prompt), then with one result for every tool
+    call of the previous turn, in any order (``ValueError`` otherwise). A turn without tool
+    calls ends the conversation: a further ``next_turn`` raises :class:`ProviderError`.
+    """
+
+    def next_turn(self, results: list[ToolResult]) -> ModelTurn:
+        """The model's next turn. Raises :class:`ProviderError` or :class:`CancelledError`."""
+        ...
+
+    def cancel(self) -> None:
+        """Thread-safe and final: an in-flight ``next_turn`` raises :class:`CancelledError`
+        promptly, and so does every later one."""
+        ...
+
+    def close(self) -> None:
+        """Releases connections; idempotent. Call it after the last turn, from the loop's thread."""
+        ...

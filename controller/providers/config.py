@@ -1,0 +1,183 @@
+"""Which model endpoint to use, from the environment or the host config's ``[provider]`` table.
+
+The API key is a :class:`pydantic.SecretStr`: ``repr``, ``str`` and ``model_dump`` show it
+masked, validation errors never echo it, and it is read only where the request is made.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+
+from controller.errors import UsageError
+
+ProviderApi = Literal["chat", "responses"]
+"""``chat``: ``POST {base}/chat/completions``; ``responses``: ``POST {base}/responses``."""
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+
+ENV_NAMES = {
+    "base_url": "OPENAI_BASE_URL",
+    "api_key": "OPENAI_API_KEY",
+    "model": "PATCHBOX_MODEL",
+    "api": "PATCHBOX_PROVIDER_API",
+    "stream": "PATCHBOX_PROVIDER_STREAM",
+}
+"""The environment variable read for each setting by :meth:`ProviderConfig.from_env`."""
+
+_KEY_CHARS = re.compile(r"[\x21-\x7e]{1,4096}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain"})
+
+
+def _loopback(host: str) -> bool:
+    if host.lower() in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class ProviderConfig(BaseModel):
+    """An OpenAI-compatible endpoint and how patient to be with it."""
+
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, hide_input_in_errors=True, use_attribute_docstrings=True
+    )
+
+    api: ProviderApi = "chat"
+    """Chat Completions or Responses."""
+    base_url: Annotated[str, StringConstraints(min_length=1, max_length=2048)] = DEFAULT_BASE_URL
+    """``http(s)://host[:port][/path]``, without credentials, query or fragment."""
+    api_key: SecretStr | None = None
+    """Sent as ``Authorization: Bearer``; None sends no Authorization header."""
+    model: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+    """The model name the endpoint knows."""
+    stream: bool = True
+    """Ask for a server-sent event stream (``stream: true``)."""
+    connect_timeout_seconds: float = Field(default=10.0, gt=0, le=300)
+    read_timeout_seconds: float = Field(default=300.0, gt=0, le=3600)
+    """The longest silence between two reads (a non-streamed answer is silent while the
+    model thinks)."""
+    request_deadline_seconds: float = Field(default=600.0, gt=0, le=7200)
+    """The most one HTTP request may take from start to its last byte; not retried."""
+    max_attempts: int = Field(default=4, ge=1, le=10)
+    """Attempts per turn, counting the first; only transient failures are retried."""
+    backoff_seconds: float = Field(default=1.0, ge=0, le=60)
+    """The first wait before a retry; doubled each time up to ``max_backoff_seconds``."""
+    max_backoff_seconds: float = Field(default=30.0, ge=0, le=600)
+    max_retry_after_seconds: float = Field(default=60.0, ge=0, le=600)
+    """A ``Retry-After`` up to this is honoured; a longer one ends the turn at once."""
+    max_response_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+    """The largest answer read (an 8 MiB patch in tool arguments, escaped, fits)."""
+    trust_env: bool = True
+    """Honour ``HTTPS_PROXY``, ``NO_PROXY`` and ``SSL_CERT_FILE`` from the environment."""
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https"):
+            msg = "base_url must start with http:// or https://"
+            raise ValueError(msg)
+        if any(c.isspace() or not c.isprintable() for c in value):
+            msg = "base_url must not contain spaces or control characters"
+            raise ValueError(msg)
+        if parts.username is not None or parts.password is not None:
+            msg = "base_url must not contain credentials"
+            raise ValueError(msg)
+        if parts.query or parts.fragment or value.endswith(("?", "#")):
+            msg = "base_url must not have a query or fragment"
+            raise ValueError(msg)
+        try:
+            parts.port  # noqa: B018 - raises for a bad port
+        except ValueError:
+            msg = "base_url has an invalid port"
+            raise ValueError(msg) from None
+        if not parts.hostname:
+            msg = "base_url has no host"
+            raise ValueError(msg)
+        return value.rstrip("/")
+
+    @field_validator("api_key")
+    @classmethod
+    def _api_key(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        if value is None:
+            return None
+        if not _KEY_CHARS.fullmatch(value.get_secret_value()):
+            msg = "api_key must be 1 to 4096 printable ASCII characters without spaces"
+            raise ValueError(msg)
+        parts = urlsplit(info.data.get("base_url", ""))
+        if parts.scheme == "http" and not _loopback(parts.hostname or ""):
+            msg = "the API key is sent only over https (plain http only to a loopback host)"
+            raise ValueError(msg)
+        return value
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ProviderConfig:
+        """From ``OPENAI_BASE_URL``, ``OPENAI_API_KEY``, ``PATCHBOX_MODEL``,
+        ``PATCHBOX_PROVIDER_API`` and ``PATCHBOX_PROVIDER_STREAM`` (empty counts as unset).
+
+        Raises :class:`UsageError` naming the variable that is missing or wrong.
+        """
+        env = os.environ if environ is None else environ
+        values = {field: env[name] for field, name in ENV_NAMES.items() if env.get(name)}
+        if "model" not in values:
+            raise UsageError(f"no model configured: set {ENV_NAMES['model']}")
+        return _build(values, ENV_NAMES, "environment")
+
+    @classmethod
+    def from_mapping(
+        cls, table: Mapping[str, Any], environ: Mapping[str, str] | None = None
+    ) -> ProviderConfig:
+        """From the host config's ``[provider]`` table: the fields of this class, plus
+        ``api_key_env`` naming the environment variable that holds the key when the table
+        has no ``api_key`` (default ``OPENAI_API_KEY``).
+
+        Raises :class:`UsageError` for unknown keys and invalid values.
+        """
+        values = dict(table)
+        env_name = values.pop("api_key_env", None)
+        if env_name is not None and (
+            not isinstance(env_name, str) or not _ENV_NAME.fullmatch(env_name)
+        ):
+            raise UsageError("provider.api_key_env must be an environment variable name")
+        if "api_key" in values and env_name is not None:
+            raise UsageError("provider: give api_key or api_key_env, not both")
+        if "api_key" not in values:
+            env = os.environ if environ is None else environ
+            key = env.get(env_name or ENV_NAMES["api_key"])
+            if key:
+                values["api_key"] = key
+        names = {field: f"provider.{field}" for field in cls.model_fields}
+        if env_name is not None:
+            names["api_key"] = env_name
+        return _build(values, names, "host config")
+
+
+def _build(values: Mapping[str, Any], names: Mapping[str, str], source: str) -> ProviderConfig:
+    try:
+        return ProviderConfig.model_validate(values)
+    except ValidationError as exc:
+        parts = []
+        for item in exc.errors()[:5]:
+            field = str(item["loc"][0]) if item["loc"] else ""
+            where = names.get(field, field or "provider")
+            parts.append(f"{where}: {item['msg']}")
+        raise UsageError(f"provider settings from the {source}: {'; '.join(parts)}") from None
