@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -164,6 +165,8 @@ class Sandbox(Protocol):
     ) -> ReadFileResult: ...
 
     def put_archive(self, data: bytes) -> PutArchiveResult: ...
+
+    def put_archive_stream(self, chunks: Iterable[bytes]) -> PutArchiveResult: ...
 
     def run(
         self,

@@ -6,6 +6,7 @@ before anyone uses them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -35,7 +36,7 @@ class AgentCalls:
         op: str,
         args: dict[str, Any],
         timeout: float = DEFAULT_CALL_TIMEOUT,
-        binary: bytes | None = None,
+        binary: bytes | Iterable[bytes] | None = None,
     ) -> dict[str, Any]:
         raise NotImplementedError
 
@@ -97,6 +98,11 @@ class AgentCalls:
     def put_archive(self, data: bytes) -> PutArchiveResult:
         """Unpacks a tar archive made by the controller into /workspace."""
         result = self._call("put_archive", {"size": len(data)}, ARCHIVE_TIMEOUT, data)
+        return self._validate(PutArchiveResult, result)
+
+    def put_archive_stream(self, chunks: Iterable[bytes]) -> PutArchiveResult:
+        """Unpacks a tar stream of unknown length (sent as the producer yields it)."""
+        result = self._call("put_archive", {"stream": True}, ARCHIVE_TIMEOUT, chunks)
         return self._validate(PutArchiveResult, result)
 
     def run(

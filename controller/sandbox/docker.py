@@ -13,6 +13,7 @@ import struct
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import docker
@@ -295,7 +296,7 @@ class DockerSandbox(AgentCalls):
         op: str,
         args: dict[str, Any],
         timeout: float = DEFAULT_CALL_TIMEOUT,
-        binary: bytes | None = None,
+        binary: bytes | Iterable[bytes] | None = None,
     ) -> dict[str, Any]:
         budget = self._budget(timeout)
         try:

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +108,7 @@ class LocalSandbox(AgentCalls):
         op: str,
         args: dict[str, Any],
         timeout: float = DEFAULT_CALL_TIMEOUT,
-        binary: bytes | None = None,
+        binary: bytes | Iterable[bytes] | None = None,
     ) -> dict[str, Any]:
         return self.session.call(op, args, timeout, binary)
 

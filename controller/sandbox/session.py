@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import ValidationError
@@ -110,7 +111,7 @@ class AgentSession:
         op: str,
         args: dict[str, Any],
         timeout: float,
-        binary: bytes | None = None,
+        binary: bytes | Iterable[bytes] | None = None,
     ) -> dict[str, Any]:
         """Sends one request and returns its result object.
 
@@ -128,18 +129,27 @@ class AgentSession:
                 raise
 
     def _call(
-        self, op: str, args: dict[str, Any], deadline: float, binary: bytes | None
+        self,
+        op: str,
+        args: dict[str, Any],
+        deadline: float,
+        binary: bytes | Iterable[bytes] | None,
     ) -> dict[str, Any]:
         rid = self._take_id()
         data = encode_request(rid, op, args)
-        if binary is not None:
+        if isinstance(binary, bytes):
             view = memoryview(binary)
             chunks = [
                 encode(KIND_BINARY, bytes(view[i : i + BINARY_CHUNK]))
                 for i in range(0, len(view), BINARY_CHUNK)
             ]
             data = b"".join([data, *chunks])
-        self._send(data)
+            self._send(data)
+        elif binary is not None:
+            self._send(data)
+            self._send_stream(binary)
+        else:
+            self._send(data)
         while True:
             frame = self._read_frame(deadline)
             fid = frame.get("id")
@@ -149,6 +159,19 @@ class AgentSession:
             if fid != rid:
                 raise ProtocolError("a response from the sandbox has an unexpected id")
             return _unwrap(frame)
+
+    def _send_stream(self, chunks: Iterable[bytes]) -> None:
+        """Binary frames as the producer yields them, then an empty frame. A producer that
+        fails leaves the agent mid-stream: the session is then unusable."""
+        try:
+            for chunk in chunks:
+                view = memoryview(chunk)
+                for i in range(0, len(view), BINARY_CHUNK):
+                    self._send(encode(KIND_BINARY, bytes(view[i : i + BINARY_CHUNK])))
+        except BaseException:
+            self.poison("a binary stream to the sandbox was cut off")
+            raise
+        self._send(encode(KIND_BINARY, b""))
 
     def cancel(self, target: int) -> None:
         """Asks the agent to kill the process of call ``target``; does not wait."""

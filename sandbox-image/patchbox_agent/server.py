@@ -68,35 +68,53 @@ def _int_arg(args: dict[str, Any], key: str, default: int, lo: int, hi: int) -> 
 
 
 class _Chunks:
-    """A read-only file over the binary frames that follow a put_archive request.
+    """A read-only file over the binary frames that follow a put_archive request: exactly
+    ``size`` bytes, or (``size`` None) frames up to an empty one.
 
     Reads are served from one buffer by offset (no copy of the rest per read), so many small
     reads of a large frame stay linear."""
 
-    def __init__(self, reader: FdReader, size: int) -> None:
+    def __init__(self, reader: FdReader, size: int | None) -> None:
         self._reader = reader
         self._left = size
+        self._done = size == 0
         self._buf = bytearray()
         self._pos = 0
+        self.total = 0
+
+    def _more(self) -> None:
+        frame = self._reader.read()
+        if frame is None or frame[0] != KIND_BINARY:
+            raise FrameError("archive stream broken")
+        payload = frame[1]
+        if self._left is None:
+            if not payload:
+                self._done = True
+                return
+        else:
+            if len(payload) > self._left:
+                raise FrameError("archive stream broken")
+            self._left -= len(payload)
+            self._done = self._left == 0
+        self.total += len(payload)
+        if self._pos:
+            del self._buf[: self._pos]
+            self._pos = 0
+        self._buf += payload
 
     def read(self, n: int = -1) -> bytes:
-        while (n < 0 or len(self._buf) - self._pos < n) and self._left > 0:
-            frame = self._reader.read()
-            if frame is None or frame[0] != KIND_BINARY or len(frame[1]) > self._left:
-                raise FrameError("archive stream broken")
-            self._left -= len(frame[1])
-            if self._pos:
-                del self._buf[: self._pos]
-                self._pos = 0
-            self._buf += frame[1]
+        while (n < 0 or len(self._buf) - self._pos < n) and not self._done:
+            self._more()
         end = len(self._buf) if n < 0 else min(len(self._buf), self._pos + n)
         out = bytes(self._buf[self._pos : end])
         self._pos = end
         return out
 
     def drain(self) -> None:
-        while self._left > 0:
-            self.read(65536)
+        while not self._done:
+            self._more()
+            self._buf.clear()
+            self._pos = 0
 
 
 _TAR: list[str | None] = []
@@ -418,15 +436,17 @@ class Agent:
         no absolute or ``..`` names, no write through a symlink of the archive, regular files,
         folders and symlinks only. (GNU tar keeps the archive's modes less the umask; git's
         archives carry 0664/0775, which both paths turn into 0644/0755.)"""
-        size = _int_arg(args, "size", 0, 0, 1 << 40)
-        stream = _Chunks(self._reader, size)
+        if args.get("stream") is True:
+            stream = _Chunks(self._reader, None)
+        else:
+            stream = _Chunks(self._reader, _int_arg(args, "size", 0, 0, 1 << 40))
         try:
             tar = _gnu_tar()
             count = self._extract_gnu(tar, stream) if tar is not None else self._extract_py(stream)
         finally:
             stream.drain()
             self._changed()
-        return {"entries": count, "bytes": size}
+        return {"entries": count, "bytes": stream.total}
 
     def _extract_gnu(self, tar: str, stream: _Chunks) -> int:
         import subprocess  # imported on first use: a faster start

@@ -1,0 +1,527 @@
+"""The private baseline of a job (SPEC 3): the work tree as the user sees it, frozen in the
+controller's own git dir, never written into the user's repository.
+
+How the user's repository is read without being written or trusted:
+
+- A private git dir per repository (``$PATCHBOX_HOME/repos/<key>/git``) borrows the user's
+  objects read-only through ``objects/info/alternates``. Its config, hooks and attributes
+  are the controller's: the repository's own ``.git/config`` is never read by these
+  commands, so its fsmonitor, hooks path and filter drivers cannot run.
+- ``info/attributes`` there turns every content conversion off, so blobs are the exact bytes
+  of the work tree (CRLF included).
+- The user's index is *copied* (with its mtime, so git's racy-entry check still holds) and
+  only the copy is used; with ``GIT_OPTIONAL_LOCKS=0`` nothing refreshes the original.
+  A repository whose own settings convert content (``core.autocrlf``, ``text``/``eol``/
+  ``filter`` attributes) gets no copy: every file is hashed as it is on disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import stat
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from controller.errors import ErrorCode, PatchboxError
+from controller.git import GIT_TIMEOUT, GitContext, GitError, git_argv, run_git
+from controller.paths import owned_temp_dir, patchbox_home
+from controller.repo import (
+    Reason,
+    RepoBlockedError,
+    RepoLayout,
+    environment_excludes,
+    is_sparse,
+    locate,
+    operations_in_progress,
+    read_config,
+    resolve_head,
+    submodule_paths,
+)
+
+Mode = Literal["require-clean", "include-local-changes"]
+
+NEUTRAL_ATTRIBUTES = (
+    "* -text -eol -crlf -filter -ident -working-tree-encoding -export-ignore -export-subst\n"
+)
+"""The private git dir's ``info/attributes``: the highest-precedence attributes file, so no
+``.gitattributes`` of the repository can convert, filter or drop content."""
+
+_CONVERTING = re.compile(rb"(^|\s)(-?text|eol=|crlf|filter=|ident|working-tree-encoding)")
+ARCHIVE_CHUNK = 1 << 20
+
+
+class SnapshotLimits(BaseModel):
+    """How much local change a baseline may carry (SPEC 3.1)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    max_files: int = Field(default=10_000, ge=0, le=10_000_000)
+    max_bytes: int = Field(default=256 * 1024 * 1024, ge=0, le=1 << 40)
+
+
+class Counts(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    staged_files: int = 0
+    unstaged_files: int = 0
+    untracked_files: int = 0
+    changed_files: int = 0
+    """Distinct paths with any local change."""
+    local_bytes: int = 0
+    """Bytes on disk of the changed paths that exist."""
+
+
+class HealthReport(BaseModel):
+    """A diagnosis of the repository at one moment: not a lock (SPEC 3.4)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    repo: str
+    ok: bool
+    kind: str | None = None
+    head: str | None = None
+    reasons: list[Reason] = Field(default_factory=list)
+    counts: Counts = Field(default_factory=Counts)
+    submodules: list[str] = Field(default_factory=list)
+    """Submodule paths; they are not entered (the baseline holds an empty folder)."""
+    converting: bool = False
+    """The repository converts content on checkout; the baseline hashes every file."""
+
+    @property
+    def dirty(self) -> bool:
+        return self.counts.changed_files > 0
+
+
+class Baseline(BaseModel):
+    """The frozen inputs of a job's starting point (SPEC 3.4)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    repo: str
+    mode: Mode
+    head: str
+    tree: str
+    """Object id of the baseline tree in the private git dir."""
+    commit: str
+    """HEAD itself for a clean tree; else a private commit whose parent is HEAD."""
+    local_digest: str
+    """SHA-256 over the local-change state (status and resulting tree)."""
+    counts: Counts
+    submodules: list[str]
+    private_git_dir: str
+    built_ms: int
+
+
+@dataclass
+class _Status:
+    staged: set[str] = field(default_factory=set)
+    unstaged: set[str] = field(default_factory=set)
+    untracked: list[str] = field(default_factory=list)
+    unmerged: list[str] = field(default_factory=list)
+    raw: bytes = b""
+
+
+def _repo_key(layout: RepoLayout) -> str:
+    return hashlib.sha256(str(layout.common_dir).encode()).hexdigest()[:24]
+
+
+class PrivateRepo:
+    """The controller's own git dir for one user repository (created on first use)."""
+
+    def __init__(self, layout: RepoLayout, home: Path | None = None) -> None:
+        self.layout = layout
+        self.root = (home or patchbox_home()) / "repos" / _repo_key(layout)
+        self.git_dir = self.root / "git"
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Serialises builds for one repository (they share the private HEAD)."""
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with (self.root / "lock").open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def ctx(self, *, index: Path | None = None, work_tree: bool = False) -> GitContext:
+        return GitContext(
+            cwd=self.root,
+            git_dir=self.git_dir,
+            work_tree=self.layout.top if work_tree else None,
+            index_file=index,
+            home=self.root,
+        )
+
+    def ensure(self) -> None:
+        if not (self.git_dir / "HEAD").is_file():
+            tmp = self.root / f"git.tmp{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            fmt = read_config(self.layout, "extensions.objectformat") or "sha1"
+            run_git(
+                GitContext(cwd=self.root, home=self.root),
+                "init",
+                "-q",
+                "--bare",
+                f"--object-format={fmt}",
+                str(tmp),
+            )
+            shutil.rmtree(tmp / "hooks", ignore_errors=True)
+            tmp.replace(self.git_dir)
+        alternates = self.git_dir / "objects" / "info" / "alternates"
+        alternates.write_text(f"{self.layout.common_dir / 'objects'}\n")
+        info = self.git_dir / "info"
+        info.mkdir(exist_ok=True)
+        (info / "attributes").write_text(NEUTRAL_ATTRIBUTES)
+        excludes = b""
+        for source in [self.layout.common_dir / "info" / "exclude", *environment_excludes()]:
+            with contextlib.suppress(OSError):
+                excludes += source.read_bytes()[: 1 << 20] + b"\n"
+        (info / "exclude").write_bytes(excludes)
+
+    def set_head(self, oid: str) -> None:
+        (self.git_dir / "HEAD").write_text(f"{oid}\n")
+
+    def git(self, *args: str, index: Path | None = None, work_tree: bool = False) -> bytes:
+        return run_git(self.ctx(index=index, work_tree=work_tree), *args).stdout
+
+
+def converts_content(layout: RepoLayout, attribute_files: list[Path]) -> bool:
+    """True when the user's checkout may differ from the blobs (eol or filter settings)."""
+    for key in ("core.autocrlf", "core.eol"):
+        value = (read_config(layout, key) or "").lower()
+        if value and value not in {"false", "lf", "native", "no", "off", "0"}:
+            return True
+    sources = [layout.common_dir / "info" / "attributes", layout.git_dir / "info" / "attributes"]
+    for source in [*sources, *attribute_files]:
+        with contextlib.suppress(OSError):
+            if not source.is_symlink() and _CONVERTING.search(source.read_bytes()[: 1 << 20]):
+                return True
+    return False
+
+
+def _parse_status(raw: bytes) -> _Status:
+    status = _Status(raw=raw)
+    records = raw.split(b"\0")
+    for record in records:
+        if not record:
+            continue
+        kind = record[:1]
+        if kind == b"1":
+            fields = record.split(b" ", 8)
+            xy, path = fields[1], fields[8].decode("utf-8", "surrogateescape")
+            if xy[:1] != b".":
+                status.staged.add(path)
+            if xy[1:2] != b".":
+                status.unstaged.add(path)
+        elif kind == b"u":
+            fields = record.split(b" ", 10)
+            status.unmerged.append(fields[10].decode("utf-8", "surrogateescape"))
+        elif kind == b"?":
+            status.untracked.append(record[2:].decode("utf-8", "surrogateescape"))
+    return status
+
+
+def _walk(top: Path) -> tuple[list[str], list[Path]]:
+    """One pass over the work tree: items git itself does not list (FIFOs, sockets,
+    devices) and every ``.gitattributes`` file."""
+    specials: list[str] = []
+    attributes: list[Path] = []
+    stack = [top]
+    while stack:
+        folder = stack.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.name == ".git" and folder == top:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(Path(entry.path))
+            elif entry.is_file(follow_symlinks=False):
+                if entry.name == ".gitattributes":
+                    attributes.append(Path(entry.path))
+            elif not entry.is_symlink():
+                specials.append(os.path.relpath(entry.path, top))
+    return specials, attributes
+
+
+def _not_ignored(private: PrivateRepo, index: Path, paths: list[str]) -> list[str]:
+    if not paths:
+        return []
+    proc = run_git(
+        private.ctx(index=index, work_tree=True),
+        "check-ignore",
+        "--no-index",
+        "-z",
+        "--stdin",
+        stdin=b"\0".join(p.encode("utf-8", "surrogateescape") for p in paths) + b"\0",
+        check=False,
+    )
+    ignored = {p.decode("utf-8", "surrogateescape") for p in proc.stdout.split(b"\0") if p}
+    return [p for p in paths if p not in ignored]
+
+
+class _Inspection:
+    """One look at the work tree: the health answer plus what a build needs next."""
+
+    def __init__(self, report: HealthReport, status: _Status, index: Path | None) -> None:
+        self.report = report
+        self.status = status
+        self.index = index
+
+
+def _head_commit(layout: RepoLayout, private: PrivateRepo, reasons: list[Reason]) -> str | None:
+    head, why = resolve_head(layout)
+    if why is not None:
+        reasons.append(why)
+        return None
+    assert head is not None  # noqa: S101 - resolve_head gives an id or a reason
+    try:
+        kind = private.git("cat-file", "-t", head).strip()
+    except GitError:
+        kind = b""
+    if kind != b"commit":
+        reasons.append(Reason(code="HEAD_UNRESOLVABLE", detail="HEAD is not a readable commit"))
+        return None
+    return head
+
+
+def _status(private: PrivateRepo, head: str, index: Path, *, copy_from: Path | None) -> _Status:
+    """``git status`` of the work tree against a private index: a copy of the user's (stat
+    data reused) or, without one, HEAD's tree (every file hashed)."""
+    if copy_from is not None:
+        shutil.copy2(copy_from, index)
+    else:
+        private.git("read-tree", head, index=index)
+    args = ["status", "--porcelain=v2", "-z", "--untracked-files=all", "--ignored=no"]
+    args += ["--no-renames", "--ignore-submodules=all"]
+    proc = run_git(private.ctx(index=index, work_tree=True), *args, check=False)
+    if proc.returncode != 0 and copy_from is not None:
+        # An index git cannot read alone (a split index): start from HEAD instead.
+        index.unlink(missing_ok=True)
+        return _status(private, head, index, copy_from=None)
+    if proc.returncode != 0:
+        raise GitError("git status failed on the private copy of the index")
+    return _parse_status(proc.stdout)
+
+
+def _limit_reasons(counts: Counts, limits: SnapshotLimits) -> list[Reason]:
+    out = []
+    if counts.changed_files > limits.max_files:
+        detail = f"{counts.changed_files} changed files > limit {limits.max_files}"
+        out.append(Reason(code="LOCAL_CHANGES_TOO_MANY_FILES", detail=detail))
+    if counts.local_bytes > limits.max_bytes:
+        detail = f"{counts.local_bytes} bytes of local changes > limit {limits.max_bytes}"
+        out.append(Reason(code="LOCAL_CHANGES_TOO_LARGE", detail=detail))
+    return out
+
+
+def _inspect(
+    layout: RepoLayout, private: PrivateRepo, limits: SnapshotLimits, scratch: Path
+) -> _Inspection:
+    reasons = operations_in_progress(layout)
+    if is_sparse(layout):
+        reasons.append(Reason(code="SPARSE_CHECKOUT", detail="sparse checkouts are not supported"))
+    head = _head_commit(layout, private, reasons)
+    if head is None:
+        report = HealthReport(repo=str(layout.top), ok=False, kind=layout.kind, reasons=reasons)
+        return _Inspection(report, _Status(), None)
+    private.set_head(head)
+    specials, attribute_files = _walk(layout.top)
+    converting = converts_content(layout, attribute_files)
+    index = scratch / "index"
+    user_index = layout.git_dir / "index"
+    copy_from = user_index if not converting and user_index.is_file() else None
+    status = _status(private, head, index, copy_from=copy_from)
+    if status.unmerged:
+        n = len(status.unmerged)
+        reasons.append(Reason(code="UNMERGED_PATHS", detail=f"{n} unmerged path(s)"))
+    counts, found = _count(layout.top, status)
+    reasons += found
+    reasons += [
+        Reason(code="UNTRACKED_NOT_REGULAR", detail=f"{rel}: not a file, folder or symlink")
+        for rel in _not_ignored(private, index, specials)[:20]
+    ]
+    reasons += _limit_reasons(counts, limits)
+    report = HealthReport(
+        repo=str(layout.top),
+        ok=not reasons,
+        kind=layout.kind,
+        head=head,
+        reasons=reasons,
+        counts=counts,
+        submodules=submodule_paths(layout),
+        converting=converting,
+    )
+    return _Inspection(report, status, index)
+
+
+def _count(top: Path, status: _Status) -> tuple[Counts, list[Reason]]:
+    reasons: list[Reason] = []
+    changed = status.staged | status.unstaged | set(status.untracked) | set(status.unmerged)
+    total = 0
+    for rel in changed:
+        try:
+            st = os.lstat(top / rel)
+        except OSError:
+            continue
+        if rel in status.untracked or rel.endswith("/"):
+            if stat.S_ISLNK(st.st_mode):
+                reasons.append(Reason(code="UNTRACKED_SYMLINK", detail=f"{rel}: a symlink"))
+            elif not stat.S_ISREG(st.st_mode):
+                what = "a nested repository" if rel.endswith("/") else "not a regular file"
+                reasons.append(Reason(code="UNTRACKED_NOT_REGULAR", detail=f"{rel}: {what}"))
+        if stat.S_ISREG(st.st_mode):
+            total += st.st_size
+    counts = Counts(
+        staged_files=len(status.staged),
+        unstaged_files=len(status.unstaged),
+        untracked_files=len(status.untracked),
+        changed_files=len(changed),
+        local_bytes=total,
+    )
+    return counts, reasons[:20]
+
+
+def check_health(path: Path, limits: SnapshotLimits | None = None) -> HealthReport:
+    """The health answer for ``path`` (SPEC 3.1); never raises for a repository's state."""
+    try:
+        layout = locate(path)
+    except RepoBlockedError as exc:
+        return HealthReport(repo=str(path), ok=False, reasons=exc.reasons)
+    except PatchboxError as exc:
+        reason = (
+            Reason(code="BARE_REPOSITORY", detail=exc.message)
+            if "bare" in exc.message
+            else Reason(code="NOT_A_REPOSITORY", detail=exc.message)
+        )
+        return HealthReport(repo=str(path), ok=False, reasons=[reason])
+    private = PrivateRepo(layout)
+    scratch = owned_temp_dir("health-")
+    try:
+        with private.locked():
+            private.ensure()
+            return _inspect(layout, private, limits or SnapshotLimits(), scratch).report
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def blocked_error(report: HealthReport) -> PatchboxError:
+    codes = ", ".join(r.code for r in report.reasons)
+    if any(r.code in {"NOT_A_REPOSITORY", "BARE_REPOSITORY"} for r in report.reasons):
+        return PatchboxError(
+            f"{report.repo} is not a git work tree ({codes})", code=ErrorCode.NOT_A_REPOSITORY
+        )
+    return RepoBlockedError(f"the repository is blocked: {codes}", list(report.reasons))
+
+
+def build_baseline(
+    path: Path, mode: Mode = "require-clean", limits: SnapshotLimits | None = None
+) -> tuple[Baseline, HealthReport]:
+    """Checks health, then freezes the baseline. Raises ``NOT_A_REPOSITORY``,
+    ``REPO_BLOCKED`` (with reasons) or ``CONSENT_REQUIRED`` (dirty tree, no consent)."""
+    started = time.perf_counter()
+    layout = locate(path)
+    private = PrivateRepo(layout)
+    scratch = owned_temp_dir("baseline-")
+    try:
+        with private.locked():
+            private.ensure()
+            seen = _inspect(layout, private, limits or SnapshotLimits(), scratch)
+            report = seen.report
+            if not report.ok:
+                raise blocked_error(report)
+            head = report.head or ""
+            if report.dirty and mode == "require-clean":
+                c = report.counts
+                msg = (
+                    f"the work tree has local changes ({c.staged_files} staged, "
+                    f"{c.unstaged_files} unstaged, {c.untracked_files} untracked); commit or "
+                    "stash them, or pass --include-local-changes"
+                )
+                raise PatchboxError(msg, code=ErrorCode.CONSENT_REQUIRED)
+            if report.dirty:
+                assert seen.index is not None  # noqa: S101 - set whenever HEAD resolved
+                private.git("add", "-A", "--", ".", index=seen.index, work_tree=True)
+                tree = private.git("write-tree", index=seen.index).decode().strip()
+                commit = (
+                    private.git("commit-tree", tree, "-p", head, "-m", "patchbox baseline")
+                    .decode()
+                    .strip()
+                )
+            else:
+                tree = private.git("rev-parse", f"{head}^{{tree}}").decode().strip()
+                commit = head
+            private.git("update-ref", f"refs/patchbox/baselines/{tree}", commit)
+            digest = hashlib.sha256(seen.status.raw + b"\0" + tree.encode()).hexdigest()
+            baseline = Baseline(
+                repo=str(layout.top),
+                mode=mode,
+                head=head,
+                tree=tree,
+                commit=commit,
+                local_digest=digest,
+                counts=report.counts,
+                submodules=report.submodules,
+                private_git_dir=str(private.git_dir),
+                built_ms=round((time.perf_counter() - started) * 1000),
+            )
+            return baseline, report
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def private_repo_of(baseline: Baseline) -> PrivateRepo:
+    """The private git dir a baseline was built in (for later reads of its blobs)."""
+    return PrivateRepo(locate(Path(baseline.repo)))
+
+
+@contextlib.contextmanager
+def archive_stream(baseline: Baseline) -> Iterator[Iterator[bytes]]:
+    """The baseline tree as a tar stream, produced by ``git archive`` in the private git dir
+    (neutral attributes: no conversion, nothing dropped). Submodules come out as empty
+    folders. The process is killed if the consumer stops early."""
+    git_dir = Path(baseline.private_git_dir)
+    ctx = GitContext(cwd=git_dir.parent, git_dir=git_dir, home=git_dir.parent)
+    proc = subprocess.Popen(
+        git_argv("archive", "--format=tar", baseline.tree),
+        cwd=ctx.cwd,
+        env=ctx.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None  # noqa: S101 - Popen contract with PIPE
+
+    def chunks() -> Iterator[bytes]:
+        assert proc.stdout is not None  # noqa: S101
+        while chunk := proc.stdout.read(ARCHIVE_CHUNK):
+            yield chunk
+        try:
+            code = proc.wait(timeout=GIT_TIMEOUT)
+        except subprocess.TimeoutExpired as exc:
+            raise GitError("git archive did not finish") from exc
+        if code != 0:
+            raise GitError(f"git archive failed with exit {code}")
+
+    try:
+        yield chunks()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        if proc.stderr is not None:
+            proc.stderr.close()

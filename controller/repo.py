@@ -1,0 +1,302 @@
+"""The user's repository, read and never written: where it is, and whether a job may start
+from it (SPEC 3.1).
+
+:func:`locate` finds the git dir of a work tree by reading files (``.git`` folder, a
+``gitdir:`` file, a linked worktree's ``commondir``); :func:`resolve_head` reads refs the
+same way. Neither runs git in the user's repository. The health answer itself comes from
+:mod:`controller.baseline`, which looks at the work tree through a private git dir.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from controller.errors import ErrorCode, PatchboxError
+from controller.git import GitContext, run_git
+
+_OID = re.compile(rb"^([0-9a-f]{40}|[0-9a-f]{64})$")
+_MAX_SYMREF_DEPTH = 5
+
+ReasonCode = Literal[
+    "NOT_A_REPOSITORY",
+    "BARE_REPOSITORY",
+    "NOT_TOP_LEVEL",
+    "HEAD_UNBORN",
+    "HEAD_UNRESOLVABLE",
+    "MERGE_IN_PROGRESS",
+    "REBASE_IN_PROGRESS",
+    "AM_IN_PROGRESS",
+    "CHERRY_PICK_IN_PROGRESS",
+    "REVERT_IN_PROGRESS",
+    "BISECT_IN_PROGRESS",
+    "UNMERGED_PATHS",
+    "INDEX_LOCKED",
+    "UNTRACKED_SYMLINK",
+    "UNTRACKED_NOT_REGULAR",
+    "LOCAL_CHANGES_TOO_MANY_FILES",
+    "LOCAL_CHANGES_TOO_LARGE",
+    "SPARSE_CHECKOUT",
+]
+"""Why a repository is blocked. Each one is final: no consent flag overrides it."""
+
+
+class Reason(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    code: ReasonCode
+    detail: str
+
+
+class RepoLayout(BaseModel):
+    """Where a work tree keeps its git data. ``git_dir`` holds HEAD, the index and the state
+    of operations in progress; ``common_dir`` holds objects, refs and config (the same
+    folder except in a linked worktree)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    top: Path
+    git_dir: Path
+    common_dir: Path
+    kind: Literal["repository", "gitdir-file", "linked-worktree"]
+
+
+class NotARepositoryError(PatchboxError):
+    code = ErrorCode.NOT_A_REPOSITORY
+
+
+class RepoBlockedError(PatchboxError):
+    """The repository is in a state no job may start from; ``reasons`` says which."""
+
+    code = ErrorCode.REPO_BLOCKED
+
+    def __init__(
+        self, message: str, reasons: list[Reason], *, code: ErrorCode | None = None
+    ) -> None:
+        super().__init__(message, code=code)
+        self.reasons = reasons
+
+
+def _read_gitfile(dotgit: Path) -> Path:
+    try:
+        text = dotgit.read_bytes()[:4096].decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise NotARepositoryError(f"{dotgit.name} cannot be read as a gitdir file") from exc
+    if not text.startswith("gitdir:"):
+        raise NotARepositoryError(".git is a file without a 'gitdir:' line")
+    target = Path(text[len("gitdir:") :].strip())
+    return (dotgit.parent / target).resolve() if not target.is_absolute() else target.resolve()
+
+
+def _looks_like_git_dir(path: Path) -> bool:
+    return (path / "HEAD").is_file() and (path / "objects").is_dir()
+
+
+def _git_dir_of(
+    top: Path, path: Path
+) -> tuple[Path, Literal["repository", "gitdir-file", "linked-worktree"]]:
+    dotgit = top / ".git"
+    if dotgit.is_symlink():
+        raise NotARepositoryError(".git is a symlink; patchbox does not follow it")
+    if dotgit.is_dir():
+        return dotgit, "repository"
+    if dotgit.is_file():
+        return _read_gitfile(dotgit), "gitdir-file"
+    if _looks_like_git_dir(top):
+        raise NotARepositoryError(f"{path} is a bare repository: it has no work tree")
+    for parent in top.parents:
+        if (parent / ".git").exists():
+            raise RepoBlockedError(
+                f"{path} is inside the work tree at {parent}; give its top level",
+                [Reason(code="NOT_TOP_LEVEL", detail="a folder inside a work tree")],
+            )
+    raise NotARepositoryError(f"{path} is not a git repository")
+
+
+def locate(path: Path) -> RepoLayout:
+    """The layout of the work tree whose top level is ``path``.
+
+    Raises :class:`NotARepositoryError` for a path that is not a work tree (a bare
+    repository included) and :class:`RepoBlockedError` (``NOT_TOP_LEVEL``) for a folder
+    inside one."""
+    try:
+        top = path.resolve(strict=True)
+    except (OSError, RuntimeError) as exc:
+        raise NotARepositoryError(f"{path} does not exist") from exc
+    if not top.is_dir():
+        raise NotARepositoryError(f"{path} is not a folder")
+    git_dir, kind = _git_dir_of(top, path)
+    if not _looks_like_git_dir(git_dir):
+        raise NotARepositoryError(f"{git_dir} is not a git dir")
+    common_dir = git_dir
+    commondir_file = git_dir / "commondir"
+    if commondir_file.is_file():
+        rel = Path(commondir_file.read_text("utf-8").strip())
+        common_dir = (git_dir / rel).resolve() if not rel.is_absolute() else rel.resolve()
+        kind = "linked-worktree"
+        if not (common_dir / "objects").is_dir():
+            raise NotARepositoryError("the worktree's common git dir is missing")
+    return RepoLayout(top=top, git_dir=git_dir, common_dir=common_dir, kind=kind)
+
+
+def read_config(layout: RepoLayout, key: str) -> str | None:
+    """One value of the repository's own config file, read as data (no includes, nothing
+    executed), or None."""
+    config = layout.common_dir / "config"
+    if not config.is_file():
+        return None
+    proc = run_git(
+        GitContext(cwd=layout.common_dir),
+        "config",
+        "--file",
+        str(config),
+        "--no-includes",
+        "--get",
+        key,
+        check=False,
+    )
+    if proc.returncode != 0:
+        return None
+    return proc.stdout.decode("utf-8", "replace").strip()
+
+
+def _packed_ref(common_dir: Path, name: str) -> bytes | None:
+    try:
+        data = (common_dir / "packed-refs").read_bytes()
+    except OSError:
+        return None
+    suffix = b" " + name.encode()
+    for line in data.splitlines():
+        if line.endswith(suffix) and not line.startswith((b"#", b"^")):
+            return line.split(b" ", 1)[0]
+    return None
+
+
+def _lookup_ref(layout: RepoLayout, name: str) -> bytes | None:
+    for base in (layout.git_dir, layout.common_dir):
+        try:
+            return (base / name).read_bytes().strip()
+        except OSError:
+            continue
+    return _packed_ref(layout.common_dir, name)
+
+
+def resolve_head(layout: RepoLayout) -> tuple[str | None, Reason | None]:
+    """HEAD's object id, read from the files of the git dir, or the reason it has none.
+
+    Repositories whose refs are not plain files (reftable) are asked through git with the
+    hardened environment."""
+    try:
+        value = (layout.git_dir / "HEAD").read_bytes().strip()
+    except OSError:
+        return None, Reason(code="HEAD_UNRESOLVABLE", detail="HEAD cannot be read")
+    for _ in range(_MAX_SYMREF_DEPTH):
+        if _OID.match(value):
+            return value.decode(), None
+        name = value[5:].strip().decode("utf-8", "replace")
+        if name == "refs/heads/.invalid":
+            return _head_by_git(layout)
+        if not value.startswith(b"ref: ") or ".." in name or not name.startswith("refs/"):
+            return None, Reason(code="HEAD_UNRESOLVABLE", detail="HEAD is not a valid ref or id")
+        found = _lookup_ref(layout, name)
+        if found is None:
+            return None, Reason(code="HEAD_UNBORN", detail=f"{name} has no commit yet")
+        value = found
+    return None, Reason(code="HEAD_UNRESOLVABLE", detail="HEAD is a chain of symbolic refs")
+
+
+def _head_by_git(layout: RepoLayout) -> tuple[str | None, Reason | None]:
+    proc = run_git(
+        GitContext(cwd=layout.common_dir, git_dir=layout.git_dir),
+        "rev-parse",
+        "--verify",
+        "-q",
+        "HEAD",
+        check=False,
+    )
+    out = proc.stdout.strip()
+    if proc.returncode != 0 or not _OID.match(out):
+        return None, Reason(code="HEAD_UNBORN", detail="HEAD has no commit yet")
+    return out.decode(), None
+
+
+def operations_in_progress(layout: RepoLayout) -> list[Reason]:
+    """Merge, rebase, am, cherry-pick, revert and bisect in progress, and an index lock."""
+    g = layout.git_dir
+    found: list[Reason] = []
+    if (g / "MERGE_HEAD").exists():
+        found.append(Reason(code="MERGE_IN_PROGRESS", detail="a merge is in progress"))
+    if (g / "rebase-merge").is_dir():
+        found.append(Reason(code="REBASE_IN_PROGRESS", detail="an interactive or merge rebase"))
+    if (g / "rebase-apply").is_dir():
+        if (g / "rebase-apply" / "applying").exists():
+            found.append(Reason(code="AM_IN_PROGRESS", detail="git am is in progress"))
+        else:
+            found.append(Reason(code="REBASE_IN_PROGRESS", detail="an apply-based rebase"))
+    if (g / "CHERRY_PICK_HEAD").exists():
+        found.append(Reason(code="CHERRY_PICK_IN_PROGRESS", detail="a cherry-pick"))
+    if (g / "REVERT_HEAD").exists():
+        found.append(Reason(code="REVERT_IN_PROGRESS", detail="a revert"))
+    if (g / "BISECT_LOG").exists() or (layout.common_dir / "BISECT_LOG").exists():
+        found.append(Reason(code="BISECT_IN_PROGRESS", detail="a bisect"))
+    if (g / "index.lock").exists():
+        found.append(Reason(code="INDEX_LOCKED", detail="index.lock exists: git is running"))
+    return found
+
+
+def is_sparse(layout: RepoLayout) -> bool:
+    value = (read_config(layout, "core.sparseCheckout") or "").lower()
+    return value in {"true", "yes", "on", "1"}
+
+
+def submodule_paths(layout: RepoLayout) -> list[str]:
+    """Paths named by ``.gitmodules`` (read as data; submodules are never entered)."""
+    gitmodules = layout.top / ".gitmodules"
+    if not gitmodules.is_file() or gitmodules.is_symlink():
+        return []
+    proc = run_git(
+        GitContext(cwd=layout.common_dir),
+        "config",
+        "--file",
+        str(gitmodules),
+        "--no-includes",
+        "--get-regexp",
+        r"^submodule\..*\.path$",
+        check=False,
+    )
+    paths = []
+    for line in proc.stdout.decode("utf-8", "replace").splitlines():
+        _, _, value = line.partition(" ")
+        if value:
+            paths.append(value)
+    return sorted(paths)
+
+
+def environment_excludes() -> list[Path]:
+    """The user's own global ignore file (``core.excludesFile`` or git's default place),
+    read as data so that the baseline leaves out what the user's ``git status`` leaves out."""
+    home = Path.home()
+    candidates: list[Path] = []
+    gitconfig = home / ".gitconfig"
+    if gitconfig.is_file():
+        proc = run_git(
+            GitContext(cwd=home),
+            "config",
+            "--file",
+            str(gitconfig),
+            "--no-includes",
+            "--path",
+            "--get",
+            "core.excludesFile",
+            check=False,
+        )
+        value = proc.stdout.decode("utf-8", "replace").strip()
+        if proc.returncode == 0 and value:
+            candidates.append(Path(value).expanduser())
+    xdg = os.environ.get("XDG_CONFIG_HOME") or str(home / ".config")
+    candidates.append(Path(xdg) / "git" / "ignore")
+    return [p for p in candidates if p.is_file()]
