@@ -10,7 +10,7 @@ import docker
 import docker.errors
 import structlog
 
-from controller.labels import CONTROLLER, HOST, OWNER_FILTER, controller_alive
+from controller.labels import CONTROLLER, HOST, KIND, OWNER_FILTER, controller_alive
 
 log = structlog.get_logger(__name__)
 
@@ -27,9 +27,25 @@ def _orphaned(labels: dict[str, str], everything: bool) -> bool:
     return everything or not controller_alive(labels.get(CONTROLLER, ""), labels.get(HOST, ""))
 
 
+def _spare_orphaned(client: docker.DockerClient, container_id: str, running: bool) -> bool:
+    """An unclaimed running spare is kept (it ends on its own); a spare that stopped, or was
+    claimed by a controller that is gone, is left over."""
+    from controller.prepare import SparePool  # prepare imports the sandbox: import late
+
+    claimed = SparePool(client).claimed_by_live_controller(container_id)
+    if claimed is None:
+        return not running
+    if not claimed:
+        SparePool(client).release(container_id)
+    return not claimed
+
+
 def _reap_containers(client: docker.DockerClient, everything: bool, report: ReapReport) -> None:
     for container in client.containers.list(all=True, filters={"label": OWNER_FILTER}):
-        if not _orphaned(container.labels, everything):
+        if container.labels.get(KIND) == "spare" and not everything:
+            if not _spare_orphaned(client, container.id or "", container.status == "running"):
+                continue
+        elif not _orphaned(container.labels, everything):
             continue
         try:
             container.remove(force=True, v=True)

@@ -275,7 +275,7 @@ def test_sandbox_closes_and_leaves_nothing(
         box.list_files()
 
 
-class _TcpProxy:
+class TcpProxy:
     """A loopback TCP listener that forwards to the daemon's unix socket (a 'remote' daemon)."""
 
     def __init__(self, unix_path: str = "/var/run/docker.sock") -> None:
@@ -319,7 +319,7 @@ class _TcpProxy:
 
 def test_remote_daemon_over_tcp(sandbox_image: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Through DOCKER_HOST=tcp://... the same attach channel works (no unix socket, no exec)."""
-    proxy = _TcpProxy()
+    proxy = TcpProxy()
     monkeypatch.setenv("DOCKER_HOST", f"tcp://127.0.0.1:{proxy.port}")
     from controller.dockerclient import connect
 

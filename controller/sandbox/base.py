@@ -29,10 +29,27 @@ class SandboxSpec(BaseModel):
     """The operator's protected globs (SPEC 5.7): never listed, read or written."""
     agent_argv: tuple[str, ...] = ("python3", "-I", "-B", "/opt/patchbox/agent.py")
     """How the agent is started inside the image."""
+    preload: str | None = None
+    """Host path of a tar archive (a file, or a FIFO under runc) mounted read-only at
+    :data:`PRELOAD_TARGET`; the agent unpacks it into /workspace before its handshake.
+    Only for a daemon on this machine."""
+    idle_exit: float | None = None
+    """A spare: the agent exits (and Docker removes the container) when no controller
+    attaches within this many seconds."""
+
+
+PRELOAD_TARGET = "/run/patchbox/baseline.tar"
 
 
 class _Result(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class PreloadResult(_Result):
+    entries: int | None = Field(default=None, ge=0)
+    bytes: int | None = Field(default=None, ge=0)
+    ms: int | None = Field(default=None, ge=0)
+    error: str | None = Field(default=None, max_length=1024)
 
 
 class HelloResult(_Result):
@@ -41,6 +58,8 @@ class HelloResult(_Result):
     python: str = Field(max_length=32)
     uid: int
     gid: int
+    preload: PreloadResult | None = None
+    """How the mounted baseline archive was unpacked, when the spec had one."""
 
 
 class ListFilesResult(_Result):

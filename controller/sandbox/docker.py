@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Any
 import docker
 import docker.errors
 import structlog
-from docker.types import LogConfig, Ulimit
+from docker.types import LogConfig, Mount, Ulimit
 
 from controller.errors import LimitExceededError, ProtocolError, SandboxError
 from controller.labels import ControllerIdentity
 from controller.limits import SHM_MB
 from controller.protocol import MAX_RESPONSE_FRAME
-from controller.sandbox.base import HelloResult, RunResult, SandboxSpec
-from controller.sandbox.calls import DEFAULT_CALL_TIMEOUT, AgentCalls
+from controller.sandbox.base import PRELOAD_TARGET, HelloResult, RunResult, SandboxSpec
+from controller.sandbox.calls import ARCHIVE_TIMEOUT, DEFAULT_CALL_TIMEOUT, AgentCalls
 from controller.sandbox.session import AgentSession
 
 if TYPE_CHECKING:
@@ -97,6 +97,14 @@ def container_config(spec: SandboxSpec, labels: dict[str, str]) -> dict[str, Any
     }
     if spec.runtime != "runc":
         config["runtime"] = spec.runtime
+    if spec.preload is not None:
+        config["mounts"] = [
+            Mount(target=PRELOAD_TARGET, source=spec.preload, type="bind", read_only=True)
+        ]
+        config["environment"]["PATCHBOX_PRELOAD"] = PRELOAD_TARGET
+    if spec.idle_exit is not None:
+        config["environment"]["PATCHBOX_IDLE_EXIT"] = f"{spec.idle_exit:g}"
+        config["auto_remove"] = True
     return config
 
 
@@ -247,7 +255,33 @@ class DockerSandbox(AgentCalls):
             raise
         return sandbox
 
-    def _boot(self) -> None:
+    @classmethod
+    def claim(
+        cls, client: docker.DockerClient, spec: SandboxSpec, container: Container
+    ) -> DockerSandbox:
+        """Takes over a running spare (see :mod:`controller.pool`): attach and greet, with a
+        key of this session. On failure the spare is removed."""
+        sandbox = cls(client, spec, container)
+        try:
+            sandbox._boot(start=False)
+        except BaseException:
+            sandbox.close()
+            raise
+        return sandbox
+
+    @staticmethod
+    def start_detached(
+        client: docker.DockerClient, spec: SandboxSpec, labels: dict[str, str]
+    ) -> Container:
+        """Creates and starts a container nobody is attached to (a spare)."""
+        try:
+            container = client.containers.create(**container_config(spec, labels))
+            container.start()
+        except docker.errors.APIError as exc:
+            raise SandboxError(f"cannot start a spare sandbox: {exc.explanation}") from exc
+        return container
+
+    def _boot(self, *, start: bool = True) -> None:
         self._watcher = _OomWatcher(self._client, self.container.id or "")
         try:
             sock = self._client.api.attach_socket(
@@ -255,13 +289,19 @@ class DockerSandbox(AgentCalls):
             )
             self._channel = AttachChannel(sock)
             self._session = AgentSession(self._channel, MAX_RESPONSE_FRAME)
-            self.container.start()
+            if start:
+                self.container.start()
         except docker.errors.APIError as exc:
             raise SandboxError(f"cannot start the sandbox: {exc.explanation}") from exc
+        timeout = self.spec.ready_timeout + (ARCHIVE_TIMEOUT if self.spec.preload else 0.0)
         try:
-            self._hello = self._session.hello(self.spec.ready_timeout, self.spec.protected)
+            self._hello = self._session.hello(timeout, self.spec.protected)
         except SandboxError as exc:
             raise self._diagnose(exc) from exc
+        preload = self._hello.preload
+        if self.spec.preload is not None and (preload is None or preload.error is not None):
+            why = preload.error if preload is not None else "no report"
+            raise SandboxError(f"the baseline did not load into the sandbox: {why}")
 
     def __enter__(self) -> DockerSandbox:
         return self

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import signal
 import stat
@@ -165,6 +166,19 @@ def _tail(pipe: IO[bytes], out: list[bytes]) -> None:
             out.pop(0)
 
 
+class _FileStream:
+    """A tar source read from a file (the baseline mounted read-only into the container)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.total = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = os.read(self.fd, n if n >= 0 else 1 << 20)
+        self.total += len(data)
+        return data
+
+
 class Agent:
     def __init__(self, in_fd: int, out_fd: int, workspace: str = WORKSPACE) -> None:
         _grow_pipe(in_fd)
@@ -177,6 +191,7 @@ class Agent:
         self._search_cache: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._index_lock = threading.Lock()
         self._greeted = False
+        self._preload: dict[str, Any] | None = None
         self._signer: Signer | None = None
         self._running: dict[int, subprocess.Popen[bytes]] = {}
         self._cancelled: set[int] = set()
@@ -298,6 +313,7 @@ class Agent:
             "python": sys.version.split()[0],
             "uid": os.getuid(),
             "gid": os.getgid(),
+            **({"preload": self._preload} if self._preload is not None else {}),
         }
 
     @property
@@ -448,22 +464,52 @@ class Agent:
             self._changed()
         return {"entries": count, "bytes": stream.total}
 
-    def _extract_gnu(self, tar: str, stream: _Chunks) -> int:
+    def preload(self, path: str) -> None:
+        """Unpacks the baseline archive at ``path`` (a file or FIFO the controller mounted
+        read-only) before the first request; the result goes into the hello answer."""
+        started = time.monotonic()
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError as exc:
+            self._preload = {"error": f"cannot open the baseline archive: {exc.strerror}"}
+            return
+        try:
+            root = os.open(self._workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            self._root_fd = root
+            self._index = FileIndex(root, self._workspace)
+            stream = _FileStream(fd)
+            tar = _gnu_tar()
+            count = (
+                self._extract_gnu(tar, stream) if tar is not None else self._extract_py(stream)
+            )
+            self._preload = {
+                "entries": count,
+                "bytes": stream.total,
+                "ms": int((time.monotonic() - started) * 1000),
+            }
+        except OpError as exc:
+            self._preload = {"error": exc.message}
+        except (OSError, FrameError) as exc:
+            self._preload = {"error": f"baseline archive unreadable: {exc}"}
+        finally:
+            os.close(fd)
+
+    def _extract_gnu(self, tar: str, stream: _Chunks | _FileStream) -> int:
+        """GNU tar reads a mounted archive itself; a channel stream is relayed to it."""
         import subprocess  # imported on first use: a faster start
 
         argv = [tar, "-x", "-v", "-f", "-", "-C", self._workspace, "--no-same-owner"]
-        argv += ["--no-same-permissions", "--no-overwrite-dir"]
+        argv += ["--no-same-permissions", "--no-overwrite-dir", "--totals"]
+        direct = isinstance(stream, _FileStream)
         with subprocess.Popen(
             argv,
-            stdin=subprocess.PIPE,
+            stdin=stream.fd if isinstance(stream, _FileStream) else subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             close_fds=True,
             start_new_session=True,
         ) as proc:
-            assert proc.stdin is not None  # noqa: S101 - Popen contract with PIPE
-            _grow_pipe(proc.stdin.fileno())
-            assert proc.stdout is not None  # noqa: S101
+            assert proc.stdout is not None  # noqa: S101 - Popen contract with PIPE
             assert proc.stderr is not None  # noqa: S101
             names: list[int] = [0]
             errors: list[bytes] = []
@@ -473,28 +519,40 @@ class Agent:
             ]
             for thread in readers:
                 thread.start()
-            broken = False
-            try:
-                while chunk := stream.read(1 << 20):
-                    if not broken:
-                        try:
-                            proc.stdin.write(chunk)
-                        except BrokenPipeError:
-                            broken = True
-            finally:
-                try:
-                    proc.stdin.close()
-                except BrokenPipeError:
-                    broken = True
+            broken = False if direct else self._relay(stream, proc)
             code = proc.wait()
             for thread in readers:
                 thread.join()
+        detail = b"".join(errors).decode("utf-8", "replace")
         if code != 0 or broken:
-            detail = b"".join(errors).decode("utf-8", "replace").strip()[-500:]
-            raise OpError("SANDBOX_FAILED", f"archive refused: {detail or f'tar exit {code}'}")
+            lines = [ln for ln in detail.splitlines() if not ln.startswith("Total bytes")]
+            text = "\n".join(lines).strip()[-500:]
+            raise OpError("SANDBOX_FAILED", f"archive refused: {text or f'tar exit {code}'}")
+        if isinstance(stream, _FileStream):
+            found = re.search(r"Total bytes read: (\d+)", detail)
+            stream.total = int(found.group(1)) if found else 0
         return names[0]
 
-    def _extract_py(self, stream: _Chunks) -> int:
+    @staticmethod
+    def _relay(stream: _Chunks | _FileStream, proc: subprocess.Popen[bytes]) -> bool:
+        assert proc.stdin is not None  # noqa: S101 - Popen contract with PIPE
+        _grow_pipe(proc.stdin.fileno())
+        broken = False
+        try:
+            while chunk := stream.read(1 << 20):
+                if not broken:
+                    try:
+                        proc.stdin.write(chunk)
+                    except BrokenPipeError:
+                        broken = True
+        finally:
+            try:
+                proc.stdin.close()
+            except BrokenPipeError:
+                broken = True
+        return broken
+
+    def _extract_py(self, stream: _Chunks | _FileStream) -> int:
         import tarfile  # imported on first use: a faster start
 
         count = 0
@@ -832,4 +890,11 @@ def main() -> int:
     os.close(null)
     sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
     workspace = os.environ.get("PATCHBOX_WORKSPACE", WORKSPACE)
-    return Agent(in_fd, out_fd, workspace).serve()
+    agent = Agent(in_fd, out_fd, workspace)
+    preload = os.environ.get("PATCHBOX_PRELOAD")
+    if preload:
+        agent.preload(preload)
+    idle = os.environ.get("PATCHBOX_IDLE_EXIT")
+    if idle and not select.select([in_fd], [], [], float(idle))[0]:
+        return 0  # a spare nobody claimed in time: the container ends (and is removed)
+    return agent.serve()
