@@ -80,6 +80,7 @@ def ensure_repo(root: Path, files: int) -> None:
     started = time.monotonic()
     generate(root, files)
     git(root, "init", "-q")
+    (root / ".git" / "info" / "exclude").write_text(".bench-complete\n")  # a clean tree
     git(root, "add", "-A")
     git(root, "-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-qm", "bench")
     marker.write_text(str(files))

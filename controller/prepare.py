@@ -182,6 +182,19 @@ class SparePool:
     def release(self, container_id: str) -> None:
         self._claim_file(container_id).unlink(missing_ok=True)
 
+    def sweep(self) -> int:
+        """Removes claim files whose container no longer exists; returns how many."""
+        if not self.root.is_dir():
+            return 0
+        alive = {
+            c.id
+            for c in self.client.containers.list(all=True, filters={"label": f"{KIND}={SPARE}"})
+        }
+        gone = [p for p in self.root.iterdir() if p.name not in alive]
+        for path in gone:
+            path.unlink(missing_ok=True)
+        return len(gone)
+
     def offer(self, key: str, spec: SandboxSpec, identity: ControllerIdentity) -> str | None:
         """Starts a spare for ``key`` unless one is waiting; keeps at most ``max_spares``
         (the oldest unclaimed ones go first). Returns the container id, or None."""
@@ -203,14 +216,24 @@ class SparePool:
 
 @dataclass
 class Prepared:
-    """A greeted sandbox holding the baseline, and how it got there."""
+    """A greeted sandbox holding the baseline, and how it got there.
+
+    A spare for the next job on the same baseline is started in the background (off the
+    critical path); :meth:`finish` waits for that before the process may exit."""
 
     sandbox: DockerSandbox
     baseline: Baseline
     report: HealthReport
     source: Source
     timings_ms: dict[str, int]
+    spare_thread: threading.Thread | None = None
     spare_offered: str | None = None
+
+    def finish(self, timeout: float = 60.0) -> str | None:
+        """Waits for the spare offer; returns the spare's container id, or None."""
+        if self.spare_thread is not None:
+            self.spare_thread.join(timeout)
+        return self.spare_offered
 
 
 class _FifoFeeder(threading.Thread):
@@ -293,16 +316,20 @@ def prepare(  # noqa: PLR0913 - the inputs of a job's start, all keyword-only
     else:
         box, source = _start_local(client, spec, identity, baseline, cache)
     timings["sandbox"] = _ms(t)
-    offered = None
-    if pool is not None and local and cache.get(baseline.tree) is not None:
-        try:
-            offered = pool.offer(
-                key, spec.model_copy(update={"preload": str(cache.path(baseline.tree))}), identity
-            )
-        except SandboxError as exc:
-            log.warning("spare_not_started", error=exc.message)
     timings["total"] = _ms(started)
-    return Prepared(box, baseline, report, source, timings, offered)
+    prepared = Prepared(box, baseline, report, source, timings)
+    if pool is not None and local and cache.get(baseline.tree) is not None:
+        spare_spec = spec.model_copy(update={"preload": str(cache.path(baseline.tree))})
+
+        def offer() -> None:
+            try:
+                prepared.spare_offered = pool.offer(key, spare_spec, identity)
+            except SandboxError as exc:
+                log.warning("spare_not_started", error=exc.message)
+
+        prepared.spare_thread = threading.Thread(target=offer, name="spare-offer")
+        prepared.spare_thread.start()
+    return prepared
 
 
 def _from_spare(
@@ -324,9 +351,8 @@ def _from_spare(
         )
     except SandboxError as exc:
         log.info("spare_unusable", error=exc.message)
-        return None
-    finally:
         pool.release(container.id or "")
+        return None
 
 
 def _start_local(

@@ -93,6 +93,9 @@ def reap(
     """
     report = ReapReport()
     _reap_containers(client, everything, report)
+    from controller.prepare import SparePool  # prepare imports the sandbox: import late
+
+    SparePool(client).sweep()
     _reap_volumes(client, everything, report)
     if tmp_root is not None and tmp_root.is_dir():
         _reap_folders(tmp_root, everything, report)

@@ -164,8 +164,8 @@ def test_every_source_gives_the_work_tree_the_user_sees(
             mode = box.run(["stat", "-c", "%a", "run.sh"], timeout=20).output.strip()
             assert mode == "755"
             assert box.run(["ls", "-a"], timeout=20).output.split().count(".git") == 0
-        if use_pool and sources[-1] == "fifo":
-            assert prepared.spare_offered is not None
+        offered = prepared.finish()
+        assert (offered is not None) == use_pool  # a claimed spare is not offered again
     # first: nothing cached (FIFO); second: the spare the first one offered; third: the cache.
     assert sources == ["fifo", "spare", "cache"]
     assert snapshot(repo) == before
@@ -266,9 +266,11 @@ def test_a_spare_is_claimed_once(
         assert box.hello.preload is not None
         assert box.hello.preload.error is None
         assert box.list_files().files == []
-    pool.release(cid)
+    assert (pool.root / cid).exists()  # claimed while in use, and after
     with pytest.raises(docker.errors.NotFound):
         docker_client.containers.get(cid)
+    assert pool.sweep() >= 1
+    assert not (pool.root / cid).exists()
 
 
 def test_an_unclaimed_spare_ends_by_itself(
