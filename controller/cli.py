@@ -9,9 +9,12 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from controller.errors import NotReadyError, PatchboxError, UsageError
+
+if TYPE_CHECKING:
+    from controller.baseline import HealthReport
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -31,8 +34,11 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="patchbox", description="A hardened sandbox for AI coding agents.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    doctor = sub.add_parser("doctor", help="is this machine ready?")
+    doctor = sub.add_parser("doctor", help="is this machine (and a repository) ready?")
     doctor.add_argument("--json", action="store_true")
+    doctor.add_argument("--repo", help="also check this repository's health (SPEC 3.1)")
+    doctor.add_argument("--max-local-files", type=int, default=None, metavar="N")
+    doctor.add_argument("--max-local-bytes", type=int, default=None, metavar="N")
     image = sub.add_parser("image", help="the sandbox image")
     image_sub = image.add_subparsers(dest="image_command", required=True, parser_class=_Parser)
     build = image_sub.add_parser("build", help="build the sandbox image")
@@ -76,8 +82,47 @@ def _doctor(args: argparse.Namespace) -> int:
         lines.append(f"gVisor (runsc): {state}")
     lines += [f"problem: {p}" for p in report["problems"]]
     lines += [f"to do: {a}" for a in report["advice"]]
+    repo_ok = True
+    if args.repo is not None:
+        health = _repo_health(args)
+        report["repository"] = health.model_dump(mode="json")
+        repo_ok = health.ok
+        lines += _health_lines(health)
     _emit(report, as_json=args.json, text="\n".join(lines))
-    return EXIT_OK if report["ready"] else EXIT_NOT_READY
+    if not report["ready"]:
+        return EXIT_NOT_READY
+    return EXIT_OK if repo_ok else EXIT_FAILED
+
+
+def _repo_health(args: argparse.Namespace) -> HealthReport:
+    from pathlib import Path
+
+    from controller.baseline import SnapshotLimits, check_health
+
+    fields = {
+        k: v
+        for k, v in (("max_files", args.max_local_files), ("max_bytes", args.max_local_bytes))
+        if v is not None
+    }
+    try:
+        limits = SnapshotLimits(**fields)
+    except ValueError as exc:
+        raise UsageError("--max-local-files and --max-local-bytes must be >= 0") from exc
+    return check_health(Path(args.repo), limits)
+
+
+def _health_lines(health: HealthReport) -> list[str]:
+    c = health.counts
+    where = f" ({health.kind}, HEAD {health.head[:12]})" if health.head else ""
+    changes = f"{c.staged_files} staged, {c.unstaged_files} unstaged, {c.untracked_files}"
+    lines = [
+        f"repository: {health.repo}: {'ok' if health.ok else 'blocked'}{where}",
+        f"local changes: {changes} untracked files; {c.local_bytes} bytes",
+    ]
+    lines += [f"blocked: {r.code}: {r.detail}" for r in health.reasons]
+    if health.submodules:
+        lines.append(f"submodules (not entered): {', '.join(health.submodules)}")
+    return lines
 
 
 def _image_build(args: argparse.Namespace) -> int:

@@ -43,6 +43,42 @@ def test_unreachable_daemon_exits_3_with_an_instruction(tmp_path: Any) -> None:
 
 
 @pytest.mark.docker
+def test_doctor_repo_reports_health_with_reasons_and_counts(
+    sandbox_image: str, tmp_path: Any
+) -> None:
+    repo = tmp_path / "r"
+    repo.mkdir()
+    env = {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1", "HOME": str(tmp_path)}
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", "-C", str(repo)]
+    subprocess.run([*git, "init", "-q"], check=True, env={**os.environ, **env})
+    (repo / "a.txt").write_text("a\n")
+    subprocess.run([*git, "add", "a.txt"], check=True, env={**os.environ, **env})
+    subprocess.run([*git, "commit", "-qm", "one"], check=True, env={**os.environ, **env})
+    (repo / "a.txt").write_text("changed\n")
+    (repo / "b.txt").write_text("new\n")
+    res = _patchbox("doctor", "--json", "--repo", str(repo))
+    assert res.returncode == 0, res.stderr
+    health = json.loads(res.stdout)["repository"]
+    assert health["ok"] is True
+    assert health["counts"] == {
+        "staged_files": 0,
+        "unstaged_files": 1,
+        "untracked_files": 1,
+        "changed_files": 2,
+        "local_bytes": 12,
+    }
+    res = _patchbox("doctor", "--json", "--repo", str(repo), "--max-local-files", "1")
+    assert res.returncode == 1
+    codes = [r["code"] for r in json.loads(res.stdout)["repository"]["reasons"]]
+    assert codes == ["LOCAL_CHANGES_TOO_MANY_FILES"]
+    res = _patchbox("doctor", "--repo", str(tmp_path))
+    assert res.returncode == 1
+    assert "blocked: NOT_A_REPOSITORY" in res.stdout
+    res = _patchbox("doctor", "--repo", str(repo), "--max-local-files", "-1")
+    assert res.returncode == 2
+
+
+@pytest.mark.docker
 def test_doctor_reports_daemon_runtimes_and_image(
     sandbox_image: str, runsc_available: bool
 ) -> None:
