@@ -1,0 +1,905 @@
+"""The one change set a job yields (SPEC 6): its diff validated before anything uses it.
+
+:func:`check_diff` is the whole rule set over a :class:`BaselineTree` (a Protocol; the
+in-memory :class:`MemoryTree` ships for tests): it parses the diff with the strict parser of
+:mod:`patchbox_agent.diffs`, applies the path rules, compares every touched path with the
+baseline, computes every new file content in memory and checks that the stats of the diff
+match the patched tree. :func:`prepare_changeset` runs it against a job's baseline in the
+controller's private git dir (:class:`GitTree`, one ``git cat-file --batch``) and adds the
+patch check of ``git apply --check --cached`` on a private temporary index holding the
+baseline entries of the touched paths (``git apply --cached`` consults nothing else), with
+no work tree. git's own reading of the diff (``--numstat``) must give the same files and line
+counts as ours.
+
+Any failure raises :class:`ChangesetInvalidError` (``CHANGESET_INVALID``) with every reason
+found (a stable ``code`` and the path when it is known); a failing file fails the whole set.
+Reason codes are those of :data:`patchbox_agent.diffs.REASONS` (the parser and applier) and:
+
+- ``lookalike``: a name with a Unicode look-alike of ``.``, ``/`` or ``\\`` (fullwidth, one
+  dot leader, division slash, ...); ``trailing_dot_space``: a name component ending in a dot
+  or a space (other file systems drop them);
+- ``protected_path``, ``config_path``, ``not_allowed``: SPEC 5.7 via
+  :func:`controller.policy.write_denial` (a config path needs ``allowed_paths`` to name it);
+- ``submodule``: ``.gitmodules``, or a path at or inside a submodule of the baseline;
+  ``symlink_path``: a path at or through a symlink of the baseline;
+- ``mode_mismatch``: a stated old mode that is not the baseline's; ``mode_escalation``: an
+  executable bit the file did not have in the baseline (a created file is ``100644``);
+  clearing the bit is allowed;
+- ``file_too_large``: one file's section of the diff or its new content over the limits;
+- ``patch_check``: ``git apply --check`` refuses the diff on the baseline;
+  ``stats_mismatch``: git's reading of the diff, or the patched tree, disagrees with the
+  parsed stats.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import subprocess
+import unicodedata
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Annotated, Final, Literal, NamedTuple, Protocol, Self
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from controller import policy
+from controller.baseline import Baseline
+from controller.errors import ErrorCode, PatchboxError
+from controller.git import GitContext, GitError, git_argv, run_git
+from controller.paths import owned_temp_dir
+from patchbox_agent import diffs
+from patchbox_agent.globs import Glob
+
+OWN_REASONS = frozenset(
+    {
+        "lookalike",
+        "trailing_dot_space",
+        "protected_path",
+        "config_path",
+        "not_allowed",
+        "submodule",
+        "symlink_path",
+        "mode_mismatch",
+        "mode_escalation",
+        "file_too_large",
+        "patch_check",
+        "stats_mismatch",
+    }
+)
+REASONS = diffs.REASONS | OWN_REASONS
+"""Every reason code a refusal may carry (closed set)."""
+
+MODE_FILE: Final = "100644"
+MODE_EXEC: Final = "100755"
+MODE_SYMLINK = "120000"
+MODE_GITLINK = "160000"
+MODE_TREE = "040000"
+FileMode = Literal["100644", "100755"]
+Kind = Literal["create", "modify", "delete", "rename"]
+
+_SLASH_LOOKALIKES = frozenset(
+    "\u2215\u2044\u29f8\u29f5\u29f9\u2216\u2571\u2572\u27cb\u27cd\u1735\u3033\u2cc6\u2f03"
+)
+_DOT_LOOKALIKES = frozenset("\u3002\uff61\u06d4\u0701\u0702\ua4f8\u2e3c\u0589\u2e33")
+_ASCII_PUNCT = frozenset("./\\")
+_MESSAGE_LIMIT = 300
+
+
+def _known(code: str) -> str:
+    if code not in REASONS:
+        msg = f"unknown reason code {code!r}"
+        raise ValueError(msg)
+    return code
+
+
+class ChangesetLimits(BaseModel):
+    """How large a change set may be (SPEC 6.2)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    max_files: int = Field(default=diffs.MAX_FILES, ge=1, le=10_000)
+    """File sections in the diff."""
+    max_diff_bytes: int = Field(default=diffs.MAX_BYTES, ge=1, le=1 << 30)
+    """The whole diff, UTF-8 bytes."""
+    max_file_diff_bytes: int = Field(default=2 * 1024 * 1024, ge=1, le=1 << 30)
+    """One file's section of the diff."""
+    max_file_bytes: int = Field(default=16 * 1024 * 1024, ge=0, le=1 << 32)
+    """One file's content after the change."""
+
+
+class ChangesetReason(BaseModel):
+    """One reason a change set is refused. ``path`` is a name that passed the parser's
+    character checks, or None when the reason is not about one file."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    code: Annotated[str, AfterValidator(_known)]
+    path: str | None = None
+    message: str
+
+
+class ChangesetInvalidError(PatchboxError):
+    """The diff of a job is refused (``CHANGESET_INVALID``); ``reasons`` lists why. Nothing
+    was applied."""
+
+    code = ErrorCode.CHANGESET_INVALID
+
+    def __init__(self, reasons: Sequence[ChangesetReason]) -> None:
+        listed = ", ".join(f"{r.code}" + (f" ({r.path})" if r.path else "") for r in reasons)
+        super().__init__(f"the change set is invalid: {listed[:1000]}")
+        self.reasons = list(reasons)
+
+
+class FileChange(BaseModel):
+    """One file of a change set. Hashes are SHA-256 of the content; modes are git modes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str
+    """The file's name after the change (the new name of a rename)."""
+    old_path: str | None = None
+    """The old name of a rename."""
+    kind: Kind
+    added: int
+    removed: int
+    sha256_before: str | None
+    sha256_after: str | None
+    mode_before: FileMode | None
+    mode_after: FileMode | None
+
+
+class ChangeSet(BaseModel):
+    """The machine-readable summary of a validated diff (SPEC 6.1)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    files: list[FileChange]
+    added: int
+    removed: int
+    diff_sha256: str
+    """SHA-256 of the diff's UTF-8 bytes."""
+    baseline_tree: str | None = None
+    """The baseline tree it was validated on (None for an in-memory tree)."""
+
+
+@dataclass(frozen=True)
+class PathChange:
+    """What one path becomes: ``None`` content is an absent file; ``renamed_from`` names
+    the source of a rename target."""
+
+    path: str
+    before: bytes | None
+    after: bytes | None
+    mode_before: FileMode | None
+    mode_after: FileMode | None
+    sha256_before: str | None
+    sha256_after: str | None
+    renamed_from: str | None = None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated change set with the contents it needs: one :class:`PathChange` per
+    touched path (a rename gives two), in diff order."""
+
+    changeset: ChangeSet
+    changes: tuple[PathChange, ...]
+    diff: bytes
+
+
+# ---------------------------------------------------------------------------------------
+# The baseline as the validator sees it
+
+
+class TreeEntry(NamedTuple):
+    mode: str
+    """``100644``, ``100755``, ``120000`` (symlink), ``160000`` (submodule), ``040000``."""
+    oid: str
+
+
+class Lookup(NamedTuple):
+    entry: TreeEntry | None
+    """The entry at the path, None when there is none."""
+    blocker: tuple[str, TreeEntry] | None
+    """The first ancestor that is not a folder (a file, symlink or submodule)."""
+
+
+class BaselineTree(Protocol):
+    """Read access to one baseline tree."""
+
+    @property
+    def object_format(self) -> str: ...
+
+    def lookup(self, path: str) -> Lookup: ...
+
+    def names(self, folder: str) -> Collection[str]:
+        """Entry names of a folder (``""`` is the root); empty when it is not a folder."""
+        ...
+
+    def read(self, entry: TreeEntry) -> bytes: ...
+
+
+class IndexEntry(NamedTuple):
+    mode: str
+    oid: str
+    path: str
+
+
+class CheckOutcome(NamedTuple):
+    ok: bool
+    message: str
+    numstat: list[tuple[str, int, int]]
+    """(path, added, removed) per file as git read the diff (the new name of a rename)."""
+
+
+PatchCheck = Callable[[bytes, Sequence[IndexEntry]], Callable[[], CheckOutcome]]
+"""Starts a patch check of the diff on an index of the given baseline entries and returns
+the function that waits for its outcome (the check may run while the caller works)."""
+
+
+def _parents(path: str) -> list[str]:
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
+
+
+class MemoryTree:
+    """A baseline tree in memory (for tests and callers without git). ``files`` maps a path
+    to its content (mode ``100644``) or to ``(mode, content)``; a symlink's content is its
+    target."""
+
+    def __init__(
+        self, files: Mapping[str, bytes | tuple[str, bytes]], object_format: str = "sha1"
+    ) -> None:
+        self._format = object_format
+        self._files: dict[str, TreeEntry] = {}
+        self._blobs: dict[str, bytes] = {}
+        self._folders: dict[str, list[str]] = {"": []}
+        for path, value in sorted(files.items()):
+            mode, data = value if isinstance(value, tuple) else (MODE_FILE, value)
+            entry = TreeEntry(mode, diffs.blob_id(data, object_format))
+            self._files[path] = entry
+            self._blobs[entry.oid] = data
+            parts = path.split("/")
+            for i, name in enumerate(parts):
+                siblings = self._folders.setdefault("/".join(parts[:i]), [])
+                if name not in siblings:
+                    siblings.append(name)
+
+    @property
+    def object_format(self) -> str:
+        return self._format
+
+    def lookup(self, path: str) -> Lookup:
+        for parent in _parents(path):
+            if parent in self._files:
+                return Lookup(None, (parent, self._files[parent]))
+            if parent not in self._folders:
+                return Lookup(None, None)
+        if path in self._files:
+            return Lookup(self._files[path], None)
+        if path in self._folders:
+            return Lookup(TreeEntry(MODE_TREE, ""), None)
+        return Lookup(None, None)
+
+    def names(self, folder: str) -> Collection[str]:
+        return self._folders.get(folder, [])
+
+    def read(self, entry: TreeEntry) -> bytes:
+        return self._blobs[entry.oid]
+
+
+# ---------------------------------------------------------------------------------------
+# Pure rules
+
+
+def _reason(code: str, path: str | None, message: str) -> ChangesetReason:
+    return ChangesetReason(code=code, path=path, message=message[:_MESSAGE_LIMIT])
+
+
+def _lookalike(ch: str) -> bool:
+    if ch in _SLASH_LOOKALIKES or ch in _DOT_LOOKALIKES:
+        return True
+    return ch not in _ASCII_PUNCT and bool(_ASCII_PUNCT & set(unicodedata.normalize("NFKC", ch)))
+
+
+def name_reasons(path: str) -> list[ChangesetReason]:
+    """Spellings the parser lets through but that are not plain names everywhere: Unicode
+    look-alikes of ``.``, ``/`` and ``\\``, and components ending in a dot or a space."""
+    found: list[ChangesetReason] = []
+    if not path.isascii() and any(_lookalike(ch) for ch in path):
+        found.append(_reason("lookalike", path, "a look-alike of '.', '/' or '\\' in a name"))
+    if any(part.endswith((".", " ")) for part in path.split("/")):
+        found.append(_reason("trailing_dot_space", path, "a name ends in a dot or a space"))
+    return found
+
+
+def _inside(path: str, allowed: Iterable[str]) -> bool:
+    folded = policy.fold(path)
+    for entry in allowed:
+        e = policy.fold(entry).rstrip("/")
+        if folded == e or folded.startswith(e + "/"):
+            return True
+    return False
+
+
+def policy_reason(
+    path: str, allowed_paths: Sequence[str] | None, extra_protected: Sequence[str] = ()
+) -> ChangesetReason | None:
+    """The SPEC 5.7 verdict on writing ``path`` (:func:`controller.policy.write_denial`),
+    named by a reason code; ``.gitmodules`` is refused whatever the task allows."""
+    if policy.fold(path).rsplit("/", 1)[-1] == ".gitmodules":
+        return _reason("submodule", path, ".gitmodules defines submodules")
+    allowed = list(allowed_paths) if allowed_paths is not None else None
+    denial = policy.write_denial(path, allowed, extra_protected)
+    if denial is None:
+        return None
+    folded = policy.fold(path)
+    if policy.never_touch(path) or any(Glob(policy.fold(g))(folded) for g in extra_protected):
+        return _reason("protected_path", path, "a protected path")
+    if allowed is not None and not _inside(path, allowed):
+        return _reason("not_allowed", path, "outside the task's allowed_paths")
+    return _reason("config_path", path, denial)
+
+
+def _entry_reason(path: str, entry: TreeEntry, what: str) -> ChangesetReason:
+    if entry.mode == MODE_SYMLINK:
+        return _reason("symlink_path", path, f"{what} is a symlink in the baseline")
+    if entry.mode == MODE_GITLINK:
+        return _reason("submodule", path, f"{what} is a submodule in the baseline")
+    if entry.mode == MODE_TREE:
+        return _reason("path_conflict", path, f"{what} is a folder in the baseline")
+    return _reason("path_conflict", path, f"{what} is a file in the baseline")
+
+
+def _blocked(path: str, lookup: Lookup) -> ChangesetReason | None:
+    if lookup.blocker is None:
+        return None
+    return _entry_reason(path, lookup.blocker[1], "a parent folder")
+
+
+def _case_reason(path: str, tree: BaselineTree) -> ChangesetReason | None:
+    """A created name, or one of its folders, that differs from a baseline name only by
+    case or Unicode normal form."""
+    folder = ""
+    for part in path.split("/"):
+        names = tree.names(folder)
+        if not names:
+            return None
+        if part not in names:
+            key = diffs.fold(part)
+            if any(diffs.fold(name) == key for name in names):
+                return _reason("case_collision", path, "collides with a baseline name")
+            return None
+        folder = f"{folder}/{part}" if folder else part
+    return None
+
+
+@dataclass
+class _Old:
+    entry: TreeEntry
+    mode: FileMode
+
+
+def _old_side(
+    patch: diffs.FilePatch, tree: BaselineTree, found: list[ChangesetReason]
+) -> _Old | None:
+    path = patch.old_path
+    if path is None:
+        return None
+    lookup = tree.lookup(path)
+    blocked = _blocked(path, lookup)
+    if blocked is not None:
+        found.append(blocked)
+        return None
+    entry = lookup.entry
+    if entry is None:
+        found.append(_reason("missing", path, "not in the baseline"))
+        return None
+    if entry.mode not in (MODE_FILE, MODE_EXEC):
+        found.append(_entry_reason(path, entry, "the path"))
+        return None
+    mode: FileMode = MODE_EXEC if entry.mode == MODE_EXEC else MODE_FILE
+    if patch.old_mode is not None and patch.old_mode != mode:
+        found.append(_reason("mode_mismatch", path, f"the baseline mode is {mode}"))
+    return _Old(entry, mode)
+
+
+def _new_side(patch: diffs.FilePatch, tree: BaselineTree, found: list[ChangesetReason]) -> None:
+    if patch.kind not in ("create", "rename") or patch.new_path is None:
+        return
+    path = patch.new_path
+    lookup = tree.lookup(path)
+    blocked = _blocked(path, lookup)
+    if blocked is not None:
+        found.append(blocked)
+    elif lookup.entry is not None:
+        if lookup.entry.mode in (MODE_FILE, MODE_EXEC):
+            found.append(_reason("exists", path, "already in the baseline"))
+        else:
+            found.append(_entry_reason(path, lookup.entry, "the path"))
+    elif (collision := _case_reason(path, tree)) is not None:
+        found.append(collision)
+
+
+def _mode_after(patch: diffs.FilePatch, old: _Old | None) -> FileMode | None:
+    if patch.kind == "delete":
+        return None
+    if patch.new_mode is not None:
+        return MODE_EXEC if patch.new_mode == MODE_EXEC else MODE_FILE
+    return old.mode if old is not None else MODE_FILE
+
+
+def _section_sizes(text: str) -> list[int]:
+    """UTF-8 size of each ``diff --git`` section, in order."""
+    starts = [m.start() for m in re.finditer(r"^diff --git ", text, re.MULTILINE)]
+    ends = [*starts[1:], len(text)]
+    return [len(text[s:e].encode("utf-8")) for s, e in zip(starts, ends, strict=True)]
+
+
+def _decode(diff: str | bytes) -> tuple[str, bytes]:
+    if isinstance(diff, str):
+        try:
+            return diff, diff.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ChangesetInvalidError(
+                [_reason("not_text", None, "the diff is not valid UTF-8 text")]
+            ) from None
+    try:
+        return diff.decode("utf-8"), diff
+    except UnicodeDecodeError:
+        raise ChangesetInvalidError(
+            [_reason("not_text", None, "the diff is not valid UTF-8 text")]
+        ) from None
+
+
+def _parse(text: str, raw: bytes, limits: ChangesetLimits) -> list[diffs.FilePatch]:
+    if len(raw) > limits.max_diff_bytes:
+        raise ChangesetInvalidError(
+            [_reason("too_large", None, f"the diff is over {limits.max_diff_bytes} bytes")]
+        )
+    try:
+        patches = diffs.parse(text, max_files=limits.max_files, max_bytes=limits.max_diff_bytes)
+    except diffs.DiffError as exc:
+        raise ChangesetInvalidError([_reason(exc.reason, None, exc.message)]) from None
+    if len(raw) <= limits.max_file_diff_bytes:
+        return patches
+    big = [
+        _reason("file_too_large", p.path, f"its section is over {limits.max_file_diff_bytes} B")
+        for p, size in zip(patches, _section_sizes(text), strict=True)
+        if size > limits.max_file_diff_bytes
+    ]
+    if big:
+        raise ChangesetInvalidError(big)
+    return patches
+
+
+def _rules(
+    patches: Sequence[diffs.FilePatch],
+    tree: BaselineTree,
+    allowed_paths: Sequence[str] | None,
+    extra_protected: Sequence[str],
+) -> tuple[list[ChangesetReason], list[_Old | None]]:
+    found: list[ChangesetReason] = []
+    olds: list[_Old | None] = []
+    for patch in patches:
+        for name in dict.fromkeys(p for p in (patch.old_path, patch.new_path) if p):
+            found += name_reasons(name)
+            verdict = policy_reason(name, allowed_paths, extra_protected)
+            if verdict is not None:
+                found.append(verdict)
+        old = _old_side(patch, tree, found)
+        _new_side(patch, tree, found)
+        after = _mode_after(patch, old)
+        if after == MODE_EXEC and (old is None or old.mode != MODE_EXEC):
+            found.append(_reason("mode_escalation", patch.path, "would become executable"))
+        olds.append(old)
+    return found, olds
+
+
+def _line_count(data: bytes) -> int:
+    return data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+
+
+def _sha(data: bytes | None) -> str | None:
+    return None if data is None else hashlib.sha256(data).hexdigest()
+
+
+def _compute(
+    patches: Sequence[diffs.FilePatch],
+    olds: Sequence[_Old | None],
+    tree: BaselineTree,
+    limits: ChangesetLimits,
+) -> tuple[list[FileChange], list[PathChange]]:
+    contents: dict[str, bytes] = {}
+    for patch, old in zip(patches, olds, strict=True):
+        if old is not None and patch.old_path is not None:
+            contents[patch.old_path] = tree.read(old.entry)
+    try:
+        result = diffs.apply(
+            patches, contents.get, check_index=True, object_format=tree.object_format
+        )
+    except diffs.DiffError as exc:
+        raise ChangesetInvalidError([_reason(exc.reason, None, exc.message)]) from None
+    files: list[FileChange] = []
+    changes: list[PathChange] = []
+    problems: list[ChangesetReason] = []
+    for patch, old in zip(patches, olds, strict=True):
+        before = contents.get(patch.old_path) if patch.old_path else None
+        after = result.get(patch.path)
+        mode_before = old.mode if old is not None else None
+        mode_after = _mode_after(patch, old)
+        sha_before, sha_after = _sha(before), _sha(after)
+        if after is not None and len(after) > limits.max_file_bytes:
+            problems.append(_reason("file_too_large", patch.path, "the new content is too large"))
+        delta = _line_count(after or b"") - _line_count(before or b"")
+        unchanged = patch.kind == "modify" and before == after and mode_before == mode_after
+        if delta != patch.added - patch.removed or unchanged:
+            problems.append(_reason("stats_mismatch", patch.path, "stats disagree with the tree"))
+        files.append(
+            FileChange(
+                path=patch.path,
+                old_path=patch.old_path if patch.kind == "rename" else None,
+                kind=patch.kind,
+                added=patch.added,
+                removed=patch.removed,
+                sha256_before=sha_before,
+                sha256_after=sha_after,
+                mode_before=mode_before,
+                mode_after=mode_after,
+            )
+        )
+        if patch.kind == "rename" and patch.old_path is not None:
+            changes.append(
+                PathChange(
+                    patch.path, None, after, None, mode_after, None, sha_after, patch.old_path
+                )
+            )
+            changes.append(
+                PathChange(patch.old_path, before, None, mode_before, None, sha_before, None)
+            )
+        else:
+            changes.append(
+                PathChange(
+                    patch.path, before, after, mode_before, mode_after, sha_before, sha_after
+                )
+            )
+    if problems:
+        raise ChangesetInvalidError(problems)
+    return files, changes
+
+
+def _compare_numstat(
+    files: Sequence[FileChange], numstat: Sequence[tuple[str, int, int]]
+) -> list[ChangesetReason]:
+    ours = sorted((f.path, f.added, f.removed) for f in files)
+    theirs = sorted(numstat)
+    if ours == theirs:
+        return []
+    differ = sorted({p for p, _, _ in set(ours) ^ set(theirs)})
+    return [_reason("stats_mismatch", p, "git reads other line counts or files") for p in differ]
+
+
+def check_diff(  # noqa: PLR0913 - the diff, the tree and keyword-only rule inputs
+    diff: str | bytes,
+    tree: BaselineTree,
+    *,
+    allowed_paths: Sequence[str] | None = None,
+    extra_protected: Sequence[str] = (),
+    limits: ChangesetLimits | None = None,
+    patch_check: PatchCheck | None = None,
+    baseline_tree: str | None = None,
+) -> Prepared:
+    """Validates ``diff`` against ``tree`` (SPEC 6.2) and computes every new content.
+
+    ``allowed_paths`` is the task's (None: no restriction beyond policy);
+    ``extra_protected`` are the operator's protected globs. ``patch_check``, when given,
+    runs while the contents are computed, and must pass with the same stats. Raises
+    :class:`ChangesetInvalidError` with every reason found; returns only when all hold."""
+    limits = limits or ChangesetLimits()
+    text, raw = _decode(diff)
+    patches = _parse(text, raw, limits)
+    found, olds = _rules(patches, tree, allowed_paths, extra_protected)
+    if found:
+        raise ChangesetInvalidError(found)
+    outcome: Callable[[], CheckOutcome] | None = None
+    if patch_check is not None:
+        entries = [
+            IndexEntry(old.entry.mode, old.entry.oid, patch.old_path)
+            for patch, old in zip(patches, olds, strict=True)
+            if old is not None and patch.old_path is not None
+        ]
+        outcome = patch_check(raw, entries)
+    try:
+        files, changes = _compute(patches, olds, tree, limits)
+    except BaseException:
+        if outcome is not None:
+            outcome()
+        raise
+    checked = outcome() if outcome is not None else None
+    if checked is not None:
+        if not checked.ok:
+            raise ChangesetInvalidError([_reason("patch_check", None, checked.message)])
+        mismatch = _compare_numstat(files, checked.numstat)
+        if mismatch:
+            raise ChangesetInvalidError(mismatch)
+    changeset = ChangeSet(
+        files=files,
+        added=sum(f.added for f in files),
+        removed=sum(f.removed for f in files),
+        diff_sha256=hashlib.sha256(raw).hexdigest(),
+        baseline_tree=baseline_tree,
+    )
+    return Prepared(changeset=changeset, changes=tuple(changes), diff=raw)
+
+
+# ---------------------------------------------------------------------------------------
+# Against the private git dir
+
+_TREE_ENTRY = re.compile(rb"([0-7]{5,6}) ([^\x00]*)\x00", re.DOTALL)
+
+
+class GitTree:
+    """A baseline tree read through one ``git cat-file --batch`` in the private git dir
+    (folders are read as they are needed). Use as a context manager; :meth:`close` ends
+    the process."""
+
+    def __init__(self, git_dir: Path, tree: str) -> None:
+        self._git_dir = git_dir
+        self._tree = tree
+        self._format = "sha256" if len(tree) == 64 else "sha1"
+        self._oid_len = 32 if self._format == "sha256" else 20
+        self._folders: dict[str, dict[str, TreeEntry] | None] = {}
+        ctx = GitContext(cwd=git_dir.parent, git_dir=git_dir, home=git_dir.parent)
+        self._proc = subprocess.Popen(
+            git_argv("cat-file", "--batch"),
+            cwd=ctx.cwd,
+            env=ctx.env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        proc = self._proc
+        if proc.stdin is not None:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+    @property
+    def object_format(self) -> str:
+        return self._format
+
+    def _object(self, oid: str, kind: str) -> bytes:
+        stdin, stdout = self._proc.stdin, self._proc.stdout
+        if stdin is None or stdout is None:  # pragma: no cover - Popen contract
+            raise GitError("git cat-file is not running")
+        try:
+            stdin.write(oid.encode() + b"\n")
+            stdin.flush()
+            header = stdout.readline().split()
+            if len(header) != 3 or header[1] != kind.encode():
+                raise GitError(f"git cat-file: {oid} is not a {kind}")
+            size = int(header[2])
+            data = _read_exactly(stdout, size + 1)
+        except (OSError, ValueError) as exc:
+            raise GitError("git cat-file failed") from exc
+        return data[:size]
+
+    def _folder(self, path: str) -> dict[str, TreeEntry] | None:
+        if path in self._folders:
+            return self._folders[path]
+        if path:
+            parent, _, name = path.rpartition("/")
+            listing = self._folder(parent)
+            entry = listing.get(name) if listing is not None else None
+            oid = entry.oid if entry is not None and entry.mode == MODE_TREE else None
+        else:
+            oid = self._tree
+        folder = None if oid is None else self._parse_tree(self._object(oid, "tree"))
+        self._folders[path] = folder
+        return folder
+
+    def _parse_tree(self, raw: bytes) -> dict[str, TreeEntry]:
+        out: dict[str, TreeEntry] = {}
+        pos, n = 0, self._oid_len
+        while pos < len(raw):
+            m = _TREE_ENTRY.match(raw, pos)
+            if m is None or m.end() + n > len(raw):
+                raise GitError("git cat-file: a malformed tree object")
+            mode = m.group(1).decode().rjust(6, "0")
+            name = m.group(2).decode("utf-8", "surrogateescape")
+            out[name] = TreeEntry(mode, raw[m.end() : m.end() + n].hex())
+            pos = m.end() + n
+        return out
+
+    def lookup(self, path: str) -> Lookup:
+        folder = ""
+        for parent in _parents(path):
+            listing = self._folder(folder)
+            entry = listing.get(parent.rsplit("/", 1)[-1]) if listing is not None else None
+            if entry is None:
+                return Lookup(None, None)
+            if entry.mode != MODE_TREE:
+                return Lookup(None, (parent, entry))
+            folder = parent
+        listing = self._folder(folder)
+        return Lookup(listing.get(path.rsplit("/", 1)[-1]) if listing else None, None)
+
+    def names(self, folder: str) -> Collection[str]:
+        listing = self._folder(folder)
+        return listing.keys() if listing is not None else ()
+
+    def read(self, entry: TreeEntry) -> bytes:
+        return self._object(entry.oid, "blob")
+
+
+def _read_exactly(stream: IO[bytes], size: int) -> bytes:
+    data = stream.read(size)
+    if data is None or len(data) != size:
+        raise GitError("git cat-file ended early")
+    return data
+
+
+def _parse_numstat(out: bytes) -> list[tuple[str, int, int]]:
+    """``git apply --numstat -z``: ``A\\tR\\tPATH\\0``, or ``A\\tR\\t\\0OLD\\0NEW\\0`` for a
+    rename; binary files count ``-``."""
+    fields = out.split(b"\0")
+    stats: list[tuple[str, int, int]] = []
+    i = 0
+    while i < len(fields) and fields[i]:
+        added, removed, name = fields[i].split(b"\t", 2)
+        if not name:
+            name = fields[i + 2]
+            i += 2
+        count = [int(v) if v.isdigit() else -1 for v in (added, removed)]
+        stats.append((name.decode("utf-8", "surrogateescape"), count[0], count[1]))
+        i += 1
+    return stats
+
+
+def git_patch_check(git_dir: Path) -> PatchCheck:
+    """The patch check on the private git dir: a temporary index (in a controller-owned
+    folder) holding the baseline entries of the touched paths, then ``git apply --check
+    --cached --numstat`` of the diff on it. Nothing of the user's repository is written."""
+
+    def start(diff: bytes, entries: Sequence[IndexEntry]) -> Callable[[], CheckOutcome]:
+        scratch = owned_temp_dir("check-")
+        ctx = GitContext(cwd=scratch, git_dir=git_dir, index_file=scratch / "index", home=scratch)
+        try:
+            if entries:
+                lines = b"".join(
+                    f"{e.mode} blob {e.oid}\t{e.path}".encode("utf-8", "surrogateescape") + b"\0"
+                    for e in entries
+                )
+                run_git(ctx, "update-index", "-z", "--index-info", stdin=lines)
+            proc = subprocess.Popen(
+                git_argv(
+                    "apply",
+                    "--check",
+                    "--cached",
+                    "--numstat",
+                    "-z",
+                    "-p1",
+                    "--whitespace=nowarn",
+                    "-",
+                ),
+                cwd=ctx.cwd,
+                env=ctx.env(),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
+        feeder = _Feeder(proc, diff)
+
+        def finish() -> CheckOutcome:
+            try:
+                out, err = feeder.wait()
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+            if proc.returncode != 0:
+                lines = err.decode("utf-8", "replace").strip().splitlines()
+                detail = printable(lines[0] if lines else f"exit {proc.returncode}")
+                return CheckOutcome(ok=False, message=f"git apply --check: {detail}", numstat=[])
+            return CheckOutcome(ok=True, message="", numstat=_parse_numstat(out))
+
+        return finish
+
+    return start
+
+
+def printable(text: str) -> str:
+    """A line of git's output made safe to show: control characters dropped, bounded."""
+    return "".join(ch for ch in text if ch.isprintable())[:_MESSAGE_LIMIT]
+
+
+class _Feeder:
+    """Writes the diff to a child's stdin on a thread and collects its output."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], data: bytes) -> None:
+        import threading
+
+        self._proc = proc
+        self._out = b""
+        self._err = b""
+        self._thread = threading.Thread(target=self._run, args=(data,), daemon=True)
+        self._thread.start()
+
+    def _run(self, data: bytes) -> None:
+        try:
+            self._out, self._err = self._proc.communicate(data, timeout=600)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._out, self._err = self._proc.communicate()
+
+    def wait(self) -> tuple[bytes, bytes]:
+        self._thread.join()
+        return self._out, self._err
+
+
+def prepare_changeset(
+    baseline: Baseline,
+    diff: str | bytes,
+    *,
+    allowed_paths: Sequence[str] | None = None,
+    extra_protected: Sequence[str] = (),
+    limits: ChangesetLimits | None = None,
+) -> Prepared:
+    """:func:`check_diff` on the job's baseline tree in the private git dir, with the git
+    patch check. Raises :class:`ChangesetInvalidError`, or ``GitError`` when git fails."""
+    git_dir = Path(baseline.private_git_dir)
+    with GitTree(git_dir, baseline.tree) as tree:
+        return check_diff(
+            diff,
+            tree,
+            allowed_paths=allowed_paths,
+            extra_protected=extra_protected,
+            limits=limits,
+            patch_check=git_patch_check(git_dir),
+            baseline_tree=baseline.tree,
+        )
+
+
+def validate_changeset(
+    baseline: Baseline,
+    diff: str | bytes,
+    *,
+    allowed_paths: Sequence[str] | None = None,
+    extra_protected: Sequence[str] = (),
+    limits: ChangesetLimits | None = None,
+) -> ChangeSet:
+    """The summary of a diff that passes every rule of SPEC 6.2 on the job's baseline;
+    raises :class:`ChangesetInvalidError` otherwise."""
+    return prepare_changeset(
+        baseline,
+        diff,
+        allowed_paths=allowed_paths,
+        extra_protected=extra_protected,
+        limits=limits,
+    ).changeset
