@@ -46,6 +46,33 @@ def _parser() -> argparse.ArgumentParser:
         "--base", help="base image with python3 >= 3.9 (default: a slim Python image)"
     )
     build.add_argument("--json", action="store_true")
+    run = sub.add_parser("run", help="one job, to its decision")
+    run.add_argument("--repo", required=True)
+    run.add_argument("--task", required=True, help="the task file (SPEC 11.2)")
+    run.add_argument("--calls", help="drive the tools from this calls file (SPEC 11.3)")
+    run.add_argument("--include-local-changes", action="store_true")
+    run.add_argument("--trust-repo-config", action="store_true")
+    run.add_argument("--consent-trusted-auto", action="store_true")
+    run.add_argument("--runtime", choices=["runc", "runsc"], default=None)
+    run.add_argument("--config", help="host configuration (default $PATCHBOX_HOME/config.toml)")
+    run.add_argument("--json", action="store_true")
+    jobs = sub.add_parser("jobs", help="jobs and their states")
+    jobs.add_argument("--repo")
+    jobs.add_argument("--json", action="store_true")
+    show = sub.add_parser("show", help="summary, ledger, checks, evidence path")
+    show.add_argument("job")
+    show.add_argument("--diff", action="store_true")
+    show.add_argument("--json", action="store_true")
+    for name, what in (
+        ("apply", "apply a job's diff to the work tree"),
+        ("revert", "undo an applied job"),
+        ("discard", "drop a job awaiting review"),
+    ):
+        cmd = sub.add_parser(name, help=what)
+        cmd.add_argument("job")
+        cmd.add_argument("--json", action="store_true")
+        if name == "apply":
+            cmd.add_argument("--merge", action="store_true", help="three-way merge (SPEC 9)")
     demo = sub.add_parser("demo", help="a sandbox on the bundled example repository")
     demo.add_argument("--runtime", choices=["runc", "runsc"], default="runc")
     demo.add_argument("--json", action="store_true")
@@ -149,13 +176,36 @@ def _demo(args: argparse.Namespace) -> int:
     from controller.demo.run import run_demo
 
     result = run_demo(_progress, runtime=args.runtime)
-    lines = [f"sandbox {result['image']} on {result['runtime']}, ready in {result['ready_ms']} ms"]
-    for call in result["calls"]:
-        detail = {k: v for k, v in call.items() if k != "tool"}
-        lines.append(f"- {call['tool']}: {json.dumps(detail)[:300]}")
-    lines.append(result["note"])
+    lines = [f"job {result['job_id']}: {result['status']} ({result['runtime']})"]
+    lines += [
+        f"- turn {c['turn']} {c['name']}: {'ok' if c['ok'] else c['error_code']}"
+        for c in result["tool_calls"]
+    ]
+    lines += [f"check {c['id']}: {c['status']} ({c['duration_ms']} ms)" for c in result["checks"]]
+    lines.append(result["diff"].rstrip())
+    lines.append(f"repository: {result['repo']}")
+    lines.append("next: " + "; ".join(result["next"]))
+    lines.append(f"evidence: {result['evidence']}")
     _emit(result, as_json=args.json, text="\n".join(lines))
-    return EXIT_OK
+    return EXIT_OK if result["status"] == "awaiting_review" else EXIT_FAILED
+
+
+def _job_command(args: argparse.Namespace) -> int:
+    from controller import commands
+
+    if args.command == "run":
+        code, data, text = commands.cmd_run(args, _progress)
+    else:
+        handler = {
+            "jobs": commands.cmd_jobs,
+            "show": commands.cmd_show,
+            "apply": commands.cmd_apply,
+            "revert": commands.cmd_revert,
+            "discard": commands.cmd_discard,
+        }[args.command]
+        code, data, text = handler(args)
+    _emit(data, as_json=args.json, text=text)
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -166,7 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
         handlers = {"doctor": _doctor, "image": _image_build, "demo": _demo}
-        return handlers[args.command](args)
+        if args.command in handlers:
+            return handlers[args.command](args)
+        return _job_command(args)
     except PatchboxError as exc:
         if as_json:
             print(json.dumps({"error": exc.to_dict()}))

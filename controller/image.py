@@ -34,8 +34,8 @@ LOCAL_BASE_RECIPE: dict[str, object] = {
     "tool": "debootstrap",
     "suite": "bookworm",
     "variant": "minbase",
-    "include": ["python3", "git"],
-    "recipe_version": 1,
+    "include": ["python3", "git", "python3-pytest"],
+    "recipe_version": 2,
 }
 
 Progress = Callable[[str], None]

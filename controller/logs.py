@@ -21,11 +21,11 @@ _SECRET_KEY = re.compile(r"(?i)(key|token|secret|password|passwd|authorization|c
 REDACTED = "[redacted]"
 
 
-def _secret_values() -> list[str]:
+def secret_values() -> list[str]:
     return [v for k, v in os.environ.items() if _SECRET_KEY.search(k) and len(v) >= 6]
 
 
-def _private_roots() -> list[str]:
+def private_roots() -> list[str]:
     roots = [str(Path.home())]
     home = os.environ.get("PATCHBOX_HOME")
     if home:
@@ -44,8 +44,8 @@ def _scrub(text: str, secrets: list[str], roots: list[str]) -> str:
 
 
 def redact(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    secrets = _secret_values()
-    roots = _private_roots()
+    secrets = secret_values()
+    roots = private_roots()
     for key in list(event):
         value = event[key]
         if _SECRET_KEY.search(key):

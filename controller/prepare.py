@@ -299,22 +299,8 @@ def prepare(  # noqa: PLR0913 - the inputs of a job's start, all keyword-only
     local = daemon_is_local(client)
     cache = cache or BaselineCache()
     key = pool_key(baseline.tree, spec)
-    source: Source
     t = time.perf_counter()
-    box = _from_spare(spec, identity, pool, key, cache.path(baseline.tree)) if local else None
-    if box is not None:
-        source = "spare"
-    elif not local:
-        box = DockerSandbox.start(client, spec, identity)
-        try:
-            with archive_stream(baseline) as chunks:
-                box.put_archive_stream(chunks)
-        except BaseException:
-            box.close()
-            raise
-        source = "channel"
-    else:
-        box, source = _start_local(client, spec, identity, baseline, cache)
+    box, source = _start(client, baseline, spec, identity, cache, pool)
     timings["sandbox"] = _ms(t)
     timings["total"] = _ms(started)
     prepared = Prepared(box, baseline, report, source, timings)
@@ -330,6 +316,41 @@ def prepare(  # noqa: PLR0913 - the inputs of a job's start, all keyword-only
         prepared.spare_thread = threading.Thread(target=offer, name="spare-offer")
         prepared.spare_thread.start()
     return prepared
+
+
+def start_with_baseline(
+    client: docker.DockerClient,
+    baseline: Baseline,
+    spec: SandboxSpec,
+    identity: ControllerIdentity,
+    cache: BaselineCache | None = None,
+) -> DockerSandbox:
+    """A fresh, greeted sandbox holding ``baseline`` (no spare: for the check stage)."""
+    return _start(client, baseline, spec, identity, cache or BaselineCache(), None)[0]
+
+
+def _start(  # noqa: PLR0913, PLR0917 - internal; every caller passes all of them
+    client: docker.DockerClient,
+    baseline: Baseline,
+    spec: SandboxSpec,
+    identity: ControllerIdentity,
+    cache: BaselineCache,
+    pool: SparePool | None,
+) -> tuple[DockerSandbox, Source]:
+    if not daemon_is_local(client):
+        box = DockerSandbox.start(client, spec, identity)
+        try:
+            with archive_stream(baseline) as chunks:
+                box.put_archive_stream(chunks)
+        except BaseException:
+            box.close()
+            raise
+        return box, "channel"
+    key = pool_key(baseline.tree, spec)
+    spare = _from_spare(spec, identity, pool, key, cache.path(baseline.tree))
+    if spare is not None:
+        return spare, "spare"
+    return _start_local(client, spec, identity, baseline, cache)
 
 
 def _from_spare(

@@ -1,89 +1,107 @@
-"""``patchbox demo``: a sandbox on the bundled example, driven through a few tool calls."""
+"""``patchbox demo``: one full job on the bundled example, driven by the scripted provider.
+
+The example (``calc``) is copied into a fresh git repository under ``$PATCHBOX_HOME/demo``.
+The job searches, reads, edits and runs the pytest suite in the sandbox; the diff comes
+back, is validated, and the required check runs again in a fresh sandbox. The job stops
+at ``awaiting_review``: the output says how to apply it and how to revert it.
+"""
 
 from __future__ import annotations
 
-import io
-import tarfile
-import time
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
+from controller.config import HostConfig
 from controller.dockerclient import connect
-from controller.image import ImageBuilder, Progress
-from controller.labels import current_identity, new_job_id
-from controller.limits import Limits
+from controller.engine import Job, JobRequest
+from controller.evidence import relative_to_home
+from controller.git import GitContext, run_git
+from controller.image import Progress
+from controller.jobs import JobStore
 from controller.paths import patchbox_home
+from controller.providers import ScriptedProvider, parse_calls
 from controller.reaper import reap
-from controller.sandbox.base import Runtime, SandboxSpec
-from controller.sandbox.docker import DockerSandbox
+from controller.sandbox.base import Runtime
+from controller.task import TaskSpec
 
 EXAMPLE = Path(__file__).resolve().parent / "example"
 
+TASK = {
+    "prompt": "parse_items must return [] for empty or blank input; the tests say so.",
+    "allowed_paths": ["calc/parser.py"],
+    "checks": {
+        "tests": {"argv": ["python3", "-m", "pytest", "-q", "-p", "no:cacheprovider"]},
+    },
+    "mode": "review",
+    "limits": {"memory_mb": 512, "workspace_mb": 64, "wall_seconds": 300},
+}
 
-def example_archive(root: Path = EXAMPLE) -> bytes:
-    """A tar of the example tree with normalised owners, times and modes."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for path in sorted(root.rglob("*")):
-            if "__pycache__" in path.parts:
-                continue
-            info = tar.gettarinfo(str(path), arcname=path.relative_to(root).as_posix())
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            info.mtime = 0
-            if path.is_file():
-                with path.open("rb") as fh:
-                    tar.addfile(info, fh)
-            else:
-                tar.addfile(info)
-    return buf.getvalue()
+CALLS = {
+    "turns": [
+        [{"id": "c1", "name": "search_text", "arguments": {"query": "def parse_items"}}],
+        [{"id": "c2", "name": "read_file", "arguments": {"path": "calc/parser.py"}}],
+        [{"id": "c3", "name": "run_check", "arguments": {"checkId": "tests"}}],
+        [
+            {
+                "id": "c4",
+                "name": "replace_text",
+                "arguments": {
+                    "path": "calc/parser.py",
+                    "oldText": '    return [item.strip() for item in text.split(",")]',
+                    "newText": "    if not text.strip():\n        return []\n"
+                    '    return [item.strip() for item in text.split(",")]',
+                },
+            }
+        ],
+        [{"id": "c5", "name": "run_check", "arguments": {"checkId": "tests"}}],
+    ],
+    "final": "parse_items returns [] for empty or blank input; the tests pass.",
+}
+
+
+def make_demo_repo(root: Path) -> Path:
+    """A fresh git repository holding the example, one commit."""
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.copytree(EXAMPLE, root, ignore=shutil.ignore_patterns("__pycache__"))
+    ctx = GitContext(cwd=root, home=root.parent)
+    run_git(ctx, "init", "-q")
+    run_git(ctx, "add", "-A")
+    run_git(ctx, "commit", "-q", "-m", "calc: a list parser")
+    return root
 
 
 def run_demo(progress: Progress, runtime: Runtime = "runc") -> dict[str, Any]:
     client = connect()
     reap(client, patchbox_home() / "tmp")
-    image = ImageBuilder(client, progress).ensure()
-    progress(
-        f"image {image.tag} ({'built' if image.built else 'cached'}, base {image.base_source})"
+    repo = make_demo_repo(patchbox_home() / "demo" / "calc")
+    progress("demo repository ready (the example package, one commit)")
+    task = TaskSpec.model_validate(TASK)
+    provider = ScriptedProvider(parse_calls(json.dumps(CALLS)))
+    request = JobRequest(
+        repo=repo, task=task, provider=provider, config=HostConfig(), runtime=runtime
     )
-    spec = SandboxSpec(
-        image=image.tag,
-        job_id=new_job_id(),
-        runtime=runtime,
-        limits=Limits(memory_mb=512, workspace_mb=128, wall_seconds=120),
-    )
-    calls: list[dict[str, Any]] = []
-    started = time.monotonic()
-    with DockerSandbox.start(client, spec, current_identity()) as box:
-        ready_ms = (time.monotonic() - started) * 1000
-        progress(
-            f"sandbox ready in {ready_ms:.0f} ms (agent {box.hello.agent}, uid {box.hello.uid})"
-        )
-        loaded = box.put_archive(example_archive())
-        calls.append({"tool": "put_archive", "entries": loaded.entries})
-        listing = box.list_files()
-        calls.append({"tool": "list_files", "files": listing.files})
-        source = box.read_file("calc/parser.py")
-        calls.append({"tool": "read_file", "path": source.path, "content": source.content})
-        denied = "ok"
-        try:
-            box.read_file("../etc/passwd")
-        except Exception as exc:
-            denied = getattr(exc, "code", type(exc).__name__)
-        calls.append({"tool": "read_file", "path": "../etc/passwd", "error": str(denied)})
-        check = box.run(["python3", "-m", "unittest", "-q"], timeout=60)
-        calls.append(
-            {
-                "tool": "run_check",
-                "argv": "python3 -m unittest -q",
-                "exit_code": check.exitCode,
-                "output_tail": check.output[-600:],
-            }
-        )
+    job = Job(client, request, progress=progress)
+    try:
+        record = job.run()
+    finally:
+        client.close()
+    evidence = relative_to_home(JobStore().folder(record.job_id) / "evidence.json")
     return {
-        "image": image.tag,
+        "job_id": record.job_id,
+        "status": record.state,
+        "error": record.error,
+        "repo": str(repo),
         "runtime": runtime,
-        "ready_ms": round(ready_ms, 1),
-        "calls": calls,
-        "note": "The check fails: parse_items('') returns [''] (the bug the demo job will fix).",
+        "diff": job.diff or "",
+        "tool_calls": record.tool_calls,
+        "checks": record.checks,
+        "timings_ms": record.timings_ms,
+        "evidence": evidence,
+        "next": [
+            f"patchbox show {record.job_id} --diff",
+            f"patchbox apply {record.job_id}",
+            f"patchbox revert {record.job_id}",
+        ],
     }

@@ -133,6 +133,26 @@ class FileChanges(_Result):
     count: int = Field(ge=0)
 
 
+class ChangesResult(_Result):
+    """Visible files changed since the baseline, as the agent observed them."""
+
+    added: list[str] = Field(max_length=10000)
+    removed: list[str] = Field(max_length=10000)
+    modified: list[str] = Field(max_length=10000)
+    count: int = Field(ge=0)
+    truncated: bool
+
+
+class RawChunk(_Result):
+    """Part of one workspace entry: file bytes or a symlink's target, base64."""
+
+    kind: Literal["file", "symlink", "other"]
+    size: int = Field(ge=0)
+    offset: int = Field(ge=0)
+    data: str = Field(max_length=3 * 1024 * 1024)
+    executable: bool = False
+
+
 class RunResult(_Result):
     """The outcome of one process in the sandbox, as the agent reports it.
 
@@ -186,6 +206,10 @@ class Sandbox(Protocol):
     def put_archive(self, data: bytes) -> PutArchiveResult: ...
 
     def put_archive_stream(self, chunks: Iterable[bytes]) -> PutArchiveResult: ...
+
+    def changes(self) -> ChangesResult: ...
+
+    def read_raw(self, path: str, offset: int = 0, length: int = ...) -> RawChunk: ...
 
     def run(
         self,

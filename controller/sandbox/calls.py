@@ -14,8 +14,10 @@ from pydantic import BaseModel, ValidationError
 from controller.errors import ProtocolError
 from controller.sandbox.base import (
     ApplyPatchResult,
+    ChangesResult,
     ListFilesResult,
     PutArchiveResult,
+    RawChunk,
     ReadFileResult,
     ReplaceTextResult,
     RunResult,
@@ -26,6 +28,7 @@ M = TypeVar("M", bound=BaseModel)
 
 DEFAULT_CALL_TIMEOUT = 60.0
 ARCHIVE_TIMEOUT = 600.0
+RAW_CHUNK = 2 * 1024 * 1024
 RUN_GRACE = 10.0
 """Seconds the controller waits beyond a process timeout for the agent's answer."""
 
@@ -94,6 +97,15 @@ class AgentCalls:
     def apply_patch(self, patch: str) -> ApplyPatchResult:
         """Applies one canonical diff, all or nothing (PATCH_REJECTED when it does not apply)."""
         return self._validate(ApplyPatchResult, self._call("apply_patch", {"patch": patch}))
+
+    def changes(self) -> ChangesResult:
+        """Files added, removed or modified since the baseline was loaded."""
+        return self._validate(ChangesResult, self._call("changes", {}))
+
+    def read_raw(self, path: str, offset: int = 0, length: int = RAW_CHUNK) -> RawChunk:
+        """One chunk of a file's bytes (or a symlink's target), nothing followed."""
+        args = {"path": path, "offset": offset, "length": length}
+        return self._validate(RawChunk, self._call("read_raw", args))
 
     def put_archive(self, data: bytes) -> PutArchiveResult:
         """Unpacks a tar archive made by the controller into /workspace."""

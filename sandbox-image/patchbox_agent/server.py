@@ -48,6 +48,10 @@ MAX_QUERY = 1000
 SEARCH_CACHE_ENTRIES = 64
 MAX_RUN_OUTPUT = 1024 * 1024
 MAX_RUN_SECONDS = 24 * 3600
+MAX_EXPORT_PATHS = 10000
+RAW_CHUNK = 2 * 1024 * 1024
+WRITE_OPS = frozenset({"replace_text", "apply_patch", "run"})
+"""Operations that may change the workspace: the first one marks the baseline state."""
 
 
 class OpError(Exception):
@@ -192,6 +196,7 @@ class Agent:
         self._index_lock = threading.Lock()
         self._greeted = False
         self._preload: dict[str, Any] | None = None
+        self._base: dict[str, Any] | None = None
         self._signer: Signer | None = None
         self._running: dict[int, subprocess.Popen[bytes]] = {}
         self._cancelled: set[int] = set()
@@ -254,6 +259,8 @@ class Agent:
                 if req is None:
                     return 0 if self._reader.at_eof else 3
                 rid, op, args = req
+                if op in WRITE_OPS and self._greeted:
+                    self._mark_base()
                 if op == "shutdown":
                     self._send({"id": rid, "ok": True, "result": {}})
                     return 0
@@ -277,6 +284,8 @@ class Agent:
             "read_file": lambda: self._read_file(args),
             "cancel": lambda: self._cancel(args),
             "put_archive": lambda: self._put_archive(args),
+            "changes": lambda: self._locked(self._changes_since_base, args),
+            "read_raw": lambda: self._read_raw(args),
         }
         handler = handlers.get(op)
         if handler is None:
@@ -424,6 +433,70 @@ class Agent:
         result["version"] = self.index.version
         return result
 
+    def _mark_base(self) -> None:
+        """Before the first operation that may write: the workspace is still the baseline,
+        so its file metadata becomes the reference of ``changes``."""
+        if self._base is None:
+            with self._index_lock:
+                self._base = self.index.snapshot()
+
+    def _changes_since_base(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Visible files added, removed or modified since the baseline (complete lists up to
+        :data:`MAX_EXPORT_PATHS`, then ``truncated``)."""
+        del args
+        if self._base is None:
+            return {"added": [], "removed": [], "modified": [], "count": 0, "truncated": False}
+        after = self.index.snapshot()
+        added = sorted(set(after) - set(self._base))
+        removed = sorted(set(self._base) - set(after))
+        common = set(self._base) & set(after)
+        modified = sorted(p for p in common if self._base[p] != after[p])
+        count = len(added) + len(removed) + len(modified)
+        return {
+            "added": added[:MAX_EXPORT_PATHS],
+            "removed": removed[:MAX_EXPORT_PATHS],
+            "modified": modified[:MAX_EXPORT_PATHS],
+            "count": count,
+            "truncated": count
+            > len(added[:MAX_EXPORT_PATHS])
+            + len(removed[:MAX_EXPORT_PATHS])
+            + len(modified[:MAX_EXPORT_PATHS]),
+        }
+
+    def _read_raw(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Bytes of one workspace entry, base64, at most :data:`RAW_CHUNK` per call: a regular
+        file (with its executable bit) or a symlink's target. Nothing is followed."""
+        import base64  # imported on first use
+
+        parts = jail.split(args.get("path"))
+        offset = _int_arg(args, "offset", 0, 0, 1 << 40)
+        length = _int_arg(args, "length", RAW_CHUNK, 1, RAW_CHUNK)
+        dfd = jail.open_dir(self._root_fd, parts[:-1])
+        try:
+            st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                target = os.fsencode(os.readlink(parts[-1], dir_fd=dfd))
+                data = base64.b64encode(target).decode("ascii")
+                return {"kind": "symlink", "size": len(target), "offset": 0, "data": data}
+            if not stat.S_ISREG(st.st_mode):
+                return {"kind": "other", "size": 0, "offset": 0, "data": ""}
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            fd = os.open(parts[-1], flags, dir_fd=dfd)
+            try:
+                size = os.fstat(fd).st_size
+                chunk = os.pread(fd, length, offset)
+            finally:
+                os.close(fd)
+        finally:
+            os.close(dfd)
+        return {
+            "kind": "file",
+            "executable": bool(st.st_mode & 0o111),
+            "size": size,
+            "offset": offset,
+            "data": base64.b64encode(chunk).decode("ascii"),
+        }
+
     def _read_file(self, args: dict[str, Any]) -> dict[str, Any]:
         start = _int_arg(args, "startLine", 1, 1, 10_000_000)
         end = _int_arg(args, "endLine", start + MAX_READ_LINES - 1, start, 10_000_000)
@@ -479,9 +552,7 @@ class Agent:
             self._index = FileIndex(root, self._workspace)
             stream = _FileStream(fd)
             tar = _gnu_tar()
-            count = (
-                self._extract_gnu(tar, stream) if tar is not None else self._extract_py(stream)
-            )
+            count = self._extract_gnu(tar, stream) if tar is not None else self._extract_py(stream)
             self._preload = {
                 "entries": count,
                 "bytes": stream.total,

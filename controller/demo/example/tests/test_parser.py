@@ -1,15 +1,13 @@
-import unittest
-
 from calc.parser import parse_items
 
 
-class ParseItemsTest(unittest.TestCase):
-    def test_items(self):
-        self.assertEqual(parse_items("a, b,c"), ["a", "b", "c"])
-
-    def test_empty_input_gives_no_items(self):
-        self.assertEqual(parse_items(""), [])
+def test_items_are_split_and_stripped():
+    assert parse_items("a, b,c") == ["a", "b", "c"]
 
 
-if __name__ == "__main__":
-    unittest.main()
+def test_empty_input_gives_no_items():
+    assert parse_items("") == []
+
+
+def test_blank_input_gives_no_items():
+    assert parse_items("   ") == []

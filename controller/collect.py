@@ -1,0 +1,117 @@
+"""The one diff a job yields, computed on the host (SPEC 6.1).
+
+The sandbox only reports which visible files changed since the baseline and hands over their
+bytes; the host stores those bytes as blobs in its private git dir, builds the new tree
+from the baseline tree, and lets git diff the two trees. No git command runs in a folder
+the sandbox wrote, and no content is converted, filtered or executed on the way.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import shutil
+from dataclasses import dataclass, field
+
+from controller.baseline import Baseline, private_repo_of
+from controller.errors import ErrorCode, PatchboxError
+from controller.paths import owned_temp_dir
+from controller.sandbox.base import Sandbox
+
+MAX_CHANGED_FILES = 1000
+MAX_CHANGED_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ChangedFile:
+    path: str
+    kind: str
+    """``added``, ``modified`` or ``removed``."""
+    mode: str | None
+    """``100644``, ``100755`` or ``120000`` for what the sandbox holds; None if removed."""
+    sha256: str | None
+
+
+@dataclass
+class Collected:
+    """The final diff (git's unified format, full index lines) and the files behind it."""
+
+    diff: str
+    tree: str
+    files: list[ChangedFile] = field(default_factory=list)
+
+    @property
+    def diff_sha256(self) -> str:
+        return hashlib.sha256(self.diff.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _fetch(box: Sandbox, path: str, budget: int) -> tuple[str, bytes]:
+    first = box.read_raw(path)
+    if first.kind == "other":
+        raise PatchboxError(
+            f"{path}: not a regular file or symlink", code=ErrorCode.CHANGESET_INVALID
+        )
+    if first.size > budget:
+        raise PatchboxError(
+            f"the changed files exceed {MAX_CHANGED_BYTES} bytes", code=ErrorCode.LIMIT_EXCEEDED
+        )
+    data = bytearray(base64.b64decode(first.data, validate=True))
+    while first.kind == "file" and len(data) < first.size:
+        more = box.read_raw(path, offset=len(data))
+        chunk = base64.b64decode(more.data, validate=True)
+        if not chunk:
+            break
+        data += chunk
+    mode = "120000" if first.kind == "symlink" else ("100755" if first.executable else "100644")
+    return mode, bytes(data[: first.size])
+
+
+def collect(box: Sandbox, baseline: Baseline) -> Collected:
+    """Reads the changes out of ``box`` and diffs them against ``baseline`` on the host.
+
+    Raises ``LIMIT_EXCEEDED`` when more than :data:`MAX_CHANGED_FILES` files or
+    :data:`MAX_CHANGED_BYTES` bytes changed, ``CHANGESET_INVALID`` for an entry that is
+    neither a file nor a symlink."""
+    changes = box.changes()
+    if changes.truncated or changes.count > MAX_CHANGED_FILES:
+        raise PatchboxError(
+            f"{changes.count} files changed; at most {MAX_CHANGED_FILES} may",
+            code=ErrorCode.LIMIT_EXCEEDED,
+        )
+    private = private_repo_of(baseline)
+    scratch = owned_temp_dir("collect-")
+    try:
+        index = scratch / "index"
+        private.git("read-tree", baseline.tree, index=index)
+        files: list[ChangedFile] = []
+        budget = MAX_CHANGED_BYTES
+        for kind, paths in (("added", changes.added), ("modified", changes.modified)):
+            for path in paths:
+                mode, data = _fetch(box, path, budget)
+                budget -= len(data)
+                hashed = ("hash-object", "-w", "--no-filters", "--stdin")
+                oid = private.git(*hashed, writes=True, stdin=data).decode().strip()
+                private.git(
+                    "update-index", "--add", "--cacheinfo", f"{mode},{oid},{path}", index=index
+                )
+                digest = hashlib.sha256(data).hexdigest()
+                files.append(ChangedFile(path, kind, mode, digest))
+        for path in changes.removed:
+            private.git("update-index", "--force-remove", "--", path, index=index)
+            files.append(ChangedFile(path, "removed", None, None))
+        tree = private.git("write-tree", index=index).decode().strip()
+        diff = private.git(
+            "diff-tree",
+            "-p",
+            "-r",
+            "--full-index",
+            "--no-renames",
+            "--no-ext-diff",
+            "--no-textconv",
+            "--no-color",
+            baseline.tree,
+            tree,
+        ).decode("utf-8", "surrogateescape")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return Collected(diff=diff, tree=tree, files=sorted(files, key=lambda f: f.path))

@@ -1,0 +1,310 @@
+"""The job commands of the CLI (SPEC 11.1): run, jobs, show, apply, revert, discard.
+
+Each returns ``(exit code, JSON-able data, text)``; :mod:`controller.cli` prints them.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from controller.errors import UsageError
+from controller.evidence import relative_to_home, write_evidence
+from controller.jobs import JobRecord, JobStore, write_lock
+
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Callable
+
+    from controller.providers.base import Provider
+    from controller.task import TaskSpec
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+
+Outcome = tuple[int, dict[str, Any], str]
+
+
+def load_task(path: Path) -> TaskSpec:
+    from controller.task import TaskSpec
+
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        msg = f"the task file cannot be read: {exc.strerror}"
+        raise UsageError(msg) from exc
+    try:
+        return TaskSpec.model_validate_json(raw)
+    except ValidationError as exc:
+        fields = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'task'}: {e['msg']}" for e in exc.errors()[:5]
+        )
+        msg = f"the task file is invalid: {fields}"
+        raise UsageError(msg[:1000]) from exc
+
+
+def _provider(
+    args: argparse.Namespace, task: TaskSpec, table: dict[str, Any]
+) -> tuple[Provider, tuple[str, ...]]:
+    if args.calls:
+        from controller.providers import load_calls
+
+        return load_calls(Path(args.calls)), ()
+    from controller.providers import ProviderConfig, open_provider
+
+    config = ProviderConfig.from_mapping(table) if table else ProviderConfig.from_env()
+    secret = config.api_key.get_secret_value() if config.api_key is not None else ""
+    return open_provider(config, task.prompt), (secret,) if secret else ()
+
+
+def run_view(record: JobRecord, diff: str | None, evidence: str) -> dict[str, Any]:
+    """The one JSON object of ``run --json`` (SPEC 11.4)."""
+    return {
+        "job_id": record.job_id,
+        "status": record.state,
+        "error": record.error,
+        "diff": diff or "",
+        "files": [
+            {"path": f["path"], "change": f["kind"], "added": f["added"], "removed": f["removed"]}
+            for f in record.files
+        ],
+        "checks": [
+            {
+                "id": c["id"],
+                "status": c["status"],
+                "exit_code": c["exit_code"],
+                "duration_ms": c["duration_ms"],
+                "output_tail": c["output_tail"],
+            }
+            for c in record.checks
+        ],
+        "tool_calls": [
+            {
+                "turn": t["turn"],
+                "id": t["id"],
+                "name": t["name"],
+                "ok": t["ok"],
+                "error_code": t.get("error_code"),
+            }
+            for t in record.tool_calls
+        ],
+        "evidence": evidence,
+        "decision": record.decision,
+    }
+
+
+def _summary(record: JobRecord) -> str:
+    lines = [f"job {record.job_id}: {record.state}"]
+    if record.error:
+        lines.append(f"error {record.error['code']}: {record.error['message']}")
+    for f in record.files:
+        calls = ", ".join(f.get("calls") or []) or "-"
+        lines.append(
+            f"  {f['kind']:<7} {f['path']} (+{f['added']} -{f['removed']}) by call(s) {calls}"
+        )
+    lines += [
+        f"  check {c['id']}: {c['status']} (exit {c['exit_code']}, {c['duration_ms']} ms)"
+        for c in record.checks
+    ]
+    if record.decision.get("reason"):
+        lines.append(f"decision: {record.decision['reason']}")
+    return "\n".join(lines)
+
+
+def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcome:
+    from controller.config import load_config
+    from controller.dockerclient import connect
+    from controller.engine import Job, JobRequest
+
+    config = load_config(Path(args.config) if args.config else None)
+    task = load_task(Path(args.task))
+    repo = Path(args.repo)
+    provider, secrets = _provider(args, task, config.provider)
+    client = connect()
+    request = JobRequest(
+        repo=repo,
+        task=task,
+        provider=provider,
+        config=config,
+        include_local_changes=args.include_local_changes,
+        trust_repo_config=args.trust_repo_config,
+        consent_trusted_auto=args.consent_trusted_auto,
+        runtime=args.runtime,
+        secrets=secrets,
+    )
+    job = Job(client, request, progress=progress)
+    previous = signal.getsignal(signal.SIGINT)
+
+    def on_interrupt(_signum: int, _frame: object) -> None:
+        progress("cancelling")
+        threading.Thread(target=job.cancel, daemon=True).start()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        record = job.run()
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, previous)
+        provider.close()
+        client.close()
+    store = JobStore()
+    evidence = relative_to_home(store.folder(record.job_id) / "evidence.json")
+    data = run_view(record, job.diff, evidence)
+    ok = record.state in {"awaiting_review", "applied"}
+    text = _summary(record)
+    if record.state == "awaiting_review":
+        jid = record.job_id
+        text += f"\nreview: patchbox show {jid} --diff; then patchbox apply {jid}"
+        text += f" or patchbox discard {jid}"
+    text += f"\nevidence: {evidence}"
+    return (EXIT_OK if ok else EXIT_FAILED), data, text
+
+
+def cmd_jobs(args: argparse.Namespace) -> Outcome:
+    store = JobStore()
+    repo = str(Path(args.repo).resolve()) if args.repo else None
+    records = store.all(repo)
+    data = {
+        "jobs": [
+            {
+                "job_id": r.job_id,
+                "status": r.state,
+                "repository": Path(r.repo).name,
+                "created_at": r.created_at,
+                "error": r.error,
+            }
+            for r in records
+        ]
+    }
+    text = "\n".join(f"{r.job_id}  {r.state:<16} {Path(r.repo).name}" for r in records)
+    return EXIT_OK, data, text or "no jobs"
+
+
+def _diff_of(store: JobStore, job_id: str) -> str | None:
+    path = store.folder(job_id) / "diff.patch"
+    try:
+        return path.read_text("utf-8", "surrogateescape")
+    except FileNotFoundError:
+        return None
+
+
+def cmd_show(args: argparse.Namespace) -> Outcome:
+    store = JobStore()
+    record = store.load(args.job)
+    diff = _diff_of(store, record.job_id)
+    evidence = relative_to_home(store.folder(record.job_id) / "evidence.json")
+    data = run_view(record, diff if args.diff else None, evidence)
+    data["ledger"] = record.ledger
+    data["state_history"] = record.history
+    text = _summary(record)
+    if record.ledger:
+        text += "\nledger:"
+        for e in record.ledger:
+            paths = ", ".join(f["path"] for f in e["files"]) or "-"
+            text += f"\n  turn {e['turn']} {e['id']} {e['tool']}: {e['outcome']}; {paths}"
+    text += f"\nevidence: {evidence}"
+    if args.diff and diff:
+        text += "\n" + diff
+    return EXIT_OK, data, text
+
+
+def _baseline(record: JobRecord) -> Any:
+    from controller.baseline import Baseline
+
+    if record.baseline is None:
+        msg = f"job {record.job_id} has no baseline"
+        raise UsageError(msg)
+    return Baseline.model_validate(record.baseline)
+
+
+def _sync_with_journal(store: JobStore, record: JobRecord) -> JobRecord:
+    """After a crash the journal knows better than the record: settle it, then agree."""
+    from controller.apply import recover_job
+
+    recovery = recover_job(record.job_id)
+    if recovery.state == "applied" and record.state == "awaiting_review":
+        record.move("applied")
+        store.save(record)
+    elif recovery.state == "not_applied" and record.state == "applied":
+        record.move("reverted")
+        store.save(record)
+    if recovery.state == "needs_attention":
+        record.diagnostics["needs_attention"] = recovery.model_dump()
+        store.save(record)
+    return record
+
+
+def cmd_apply(args: argparse.Namespace) -> Outcome:
+    from controller.apply import apply_changeset
+
+    store = JobStore()
+    record = _sync_with_journal(store, store.load(args.job))
+    if record.state != "awaiting_review":
+        msg = f"job {record.job_id} is {record.state}; only a job awaiting review is applied"
+        raise UsageError(msg)
+    diff = _diff_of(store, record.job_id) or ""
+    with write_lock(record.repo):
+        result = apply_changeset(
+            _baseline(record),
+            diff,
+            job_id=record.job_id,
+            allowed_paths=record.task.get("allowed_paths"),
+            merge=args.merge,
+        )
+    record.move("applied")
+    record.decision = {**record.decision, "applied_by": "user", "merged": result.merged}
+    store.save(record)
+    write_evidence(record, diff, store)
+    files = [f.model_dump(mode="json") for f in result.files]
+    data = {
+        "job_id": record.job_id,
+        "status": record.state,
+        "files": files,
+        "merged": result.merged,
+    }
+    text = f"job {record.job_id} applied: {len(files)} file(s)" + (
+        f"; merged three-way: {', '.join(result.merged)}" if result.merged else ""
+    )
+    return EXIT_OK, data, text
+
+
+def cmd_revert(args: argparse.Namespace) -> Outcome:
+    from controller.apply import revert_changeset
+
+    store = JobStore()
+    record = _sync_with_journal(store, store.load(args.job))
+    if record.state != "applied":
+        msg = f"job {record.job_id} is {record.state}; only an applied job is reverted"
+        raise UsageError(msg)
+    with write_lock(record.repo):
+        result = revert_changeset(record.job_id)
+    record.move("reverted")
+    store.save(record)
+    write_evidence(record, _diff_of(store, record.job_id), store)
+    files = [f.model_dump(mode="json") for f in result.files]
+    return (
+        EXIT_OK,
+        {"job_id": record.job_id, "status": record.state, "files": files},
+        (f"job {record.job_id} reverted: {len(files)} file(s) restored"),
+    )
+
+
+def cmd_discard(args: argparse.Namespace) -> Outcome:
+    store = JobStore()
+    record = store.load(args.job)
+    if record.state != "awaiting_review":
+        msg = f"job {record.job_id} is {record.state}; only a job awaiting review is discarded"
+        raise UsageError(msg)
+    record.move("discarded")
+    store.save(record)
+    write_evidence(record, _diff_of(store, record.job_id), store)
+    return (
+        EXIT_OK,
+        {"job_id": record.job_id, "status": record.state},
+        (f"job {record.job_id} discarded; the repository was not touched"),
+    )

@@ -1,0 +1,77 @@
+"""The operator's host configuration (SPEC 11.5): ``$PATCHBOX_HOME/config.toml`` or
+``--config FILE``. Trusted; nothing in a repository under work can change it.
+
+.. code-block:: toml
+
+    allow_auto = false           # mode "auto" may apply when every gate holds
+    allow_trusted_auto = false   # mode "trusted-auto" (also needs the request's consent)
+    protected = ["secrets/**"]   # added to the built-in protected paths
+    runtime = "runc"             # or "runsc"
+    spare_sandboxes = 1          # spares kept for the next job on the same baseline
+
+    [limits]                     # defaults for tasks that do not say
+    memory_mb = 1024
+
+    [checks.tests]               # default checks for tasks that name none
+    argv = ["python3", "-m", "pytest", "-q"]
+
+    [provider]                   # see controller.providers.config
+    api = "chat"
+    base_url = "https://..."
+    model = "..."
+    api_key_env = "OPENAI_API_KEY"
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from controller.errors import UsageError
+from controller.limits import Limits
+from controller.paths import patchbox_home
+from controller.task import CheckId, CheckSpec
+
+
+class HostConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    allow_auto: bool = False
+    allow_trusted_auto: bool = False
+    protected: list[str] = Field(default_factory=list, max_length=256)
+    runtime: Literal["runc", "runsc"] = "runc"
+    spare_sandboxes: int = Field(default=1, ge=0, le=16)
+    spare_idle_seconds: float = Field(default=600.0, gt=0, le=86400)
+    limits: Limits | None = None
+    checks: dict[CheckId, CheckSpec] = Field(default_factory=dict)
+    provider: dict[str, Any] = Field(default_factory=dict)
+
+
+def load_config(path: Path | None = None) -> HostConfig:
+    """The host configuration; defaults when the default file does not exist. A file named
+    with ``--config`` must exist. Errors are ``UsageError`` naming the field, not the value."""
+    explicit = path is not None
+    target = path or patchbox_home() / "config.toml"
+    try:
+        raw = target.read_bytes()
+    except FileNotFoundError as exc:
+        if explicit:
+            msg = "the configuration file given with --config does not exist"
+            raise UsageError(msg) from exc
+        return HostConfig()
+    except OSError as exc:
+        msg = f"the configuration file cannot be read: {exc.strerror}"
+        raise UsageError(msg) from exc
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+        return HostConfig.model_validate(data)
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        msg = "the configuration file is not valid TOML"
+        raise UsageError(msg) from exc
+    except ValidationError as exc:
+        fields = ", ".join(".".join(str(p) for p in e["loc"]) for e in exc.errors()[:5])
+        msg = f"the configuration file has invalid fields: {fields}"
+        raise UsageError(msg) from exc

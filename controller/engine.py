@@ -1,0 +1,538 @@
+"""One job from task to decision (SPEC 6-10): the tool loop, the effect ledger, the diff,
+validation, required checks in a fresh sandbox, and the decision.
+
+Every stage writes the job record before it starts, so a later process sees where a job
+stopped. A failure never looks like success: the record ends ``failed`` (or ``cancelled``)
+with its error code, and the diagnostics gathered so far are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import docker
+import structlog
+
+from controller.baseline import Baseline
+from controller.changeset import ChangeSet, ChangesetInvalidError, validate_changeset
+from controller.checks import resolve_checks
+from controller.collect import Collected, collect
+from controller.config import HostConfig
+from controller.errors import ErrorCode, LimitExceededError, PatchboxError
+from controller.evidence import write_evidence
+from controller.executor import ToolExecutor, ToolOutcome
+from controller.image import ImageBuilder
+from controller.jobs import JobRecord, JobState, JobStore, write_lock
+from controller.labels import ControllerIdentity, current_identity, new_job_id
+from controller.prepare import BaselineCache, SparePool, prepare
+from controller.providers.base import CancelledError, ModelTurn, Provider, ToolResult
+from controller.required import run_required_checks
+from controller.sandbox.base import Runtime, SandboxSpec
+from controller.sandbox.docker import DockerSandbox
+from controller.task import CheckSpec, TaskSpec
+
+log = structlog.get_logger(__name__)
+
+MAX_RESULT_BYTES = 64 * 1024 * 1024
+"""Tool-result bytes sent back to the model over a whole job."""
+LOCK_NAMES = frozenset(
+    {
+        "package-lock.json",
+        "yarn.lock",
+        "pnpm-lock.yaml",
+        "poetry.lock",
+        "pipfile.lock",
+        "uv.lock",
+        "cargo.lock",
+        "go.sum",
+        "gemfile.lock",
+        "composer.lock",
+        "requirements.txt",
+        "pyproject.toml",
+        "package.json",
+        "setup.py",
+        "setup.cfg",
+    }
+)
+
+
+@dataclass
+class JobRequest:
+    """What the operator asked for; all of it trusted."""
+
+    repo: Path
+    task: TaskSpec
+    provider: Provider
+    config: HostConfig = field(default_factory=HostConfig)
+    include_local_changes: bool = False
+    trust_repo_config: bool = False
+    consent_trusted_auto: bool = False
+    runtime: Runtime | None = None
+    secrets: tuple[str, ...] = ()
+    """Values that must appear nowhere (the provider key): scrubbed from the evidence."""
+
+
+class Job:
+    """Runs one job; :meth:`cancel` may be called from another thread (or a signal)."""
+
+    def __init__(
+        self,
+        client: docker.DockerClient,
+        request: JobRequest,
+        *,
+        store: JobStore | None = None,
+        identity: ControllerIdentity | None = None,
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
+        self.client = client
+        self.request = request
+        self.store = store or JobStore()
+        self.identity = identity or current_identity()
+        self.progress = progress or (lambda _m: None)
+        self.cancelled = threading.Event()
+        self.record = JobRecord(
+            job_id=new_job_id(),
+            repo=str(request.repo.resolve()),
+            task=request.task.model_dump(mode="json"),
+            mode=request.task.mode,
+            consent={
+                "include_local_changes": request.include_local_changes,
+                "trust_repo_config": request.trust_repo_config,
+                "trusted_auto": request.consent_trusted_auto,
+            },
+            runtime=request.runtime or request.config.runtime,
+        )
+        self._box: DockerSandbox | None = None
+        self._diff: str | None = None
+        self._version = 0
+
+    # -- public ---------------------------------------------------------------------------
+
+    @property
+    def diff(self) -> str | None:
+        """The job's diff, once collected."""
+        return self._diff
+
+    def cancel(self) -> None:
+        """Stops the job: the provider request is aborted, the running tool or check is
+        killed with its container. The job ends ``cancelled`` with its diagnostics."""
+        self.cancelled.set()
+        self.request.provider.cancel()
+        box = self._box
+        if box is not None:
+            box.close()
+
+    def run(self) -> JobRecord:
+        record = self.record
+        self.store.save(record)
+        started = time.perf_counter()
+        spare = None
+        try:
+            with write_lock(record.repo):
+                try:
+                    spare = self._stages()
+                except PatchboxError as exc:
+                    self._fail(exc)
+                finally:
+                    if self._box is not None:
+                        self._box.close()
+                        self._box = None
+                    if spare is not None:
+                        spare.finish()
+        except PatchboxError as exc:  # the lock itself: JOB_ALREADY_RUNNING
+            self._fail(exc)
+        record.timings_ms["total"] = round((time.perf_counter() - started) * 1000)
+        write_evidence(record, self._diff, self.store, self.request.secrets)
+        self.store.save(record)
+        return record
+
+    # -- stages ---------------------------------------------------------------------------
+
+    def _move(self, state: JobState) -> None:
+        if self.cancelled.is_set() and state not in {"failed", "cancelled"}:
+            raise PatchboxError("the job was cancelled", code=ErrorCode.CANCELLED)
+        self.record.move(state)
+        self.store.save(self.record)
+        self.progress(state.replace("_", " "))
+
+    def _fail(self, exc: PatchboxError) -> None:
+        cancelled = exc.code is ErrorCode.CANCELLED or self.cancelled.is_set()
+        code = ErrorCode.CANCELLED if cancelled else exc.code
+        self.record.error = {"code": str(code), "message": exc.message}
+        reasons = getattr(exc, "reasons", None)
+        if reasons:
+            self.record.diagnostics["reasons"] = [
+                r.model_dump() if hasattr(r, "model_dump") else str(r) for r in reasons
+            ]
+        if self.record.state not in {"failed", "cancelled"}:
+            self.record.move("cancelled" if cancelled else "failed")
+        self.store.save(self.record)
+
+    def _spec(self, limits_from: TaskSpec) -> SandboxSpec:
+        image = ImageBuilder(self.client, self.progress).ensure().tag
+        runtime = self.record.runtime
+        return SandboxSpec(
+            image=image,
+            job_id=self.record.job_id,
+            runtime="runsc" if runtime == "runsc" else "runc",
+            limits=limits_from.limits,
+            protected=tuple(self.request.config.protected),
+        )
+
+    def _stages(self) -> Any:
+        request, record = self.request, self.record
+        task = request.task
+        self._move("preparing")
+        checks = resolve_checks(
+            task.checks or self.request.config.checks,
+            None,
+            request.repo,
+            trust_repo_config=request.trust_repo_config,
+        )
+        spec = self._spec(task)
+        config = request.config
+        pool = (
+            SparePool(
+                self.client,
+                max_spares=config.spare_sandboxes,
+                idle_seconds=config.spare_idle_seconds,
+            )
+            if config.spare_sandboxes
+            else None
+        )
+        t = time.perf_counter()
+        prepared = prepare(
+            self.client,
+            request.repo,
+            spec,
+            self.identity,
+            mode="include-local-changes" if request.include_local_changes else "require-clean",
+            pool=pool,
+        )
+        self._box = prepared.sandbox
+        baseline = prepared.baseline
+        record.baseline = baseline.model_dump(mode="json")
+        record.timings_ms["prepare"] = round((time.perf_counter() - t) * 1000)
+        record.diagnostics["baseline_source"] = prepared.source
+        if self.cancelled.is_set():
+            raise PatchboxError("the job was cancelled", code=ErrorCode.CANCELLED)
+        self._move("running")
+        t = time.perf_counter()
+        executor = ToolExecutor(
+            prepared.sandbox,
+            checks=checks,
+            allowed_paths=task.allowed_paths,
+            extra_protected=tuple(config.protected),
+        )
+        self._loop(executor, task)
+        record.timings_ms["loop"] = round((time.perf_counter() - t) * 1000)
+        self._move("validating")
+        collected = collect(prepared.sandbox, baseline)
+        prepared.sandbox.close()
+        self._box = None
+        changeset = self._validate(baseline, collected, task)
+        self._move("checking")
+        self._checks(baseline, changeset, checks, spec)
+        self._decide(baseline, changeset)
+        return prepared
+
+    def _loop(self, executor: ToolExecutor, task: TaskSpec) -> None:
+        provider, record, limits = self.request.provider, self.record, task.limits
+        deadline = time.monotonic() + limits.wall_seconds
+        results: list[ToolResult] = []
+        budget = {"calls": limits.max_tool_calls, "bytes": MAX_RESULT_BYTES}
+        for turn in range(1, limits.max_turns + 2):
+            if self.cancelled.is_set():
+                raise PatchboxError("the job was cancelled", code=ErrorCode.CANCELLED)
+            if time.monotonic() > deadline:
+                raise LimitExceededError(f"wall-clock limit of {limits.wall_seconds:g} s reached")
+            try:
+                model_turn: ModelTurn = provider.next_turn(results)
+            except CancelledError as exc:
+                raise PatchboxError("the job was cancelled", code=ErrorCode.CANCELLED) from exc
+            if not model_turn.tool_calls:
+                if turn == 1:
+                    raise PatchboxError(
+                        "the model's first turn has no tool call: it does not use tools",
+                        code=ErrorCode.MODEL_TOOL_CALL_UNSUPPORTED,
+                    )
+                record.final_message = (model_turn.text or "")[:4000]
+                return
+            if turn > limits.max_turns:
+                raise LimitExceededError(f"more than {limits.max_turns} turns")
+            results = self._turn(executor, turn, model_turn, budget)
+            self.store.save(record)
+        raise LimitExceededError(f"more than {limits.max_turns} turns")
+
+    def _turn(
+        self, executor: ToolExecutor, turn: int, model_turn: ModelTurn, budget: dict[str, int]
+    ) -> list[ToolResult]:
+        """Runs one turn's calls in order; the budget counts calls and result bytes down."""
+        results = []
+        for call in model_turn.tool_calls:
+            budget["calls"] -= 1
+            if budget["calls"] < 0:
+                limit = self.request.task.limits.max_tool_calls
+                raise LimitExceededError(f"more than {limit} tool calls")
+            outcome = self._call(executor, turn, call.id, call.name, call.arguments)
+            content = json.dumps(outcome.for_model(), ensure_ascii=False)
+            budget["bytes"] -= len(content.encode())
+            if budget["bytes"] < 0:
+                raise LimitExceededError("tool results exceed the job's byte limit")
+            results.append(ToolResult(call_id=call.id, name=call.name, content=content))
+        return results
+
+    def _call(
+        self, executor: ToolExecutor, turn: int, call_id: str, name: str, arguments: str
+    ) -> ToolOutcome:
+        record = self.record
+        entry: dict[str, Any] = {"turn": turn, "id": call_id, "name": name}
+        try:
+            outcome = executor.execute(turn, call_id, name, arguments)
+        except PatchboxError as exc:
+            entry |= {"ok": False, "error_code": str(exc.code)}
+            record.tool_calls.append(entry)
+            if name in {"replace_text", "apply_patch", "run_check"}:
+                record.ledger.append(self._ledger(turn, call_id, name, None, "unknown"))
+            raise
+        entry |= {"ok": outcome.ok, "error_code": (outcome.error or {}).get("code")}
+        record.tool_calls.append(entry)
+        if outcome.effect != "none" or (name in {"replace_text", "apply_patch"}):
+            done = "done" if outcome.ok else "rejected"
+            record.ledger.append(self._ledger(turn, call_id, name, outcome, done))
+        return outcome
+
+    def _ledger(
+        self, turn: int, call_id: str, name: str, outcome: ToolOutcome | None, state: str
+    ) -> dict[str, Any]:
+        """One side-effecting call (SPEC 6.3): intent, version before, files with hashes."""
+        result = (outcome.result if outcome is not None else None) or {}
+        files: list[dict[str, Any]] = []
+        if name == "replace_text" and "path" in result:
+            files.append({"path": result["path"], "sha256": result.get("sha256After")})
+        elif name == "apply_patch":
+            for f in result.get("files", []):
+                files.append({"path": f.get("path"), "sha256": f.get("sha256After")})
+                if f.get("oldPath"):
+                    files.append({"path": f["oldPath"], "sha256": None})
+        elif name == "run_check":
+            changes = result.get("changes") or {}
+            for key in ("added", "modified", "removed"):
+                files += [{"path": p, "sha256": None} for p in changes.get(key, [])]
+        before = self._version
+        if isinstance(result.get("version"), int):
+            self._version = result["version"]
+        intent = {"replace_text": "edit", "apply_patch": "patch", "run_check": "check"}[name]
+        return {
+            "turn": turn,
+            "id": call_id,
+            "tool": name,
+            "intent": intent,
+            "version_before": before,
+            "files": files,
+            "outcome": state,
+        }
+
+    def _validate(self, baseline: Baseline, collected: Collected, task: TaskSpec) -> ChangeSet:
+        record = self.record
+        self._diff = collected.diff
+        record.diff_sha256 = collected.diff_sha256
+        if not collected.diff:
+            raise PatchboxError("the job made no change", code=ErrorCode.CHANGESET_INVALID)
+        self._reconcile(collected)
+        changeset = validate_changeset(
+            baseline,
+            collected.diff,
+            allowed_paths=task.allowed_paths,
+            extra_protected=tuple(self.request.config.protected),
+        )
+        record.files = [
+            {
+                "path": f.path,
+                "old_path": f.old_path,
+                "kind": f.kind,
+                "added": f.added,
+                "removed": f.removed,
+                "sha256_before": f.sha256_before,
+                "sha256_after": f.sha256_after,
+                "calls": [
+                    e["id"]
+                    for e in record.ledger
+                    if any(x.get("path") == f.path for x in e.get("files", []))
+                ],
+            }
+            for f in changeset.files
+        ]
+        return changeset
+
+    def _reconcile(self, collected: Collected) -> None:
+        """Every changed path must be accounted for by a call of the ledger that completed,
+        and a path's last reported hash must be its final content."""
+        last: dict[str, str | None] = {}
+        for entry in self.record.ledger:
+            if entry["outcome"] != "done":
+                continue
+            for f in entry["files"]:
+                last[f["path"]] = f.get("sha256")
+        unaccounted = [f.path for f in collected.files if f.path not in last]
+        mismatched = [
+            f.path
+            for f in collected.files
+            if last.get(f.path) is not None and f.sha256 is not None and last[f.path] != f.sha256
+        ]
+        if unaccounted or mismatched:
+            self.record.diagnostics["unaccounted"] = unaccounted[:50]
+            self.record.diagnostics["mismatched"] = mismatched[:50]
+            raise ChangesetInvalidError([])
+
+    def _checks(
+        self,
+        baseline: Baseline,
+        changeset: ChangeSet,
+        checks: dict[str, CheckSpec],
+        spec: SandboxSpec,
+    ) -> None:
+        record = self.record
+        if record.mode == "trusted-auto" and self._trusted_auto_allowed():
+            record.checks = [
+                {
+                    "id": cid,
+                    "status": "skipped",
+                    "exit_code": None,
+                    "duration_ms": 0,
+                    "output_tail": "",
+                    "diff_sha256": changeset.diff_sha256,
+                    "required": c.required,
+                    "reason": "trusted-auto: project checks skipped",
+                }
+                for cid, c in checks.items()
+            ]
+            return
+        if not checks:
+            return
+        t = time.perf_counter()
+        outcomes = run_required_checks(
+            self.client,
+            baseline=baseline,
+            diff=self._diff or "",
+            diff_sha256=changeset.diff_sha256,
+            checks=checks,
+            spec=spec.model_copy(update={"job_id": self.record.job_id}),
+            identity=self.identity,
+            cache=BaselineCache(),
+            stop=self.cancelled,
+        )
+        record.timings_ms["checks"] = round((time.perf_counter() - t) * 1000)
+        record.checks = [o.as_dict() for o in outcomes]
+
+    def _trusted_auto_allowed(self) -> bool:
+        return self.request.config.allow_trusted_auto and self.request.consent_trusted_auto
+
+    def _decide(self, baseline: Baseline, changeset: ChangeSet) -> None:
+        record = self.record
+        failed_required = [
+            c["id"] for c in record.checks if c["required"] and c["status"] != "passed"
+        ]
+        mode = record.mode
+        decision: dict[str, Any] = {"mode": mode, "applied": False, "gates": {}}
+        if mode == "review":
+            decision["reason"] = "review: a person applies or discards"
+        elif mode == "auto":
+            gates = self._auto_gates(baseline, changeset, failed_required)
+            decision["gates"] = gates
+            failing = [name for name, ok in gates.items() if not ok]
+            if failing:
+                decision["reason"] = "auto fell back to review: " + ", ".join(failing)
+            else:
+                decision["applied"] = self._apply(baseline)
+                decision["reason"] = "auto: every gate holds"
+        elif self._trusted_auto_allowed():
+            decision["checks"] = "skipped (trusted-auto): no claim that checks passed"
+            decision["applied"] = self._apply(baseline)
+            decision["reason"] = "trusted-auto with operator enablement and consent"
+        else:
+            decision["reason"] = "trusted-auto fell back to review: " + (
+                "not enabled by the operator"
+                if not self.request.config.allow_trusted_auto
+                else "no consent flag"
+            )
+        record.decision = decision
+        if failed_required and mode != "trusted-auto":
+            decision["failed_checks"] = failed_required
+            self.record.error = {
+                "code": str(ErrorCode.CHECK_FAILED),
+                "message": "required check(s) did not pass: " + ", ".join(failed_required),
+            }
+            self._move("failed")
+            return
+        self._move("applied" if decision["applied"] else "awaiting_review")
+
+    def _auto_gates(
+        self, baseline: Baseline, changeset: ChangeSet, failed_required: list[str]
+    ) -> dict[str, bool]:
+        from controller.policy import write_denial
+
+        paths = [f.path for f in changeset.files] + [
+            f.old_path for f in changeset.files if f.old_path
+        ]
+        return {
+            "operator_enabled": self.request.config.allow_auto,
+            "checks_passed": not failed_required and bool(self.record.checks),
+            "no_deleted_file": all(f.kind != "delete" for f in changeset.files),
+            "no_dependency_or_config_path": all(
+                Path(p).name.lower() not in LOCK_NAMES and write_denial(p, None, ()) is None
+                for p in paths
+            ),
+            "baseline_unchanged": baseline_unchanged(baseline, changeset),
+        }
+
+    def _apply(self, baseline: Baseline) -> bool:
+        from controller.apply import ApplyConflictError, apply_changeset
+
+        try:
+            apply_changeset(
+                baseline,
+                self._diff or "",
+                job_id=self.record.job_id,
+                allowed_paths=self.request.task.allowed_paths,
+                extra_protected=tuple(self.request.config.protected),
+            )
+        except ApplyConflictError as exc:
+            self.record.decision["apply_conflict"] = exc.message
+            return False
+        return True
+
+
+def baseline_unchanged(baseline: Baseline, changeset: ChangeSet) -> bool:
+    """Same HEAD, no git operation in progress, and every touched path as in the baseline
+    (other paths may differ). A diagnosis only: apply re-checks under its own lock."""
+    import hashlib
+
+    from controller.repo import locate, operations_in_progress, resolve_head
+
+    try:
+        layout = locate(Path(baseline.repo))
+    except PatchboxError:
+        return False
+    head, _ = resolve_head(layout)
+    if head != baseline.head or operations_in_progress(layout):
+        return False
+    for f in changeset.files:
+        for path, want in ((f.old_path or f.path, f.sha256_before),):
+            target = layout.top / path
+            if want is None:
+                if target.exists() or target.is_symlink():
+                    return False
+                continue
+            try:
+                if target.is_symlink() or hashlib.sha256(target.read_bytes()).hexdigest() != want:
+                    return False
+            except OSError:
+                return False
+    return True

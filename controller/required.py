@@ -1,0 +1,127 @@
+"""Required checks (SPEC 7.1): a fresh sandbox from the baseline plus the validated diff, and
+each check run as its own process whose exit status comes from the Docker API.
+
+The agent in the fresh container only unpacks the baseline and applies the diff; what it
+says about a check is never used. Each check is ``docker exec``'d (as the sandbox user, in
+/workspace, with the check's minimal environment) under ``timeout -s KILL``; its result is
+the ``ExitCode`` Docker reports for that exec, bound to the diff's SHA-256.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import docker
+
+from controller.baseline import Baseline
+from controller.errors import ErrorCode, PatchboxError, ToolError
+from controller.labels import ControllerIdentity
+from controller.prepare import BaselineCache, start_with_baseline
+from controller.sandbox.base import SandboxSpec
+from controller.sandbox.docker import SANDBOX_UID
+from controller.task import CheckSpec
+from controller.text import strip_control
+
+OUTPUT_TAIL = 8192
+TIMEOUT_EXIT = 137
+"""``timeout -s KILL`` ends an overrunning check with SIGKILL: exit 128 + 9."""
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    check_id: str
+    status: str
+    """``passed``, ``failed``, ``timed_out`` or ``skipped``."""
+    exit_code: int | None
+    duration_ms: int
+    output_tail: str
+    diff_sha256: str
+    required: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.check_id,
+            "status": self.status,
+            "exit_code": self.exit_code,
+            "duration_ms": self.duration_ms,
+            "output_tail": self.output_tail,
+            "diff_sha256": self.diff_sha256,
+            "required": self.required,
+            "source": "docker-exec" if self.status != "skipped" else "none",
+        }
+
+
+def _exec(
+    client: docker.DockerClient, container_id: str, spec: CheckSpec, stop: threading.Event
+) -> tuple[int | None, str, bool, int]:
+    argv = ["timeout", "-s", "KILL", f"{spec.timeout_seconds:g}", *spec.argv]
+    started = time.monotonic()
+    exec_id = client.api.exec_create(
+        container_id,
+        argv,
+        stdout=True,
+        stderr=True,
+        stdin=False,
+        tty=False,
+        user=f"{SANDBOX_UID}:{SANDBOX_UID}",
+        workdir="/workspace",
+        environment=spec.environment(),
+    )["Id"]
+    tail = b""
+    for chunk in client.api.exec_start(exec_id, stream=True, demux=False):
+        tail = (tail + chunk)[-max(spec.output_limit, OUTPUT_TAIL) :]
+        if stop.is_set():
+            break
+    info = client.api.exec_inspect(exec_id)
+    while info.get("Running") and not stop.is_set():
+        time.sleep(0.05)
+        info = client.api.exec_inspect(exec_id)
+    elapsed = time.monotonic() - started
+    code = info.get("ExitCode")
+    timed_out = code == TIMEOUT_EXIT and elapsed >= spec.timeout_seconds
+    text = strip_control(tail.decode("utf-8", "replace"))[-OUTPUT_TAIL:]
+    return code, text, timed_out, round(elapsed * 1000)
+
+
+def run_required_checks(  # noqa: PLR0913 - the inputs of one check stage, all keyword-only
+    client: docker.DockerClient,
+    *,
+    baseline: Baseline,
+    diff: str,
+    diff_sha256: str,
+    checks: Mapping[str, CheckSpec],
+    spec: SandboxSpec,
+    identity: ControllerIdentity,
+    cache: BaselineCache | None = None,
+    stop: threading.Event | None = None,
+) -> list[CheckOutcome]:
+    """Runs every check in ``checks`` (required or not) in one fresh sandbox holding the
+    baseline plus ``diff``; the container is removed afterwards, whatever happened."""
+    stop = stop or threading.Event()
+    box = start_with_baseline(client, baseline, spec, identity, cache or BaselineCache())
+    try:
+        if diff:
+            try:
+                box.apply_patch(diff)
+            except ToolError as exc:
+                msg = f"the validated diff does not apply in the check sandbox: {exc.message}"
+                raise PatchboxError(msg, code=ErrorCode.CHECK_FAILED) from exc
+        out = []
+        for check_id, check in checks.items():
+            if stop.is_set():
+                raise PatchboxError("cancelled during the checks", code=ErrorCode.CANCELLED)
+            code, text, timed_out, ms = _exec(client, box.container.id or "", check, stop)
+            if timed_out:
+                status = "timed_out"
+            elif code == 0:
+                status = "passed"
+            else:
+                status = "failed"
+            out.append(CheckOutcome(check_id, status, code, ms, text, diff_sha256, check.required))
+        return out
+    finally:
+        box.close()
