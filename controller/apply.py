@@ -534,9 +534,12 @@ def _state_conflict(path: str, state: FileState, *, absent: bool) -> Conflict:
 
 
 def _new_folders(wt: WorkTree, changes: Sequence[PathChange], found: list[Conflict]) -> list[str]:
+    """The folders that created files need and that do not exist yet, parents first; a
+    path in the way that is not a folder is added to ``found``."""
     folders: dict[str, None] = {}
+    reported = {c.path for c in found}
     for change in changes:
-        if change.before is not None or change.after is None:
+        if change.before is not None or change.after is None or change.path in reported:
             continue
         parts = change.path.split("/")[:-1]
         for i in range(1, len(parts) + 1):

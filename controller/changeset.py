@@ -493,8 +493,9 @@ def _rules(
                 found.append(verdict)
         old = _old_side(patch, tree, found)
         _new_side(patch, tree, found)
+        lied = old is not None and patch.old_mode not in (None, old.mode)
         after = _mode_after(patch, old)
-        if after == MODE_EXEC and (old is None or old.mode != MODE_EXEC):
+        if after == MODE_EXEC and not lied and (old is None or old.mode != MODE_EXEC):
             found.append(_reason("mode_escalation", patch.path, "would become executable"))
         olds.append(old)
     return found, olds
