@@ -105,17 +105,21 @@ def test_image_build_is_cached(sandbox_image: str) -> None:
 
 
 @pytest.mark.docker
-def test_demo_runs_tools_in_a_sandbox(sandbox_image: str) -> None:
+def test_demo_runs_a_full_job_to_review(sandbox_image: str) -> None:
     res = _patchbox("demo", "--json")
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
-    assert data["image"] == sandbox_image
-    tools = [c["tool"] for c in data["calls"]]
-    assert tools == ["put_archive", "list_files", "read_file", "read_file", "run_check"]
-    assert "calc/parser.py" in data["calls"][1]["files"]
-    assert data["calls"][3]["error"] == "TOOL_PATH_DENIED"
-    assert data["calls"][4]["exit_code"] == 1
-    assert "FAILED (failures=1)" in data["calls"][4]["output_tail"]
+    assert data["status"] == "awaiting_review"
+    assert data["error"] is None
+    names = [c["name"] for c in data["tool_calls"]]
+    assert names == ["search_text", "read_file", "run_check", "replace_text", "run_check"]
+    assert all(c["ok"] for c in data["tool_calls"])
+    assert data["checks"][0]["id"] == "tests"
+    assert data["checks"][0]["status"] == "passed"
+    assert "+    if not text.strip():" in data["diff"]
+    assert data["diff"].startswith("diff --git a/calc/parser.py b/calc/parser.py")
+    assert data["next"][1] == f"patchbox apply {data['job_id']}"
+    assert sandbox_image.startswith("patchbox-sandbox:")
 
 
 def test_redaction_masks_secrets_and_private_paths(
