@@ -8,8 +8,10 @@ at ``awaiting_review``: the output says how to apply it and how to revert it.
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +61,26 @@ CALLS = {
     ],
     "final": "parse_items returns [] for empty or blank input; the tests pass.",
 }
+
+
+def example_archive(root: Path = EXAMPLE) -> bytes:
+    """A tar of the example tree with normalised owners, times and modes (for benchmarks
+    that load a workspace without a repository)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path in sorted(root.rglob("*")):
+            if "__pycache__" in path.parts:
+                continue
+            info = tar.gettarinfo(str(path), arcname=path.relative_to(root).as_posix())
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            info.mtime = 0
+            if path.is_file():
+                with path.open("rb") as fh:
+                    tar.addfile(info, fh)
+            else:
+                tar.addfile(info)
+    return buf.getvalue()
 
 
 def make_demo_repo(root: Path) -> Path:
