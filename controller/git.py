@@ -98,6 +98,8 @@ class GitContext:
     work_tree: Path | None = None
     index_file: Path | None = None
     home: Path | None = None
+    object_dir: Path | None = None
+    """Where new objects go; with it, the git dir's alternates are not read."""
 
     def env(self) -> dict[str, str]:
         env = git_env(self.home or self.cwd)
@@ -107,6 +109,8 @@ class GitContext:
             env["GIT_WORK_TREE"] = str(self.work_tree)
         if self.index_file is not None:
             env["GIT_INDEX_FILE"] = str(self.index_file)
+        if self.object_dir is not None:
+            env["GIT_OBJECT_DIRECTORY"] = str(self.object_dir)
         return env
 
 

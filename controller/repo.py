@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from controller.errors import ErrorCode, PatchboxError
 from controller.git import GitContext, run_git
+from controller.paths import patchbox_home
 
 _OID = re.compile(rb"^([0-9a-f]{40}|[0-9a-f]{64})$")
 _MAX_SYMREF_DEPTH = 5
@@ -69,6 +70,10 @@ class NotARepositoryError(PatchboxError):
     code = ErrorCode.NOT_A_REPOSITORY
 
 
+class BareRepositoryError(NotARepositoryError):
+    """A bare repository: it has no work tree to start from."""
+
+
 class RepoBlockedError(PatchboxError):
     """The repository is in a state no job may start from; ``reasons`` says which."""
 
@@ -107,7 +112,7 @@ def _git_dir_of(
     if dotgit.is_file():
         return _read_gitfile(dotgit), "gitdir-file"
     if _looks_like_git_dir(top):
-        raise NotARepositoryError(f"{path} is a bare repository: it has no work tree")
+        raise BareRepositoryError(f"{path} is a bare repository: it has no work tree")
     for parent in top.parents:
         if (parent / ".git").exists():
             raise RepoBlockedError(
@@ -130,38 +135,50 @@ def locate(path: Path) -> RepoLayout:
     if not top.is_dir():
         raise NotARepositoryError(f"{path} is not a folder")
     git_dir, kind = _git_dir_of(top, path)
-    if not _looks_like_git_dir(git_dir):
-        raise NotARepositoryError(f"{git_dir} is not a git dir")
     common_dir = git_dir
     commondir_file = git_dir / "commondir"
     if commondir_file.is_file():
+        # A linked worktree's own git dir has HEAD and index; objects are in the common dir.
         rel = Path(commondir_file.read_text("utf-8").strip())
         common_dir = (git_dir / rel).resolve() if not rel.is_absolute() else rel.resolve()
         kind = "linked-worktree"
         if not (common_dir / "objects").is_dir():
             raise NotARepositoryError("the worktree's common git dir is missing")
+    if not (git_dir / "HEAD").is_file() or not (common_dir / "objects").is_dir():
+        raise NotARepositoryError(f"{git_dir} is not a git dir")
     return RepoLayout(top=top, git_dir=git_dir, common_dir=common_dir, kind=kind)
 
 
-def read_config(layout: RepoLayout, key: str) -> str | None:
-    """One value of the repository's own config file, read as data (no includes, nothing
-    executed), or None."""
-    config = layout.common_dir / "config"
+def _outside() -> GitContext:
+    """Config files are parsed as data from the controller's own folder, never from inside
+    the user's repository (whose own configuration would then be read to set git up)."""
+    home = patchbox_home()
+    return GitContext(cwd=home, home=home)
+
+
+def _config_value(config: Path, key: str, *, as_bool: bool) -> str | None:
     if not config.is_file():
         return None
-    proc = run_git(
-        GitContext(cwd=layout.common_dir),
-        "config",
-        "--file",
-        str(config),
-        "--no-includes",
-        "--get",
-        key,
-        check=False,
-    )
+    typed = ["--type=bool"] if as_bool else []
+    args = ["config", "--file", str(config), "--no-includes", *typed, "--get", key]
+    proc = run_git(_outside(), *args, check=False)
     if proc.returncode != 0:
         return None
     return proc.stdout.decode("utf-8", "replace").strip()
+
+
+def read_config(layout: RepoLayout, key: str, *, as_bool: bool = False) -> str | None:
+    """One value of the repository's own config, read as data (no includes, nothing
+    executed), or None. As in git, ``config.worktree`` of the work tree's git dir wins when
+    ``extensions.worktreeConfig`` is on (``git sparse-checkout`` writes there). With
+    ``as_bool`` the value is ``true`` or ``false``."""
+    common = layout.common_dir / "config"
+    value = _config_value(common, key, as_bool=as_bool)
+    if _config_value(common, "extensions.worktreeConfig", as_bool=True) == "true":
+        own = _config_value(layout.git_dir / "config.worktree", key, as_bool=as_bool)
+        if own is not None:
+            value = own
+    return value
 
 
 def _packed_ref(common_dir: Path, name: str) -> bytes | None:
@@ -210,8 +227,9 @@ def resolve_head(layout: RepoLayout) -> tuple[str | None, Reason | None]:
 
 
 def _head_by_git(layout: RepoLayout) -> tuple[str | None, Reason | None]:
+    home = patchbox_home()
     proc = run_git(
-        GitContext(cwd=layout.common_dir, git_dir=layout.git_dir),
+        GitContext(cwd=home, git_dir=layout.git_dir, home=home),
         "rev-parse",
         "--verify",
         "-q",
@@ -249,8 +267,7 @@ def operations_in_progress(layout: RepoLayout) -> list[Reason]:
 
 
 def is_sparse(layout: RepoLayout) -> bool:
-    value = (read_config(layout, "core.sparseCheckout") or "").lower()
-    return value in {"true", "yes", "on", "1"}
+    return read_config(layout, "core.sparseCheckout", as_bool=True) == "true"
 
 
 def submodule_paths(layout: RepoLayout) -> list[str]:
@@ -259,7 +276,7 @@ def submodule_paths(layout: RepoLayout) -> list[str]:
     if not gitmodules.is_file() or gitmodules.is_symlink():
         return []
     proc = run_git(
-        GitContext(cwd=layout.common_dir),
+        _outside(),
         "config",
         "--file",
         str(gitmodules),
@@ -276,27 +293,37 @@ def submodule_paths(layout: RepoLayout) -> list[str]:
     return sorted(paths)
 
 
-def environment_excludes() -> list[Path]:
-    """The user's own global ignore file (``core.excludesFile`` or git's default place),
-    read as data so that the baseline leaves out what the user's ``git status`` leaves out."""
+def _global_config_files() -> list[Path]:
+    """The user's global config files in the order git reads them (the later one wins)."""
     home = Path.home()
-    candidates: list[Path] = []
-    gitconfig = home / ".gitconfig"
-    if gitconfig.is_file():
-        proc = run_git(
-            GitContext(cwd=home),
-            "config",
-            "--file",
-            str(gitconfig),
-            "--no-includes",
-            "--path",
-            "--get",
-            "core.excludesFile",
-            check=False,
-        )
-        value = proc.stdout.decode("utf-8", "replace").strip()
-        if proc.returncode == 0 and value:
-            candidates.append(Path(value).expanduser())
     xdg = os.environ.get("XDG_CONFIG_HOME") or str(home / ".config")
-    candidates.append(Path(xdg) / "git" / "ignore")
-    return [p for p in candidates if p.is_file()]
+    return [Path(xdg) / "git" / "config", home / ".gitconfig"]
+
+
+def _configured_file(layout: RepoLayout | None, key: str, default: str) -> list[Path]:
+    """The file a setting such as ``core.excludesFile`` names, resolved as the user's git
+    does: the repository's config, else the global ones, else ``$XDG_CONFIG_HOME/git/``."""
+    value = None
+    for config in _global_config_files():
+        value = _config_value(config, key, as_bool=False) or value
+    if layout is not None:
+        value = read_config(layout, key) or value
+    home = Path.home()
+    if value:
+        path = Path(value).expanduser()
+        if not path.is_absolute():
+            path = (layout.top if layout is not None else home) / path
+    else:
+        path = Path(os.environ.get("XDG_CONFIG_HOME") or str(home / ".config")) / "git" / default
+    return [path] if path.is_file() else []
+
+
+def environment_excludes(layout: RepoLayout | None = None) -> list[Path]:
+    """The user's own ignore file (``core.excludesFile`` or git's default place), read as
+    data so that the baseline leaves out what the user's ``git status`` leaves out."""
+    return _configured_file(layout, "core.excludesFile", "ignore")
+
+
+def environment_attributes(layout: RepoLayout | None = None) -> list[Path]:
+    """The user's own attributes file (``core.attributesFile`` or git's default place)."""
+    return _configured_file(layout, "core.attributesFile", "attributes")
