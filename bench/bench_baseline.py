@@ -1,5 +1,6 @@
 """Baseline ready in the sandbox vs ``git worktree add --detach`` of the same repository.
 
+Before every timed step the page cache is synced, so that no step pays for another's writes.
 For each round, in this order, on the same repository (HEAD, clean work tree):
 
 - reference: ``git worktree add --detach`` into a new folder (then removed, not timed);
@@ -21,6 +22,7 @@ its reference.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import subprocess
@@ -42,6 +44,7 @@ from controller.sandbox.base import Runtime, SandboxSpec
 
 def worktree_add(repo: Path) -> float:
     target = Path(tempfile.mkdtemp(prefix="bench-wt-")) / "wt"
+    os.sync()  # no earlier step's dirty pages are flushed inside this one
     started = time.perf_counter()
     git(repo, "worktree", "add", "-q", "--detach", str(target))
     elapsed = time.perf_counter() - started
@@ -71,6 +74,7 @@ def timed_prepare(  # noqa: PLR0913, PLR0917 - the bench's one call site reads b
     files: int,
 ) -> tuple[float, Prepared]:
     job = spec.model_copy(update={"job_id": new_job_id()})
+    os.sync()
     started = time.perf_counter()
     prepared = prepare(client, repo, job, current_identity(), cache=cache, pool=pool)
     elapsed = time.perf_counter() - started
