@@ -12,8 +12,9 @@ has its baseline content (by SHA-256), else ``APPLY_CONFLICT`` with nothing writ
 ``merge=True`` a path the user changed meanwhile is merged three-way (``git merge-file`` on
 temp files in a controller-owned folder); overlapping changes stay a conflict. The journal
 record (every before and after content) is written and fsync'd before the first write; each
-new content goes to a temp file beside its target and is renamed over it; the work tree is
-synced, then the apply is marked done.
+new content goes to a temp file beside its target, flushed to disk, then renamed over it (a
+path is re-checked just before); the touched folders are flushed, then the apply is marked
+done.
 
 :func:`revert_changeset` requires every touched path to still have its post-apply content,
 restores the pre-apply contents and modes the same way, and verifies them.
@@ -27,13 +28,12 @@ Paths the diff does not touch are never written.
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import hashlib
 import os
 import shutil
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -82,6 +82,8 @@ ConflictCode = Literal[
     "needs_attention",
 ]
 MERGE_DETAIL_LIMIT = 8192
+IO_THREADS = 16
+"""Threads that write and flush files at once (their flushes share the disk's commits)."""
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
@@ -189,14 +191,6 @@ class FileState:
         )
 
 
-@functools.cache
-def _syncfs() -> Any:
-    try:
-        return ctypes.CDLL(None, use_errno=True).syncfs
-    except (OSError, AttributeError):
-        return None
-
-
 class WorkTree:
     """A work tree reached through folder descriptors opened with ``O_NOFOLLOW``: a
     symlink anywhere in a path makes it ``other``, never followed. Close it (context
@@ -274,16 +268,26 @@ class WorkTree:
             data if with_data else None,
         )
 
-    def write_temp(self, path: str, temp: str, data: bytes, mode: int) -> None:
-        folder = path.rpartition("/")[0]
-        fd = os.open(temp, _TEMP_FLAGS, 0o600, dir_fd=self._folder(folder, create=True))
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fchmod(fd, mode)
-        finally:
-            os.close(fd)
+    def write_temps(self, items: Sequence[tuple[str, str, bytes, int]]) -> None:
+        """Writes each ``(path, temp name, content, mode)`` to the temp file beside ``path``
+        (created exclusively, never through a symlink) and flushes it to disk; the files
+        are written by a few threads at once, so their flushes share disk commits."""
+        folders = [self._folder(path.rpartition("/")[0], create=True) for path, *_ in items]
+        jobs = [
+            (fd, temp, data, mode) for fd, (_, temp, data, mode) in zip(folders, items, strict=True)
+        ]
+        _in_threads(_write_temp, jobs)
+
+    def sync_folders(self, folders: Iterable[str]) -> None:
+        """Flushes the entries of these folders (renames, removals) to disk; folders that
+        are gone are skipped."""
+        fds = []
+        for folder in set(folders):
+            try:
+                fds.append(self._folder(folder))
+            except OSError:
+                continue
+        _in_threads(os.fsync, fds)
 
     def replace(self, path: str, temp: str) -> None:
         folder, _, name = path.rpartition("/")
@@ -319,11 +323,31 @@ class WorkTree:
             except OSError:
                 pass
 
-    def sync(self) -> None:
-        """Makes the writes durable: ``syncfs`` of the work tree's file system."""
-        fn = _syncfs()
-        if fn is None or fn(self._root) != 0:
-            os.sync()
+
+def _write_temp(folder_fd: int, temp: str, data: bytes, mode: int) -> None:
+    fd = os.open(temp, _TEMP_FLAGS, 0o600, dir_fd=folder_fd)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fchmod(fd, mode)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
+def _in_threads(fn: Callable[..., object], jobs: Sequence[Any]) -> None:
+    """Runs ``fn`` on every job (a tuple of arguments, or one argument) on up to
+    ``IO_THREADS`` threads; the first error is raised after all have run."""
+    calls = [job if isinstance(job, tuple) else (job,) for job in jobs]
+    if len(calls) <= 1:
+        for args in calls:
+            fn(*args)
+        return
+    with ThreadPoolExecutor(max_workers=min(IO_THREADS, len(calls))) as pool:
+        futures = [pool.submit(fn, *args) for args in calls]
+    for future in futures:
+        future.result()
 
 
 # ---------------------------------------------------------------------------------------
@@ -368,15 +392,22 @@ def _write_temps(
 ) -> None:
     record = rec.record
     contents = rec.after if target == "after" else rec.before
-    written = 0
+    items = []
     for i in todo:
         data, wanted = contents[i], _sides(record.paths[i], target)[1]
         if data is not None and wanted is not None:
-            wt.write_temp(
-                record.paths[i].path, _temp_name(record.nonce, i, target), data, wanted.mode
+            items.append(
+                (record.paths[i].path, _temp_name(record.nonce, i, target), data, wanted.mode)
             )
-            written += 1
-            fault_point(f"{step}.temp.{written}")
+    wt.write_temps(items)
+    fault_point(f"{step}.temps")
+
+
+def _folders_to_sync(record: ApplyRecord) -> list[str]:
+    """Folders whose entries a move changes: each path's, and each created folder's parent."""
+    return [p.path.rpartition("/")[0] for p in record.paths] + [
+        f.rpartition("/")[0] for f in record.created_dirs
+    ]
 
 
 def _move(
@@ -384,18 +415,20 @@ def _move(
     rec: Recorded,
     target: Target,
     step: str,
-    *,
-    only: Sequence[int] | None = None,
+    todo: Sequence[int] | None = None,
 ) -> None:
-    """Brings every path (or those in ``only``) of the record from its source content to
-    its ``target`` content; paths already there are left alone. Every path is re-checked
-    just before it is replaced: a path that holds neither raises :class:`_RacedError`
-    (with the indexes moved so far)."""
+    """Brings the paths of the record from their source content to their ``target``
+    content: those in ``todo`` (the caller has just seen them at their source), or every
+    path not at its target yet. Temp files are written and flushed
+    first; every path is re-checked just before it is replaced, and a path that holds
+    neither content raises :class:`_RacedError` (with the indexes moved so far). Ends with
+    the touched folders flushed."""
     record = rec.record
     if target == "after":
         wt.make_folders(record.created_dirs)
         fault_point(f"{step}.dirs")
-    todo = _pending(wt, rec, target, range(len(record.paths)) if only is None else only)
+    if todo is None:
+        todo = _pending(wt, rec, target, range(len(record.paths)))
     _write_temps(wt, rec, target, todo, step)
     moved: list[int] = []
     for k, i in enumerate(todo, 1):
@@ -412,7 +445,7 @@ def _move(
         fault_point(f"{step}.write.{k}")
     if target == "before":
         wt.remove_empty_folders(record.created_dirs)
-    wt.sync()
+    wt.sync_folders(_folders_to_sync(record))
     fault_point(f"{step}.synced")
 
 
@@ -756,11 +789,11 @@ def _run_or_roll_back(
         ApplyConflictError if target == "after" else RevertConflictError
     )
     try:
-        _move(wt, rec, target, step)
+        _move(wt, rec, target, step, range(len(rec.record.paths)))
     except _RacedError as raced:
         back: Target = "before" if target == "after" else "after"
         try:
-            _move(wt, rec, back, f"{step}.undo", only=raced.moved)
+            _move(wt, rec, back, f"{step}.undo", raced.moved)
         except _RacedError:
             raise error(
                 [

@@ -222,6 +222,12 @@ class BaselineTree(Protocol):
 
     def read(self, entry: TreeEntry) -> bytes: ...
 
+    def prefetch(self, paths: Sequence[str]) -> None:
+        """A hint: these paths will be looked up."""
+        ...
+
+    def read_all(self, entries: Sequence[TreeEntry]) -> list[bytes]: ...
+
 
 class IndexEntry(NamedTuple):
     mode: str
@@ -290,6 +296,12 @@ class MemoryTree:
 
     def read(self, entry: TreeEntry) -> bytes:
         return self._blobs[entry.oid]
+
+    def prefetch(self, paths: Sequence[str]) -> None:
+        pass
+
+    def read_all(self, entries: Sequence[TreeEntry]) -> list[bytes]:
+        return [self._blobs[e.oid] for e in entries]
 
 
 # ---------------------------------------------------------------------------------------
@@ -515,10 +527,13 @@ def _compute(
     tree: BaselineTree,
     limits: ChangesetLimits,
 ) -> tuple[list[FileChange], list[PathChange]]:
-    contents: dict[str, bytes] = {}
-    for patch, old in zip(patches, olds, strict=True):
-        if old is not None and patch.old_path is not None:
-            contents[patch.old_path] = tree.read(old.entry)
+    reads = [
+        (patch.old_path, old.entry)
+        for patch, old in zip(patches, olds, strict=True)
+        if old is not None and patch.old_path is not None
+    ]
+    blobs = tree.read_all([entry for _, entry in reads])
+    contents = {path: blob for (path, _), blob in zip(reads, blobs, strict=True)}
     try:
         result = diffs.apply(
             patches, contents.get, check_index=True, object_format=tree.object_format
@@ -538,15 +553,16 @@ def _compute(
             problems.append(_reason("file_too_large", patch.path, "the new content is too large"))
         delta = _line_count(after or b"") - _line_count(before or b"")
         unchanged = patch.kind == "modify" and before == after and mode_before == mode_after
-        if delta != patch.added - patch.removed or unchanged:
+        added, removed = patch.added, patch.removed
+        if delta != added - removed or unchanged:
             problems.append(_reason("stats_mismatch", patch.path, "stats disagree with the tree"))
         files.append(
             FileChange(
                 path=patch.path,
                 old_path=patch.old_path if patch.kind == "rename" else None,
                 kind=patch.kind,
-                added=patch.added,
-                removed=patch.removed,
+                added=added,
+                removed=removed,
                 sha256_before=sha_before,
                 sha256_after=sha_after,
                 mode_before=mode_before,
@@ -603,6 +619,7 @@ def check_diff(  # noqa: PLR0913 - the diff, the tree and keyword-only rule inpu
     limits = limits or ChangesetLimits()
     text, raw = _decode(diff)
     patches = _parse(text, raw, limits)
+    tree.prefetch([p.old_path for p in patches if p.old_path is not None])
     found, olds = _rules(patches, tree, allowed_paths, extra_protected)
     if found:
         raise ChangesetInvalidError(found)
@@ -641,28 +658,23 @@ def check_diff(  # noqa: PLR0913 - the diff, the tree and keyword-only rule inpu
 # Against the private git dir
 
 _TREE_ENTRY = re.compile(rb"([0-7]{5,6}) ([^\x00]*)\x00", re.DOTALL)
+_ARGV_BUDGET = 64 * 1024
 
 
 class GitTree:
-    """A baseline tree read through one ``git cat-file --batch`` in the private git dir
-    (folders are read as they are needed). Use as a context manager; :meth:`close` ends
-    the process."""
+    """A baseline tree read in the private git dir: the entries of known paths from one
+    ``git ls-tree`` (:meth:`prefetch`), blobs from one ``git cat-file --batch`` per batch
+    (:meth:`read_all`), and any other folder through an interactive ``git cat-file
+    --batch`` started when first needed. Use as a context manager; :meth:`close` ends it."""
 
     def __init__(self, git_dir: Path, tree: str) -> None:
-        self._git_dir = git_dir
         self._tree = tree
         self._format = "sha256" if len(tree) == 64 else "sha1"
         self._oid_len = 32 if self._format == "sha256" else 20
+        self._ctx = GitContext(cwd=git_dir.parent, git_dir=git_dir, home=git_dir.parent)
         self._folders: dict[str, dict[str, TreeEntry] | None] = {}
-        ctx = GitContext(cwd=git_dir.parent, git_dir=git_dir, home=git_dir.parent)
-        self._proc = subprocess.Popen(
-            git_argv("cat-file", "--batch"),
-            cwd=ctx.cwd,
-            env=ctx.env(),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-        )
+        self._entries: dict[str, TreeEntry] = {}
+        self._proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Self:
         return self
@@ -676,7 +688,9 @@ class GitTree:
         self.close()
 
     def close(self) -> None:
-        proc = self._proc
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
         if proc.stdin is not None:
             try:
                 proc.stdin.close()
@@ -694,8 +708,78 @@ class GitTree:
     def object_format(self) -> str:
         return self._format
 
+    def prefetch(self, paths: Sequence[str]) -> None:
+        """Looks the file entries of ``paths`` up at once; a path it does not find as a file,
+        symlink or submodule is looked up folder by folder later."""
+        wanted = set(paths)
+        batch: list[str] = []
+        size = 0
+        for path in sorted(wanted):
+            batch.append(path)
+            size += len(path) + 1
+            if size > _ARGV_BUDGET:
+                self._ls_tree(batch, wanted)
+                batch, size = [], 0
+        if batch:
+            self._ls_tree(batch, wanted)
+
+    def _ls_tree(self, paths: list[str], wanted: set[str]) -> None:
+        out = run_git(
+            self._ctx,
+            "--literal-pathspecs",
+            "ls-tree",
+            "-z",
+            "--full-tree",
+            self._tree,
+            "--",
+            *paths,
+        ).stdout
+        for record in out.split(b"\0"):
+            meta, _, name = record.partition(b"\t")
+            fields = meta.split(b" ")
+            path = name.decode("utf-8", "surrogateescape")
+            if len(fields) == 3 and path in wanted and fields[1] != b"tree":
+                self._entries[path] = TreeEntry(fields[0].decode(), fields[2].decode())
+
+    def read_all(self, entries: Sequence[TreeEntry]) -> list[bytes]:
+        """The contents of the blobs, in order, from one ``git cat-file --batch``."""
+        if not entries:
+            return []
+        proc = subprocess.run(
+            git_argv("cat-file", "--batch"),
+            cwd=self._ctx.cwd,
+            env=self._ctx.env(),
+            input=b"".join(e.oid.encode() + b"\n" for e in entries),
+            capture_output=True,
+            check=False,
+            timeout=600,
+        )
+        out, pos, blobs = proc.stdout, 0, []
+        for entry in entries:
+            end = out.find(b"\n", pos)
+            header = out[pos:end].split() if end >= 0 else []
+            if len(header) != 3 or header[1] != b"blob" or header[0] != entry.oid.encode():
+                raise GitError(f"git cat-file: {entry.oid} is not a blob")
+            size = int(header[2])
+            blobs.append(out[end + 1 : end + 1 + size])
+            pos = end + 2 + size
+        return blobs
+
+    def _process(self) -> subprocess.Popen[bytes]:
+        if self._proc is None:
+            self._proc = subprocess.Popen(
+                git_argv("cat-file", "--batch"),
+                cwd=self._ctx.cwd,
+                env=self._ctx.env(),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+            )
+        return self._proc
+
     def _object(self, oid: str, kind: str) -> bytes:
-        stdin, stdout = self._proc.stdin, self._proc.stdout
+        proc = self._process()
+        stdin, stdout = proc.stdin, proc.stdout
         if stdin is None or stdout is None:  # pragma: no cover - Popen contract
             raise GitError("git cat-file is not running")
         try:
@@ -738,6 +822,9 @@ class GitTree:
         return out
 
     def lookup(self, path: str) -> Lookup:
+        known = self._entries.get(path)
+        if known is not None:
+            return Lookup(known, None)
         folder = ""
         for parent in _parents(path):
             listing = self._folder(folder)

@@ -5,7 +5,7 @@ One folder per job::
     journal/<job_id>/record        what the apply does: every touched path with its content
                                    and mode before and after (written to record.tmp, fsync'd,
                                    renamed, folder fsync'd: it exists whole or not at all)
-    journal/<job_id>/apply.done    the apply finished (the work tree was synced first)
+    journal/<job_id>/apply.done    the apply finished (its files and folders flushed first)
     journal/<job_id>/apply.undone  an interrupted apply was rolled back
     journal/<job_id>/revert.begin  a revert started
     journal/<job_id>/revert.done   the revert finished

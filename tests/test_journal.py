@@ -72,8 +72,7 @@ APPLY_STEPS = [
     "apply.record.tmp",
     "apply.record",
     "apply.dirs",
-    "apply.temp.1",
-    "apply.temp.2",
+    "apply.temps",
     "apply.write.1",
     "apply.write.2",
     "apply.write.3",
@@ -83,15 +82,14 @@ APPLY_STEPS = [
 REVERT_STEPS = [
     "revert.checked",
     "revert.begin",
-    "revert.temp.1",
-    "revert.temp.2",
+    "revert.temps",
     "revert.write.1",
     "revert.write.2",
     "revert.write.3",
     "revert.synced",
     "revert.done",
 ]
-RECOVER_STEPS = ["recover.temp.1", "recover.write.2", "recover.synced", "recover.done"]
+RECOVER_STEPS = ["recover.temps", "recover.write.2", "recover.synced", "recover.done"]
 
 
 def run_child(op: str, journal: Path, spec: Path | None, home: Path, fault: str | None) -> Any:

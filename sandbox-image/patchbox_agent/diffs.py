@@ -459,6 +459,36 @@ class _Body:
         self.new_left -= new
         self.lines.append((_OPS[op], line[1:]))
 
+    def run(self, sec: list[str], i: int, base: int) -> int:
+        """Takes the hunk's lines from ``sec[i]`` on, with their markers, until its counts
+        are met or the section ends; returns the index after the last line taken. Same
+        checks as :meth:`take`, with the common lines handled without a call each."""
+        old_left, new_left, lines, n = self.old_left, self.new_left, self.lines, len(sec)
+        while (old_left or new_left) and i < n:
+            line = sec[i]
+            op = line[:1]
+            if op == " " and old_left and new_left:
+                old_left -= 1
+                new_left -= 1
+                lines.append((" ", line[1:]))
+            elif op == "-" and old_left:
+                old_left -= 1
+                lines.append(("-", line[1:]))
+            elif op == "+" and new_left:
+                new_left -= 1
+                lines.append(("+", line[1:]))
+            else:
+                self.old_left, self.new_left = old_left, new_left
+                self.take(line, base + i)  # refuses this line
+                old_left, new_left = self.old_left, self.new_left
+            i += 1
+            if i < n and sec[i][:1] == "\\":
+                self.old_left, self.new_left = old_left, new_left
+                self.mark(sec[i], base + i)
+                i += 1
+        self.old_left, self.new_left = old_left, new_left
+        return i
+
     def mark(self, line: str, lineno: int) -> None:
         """A ``\\ No newline at end of file`` after the last line of its side(s)."""
         _no_cr(line, lineno)
@@ -492,15 +522,9 @@ def _read_hunk(sec: list[str], i: int, base: int) -> tuple[Hunk, int]:
     old_start, old_len, new_start, new_len, section = _hunk_header(sec[i], base + i)
     body = _Body(old_len, new_len)
     header_line = base + i
-    i += 1
-    while body.open():
-        if i >= len(sec):
-            raise DiffError("hunk_count_mismatch", f"hunk on line {header_line} is short")
-        body.take(sec[i], base + i)
-        i += 1
-        if i < len(sec) and sec[i].startswith("\\"):
-            body.mark(sec[i], base + i)
-            i += 1
+    i = body.run(sec, i + 1, base)
+    if body.open():
+        raise DiffError("hunk_count_mismatch", f"hunk on line {header_line} is short")
     if not any(op != " " for op, _ in body.lines):
         raise DiffError("bad_hunk", f"hunk on line {header_line} changes nothing")
     hunk = Hunk(

@@ -1,0 +1,169 @@
+"""Apply of a 200-file, 20,000-line diff on a 100,000-file repository vs plain ``git apply``.
+
+The repository of ``bench_tools`` (``--files``, default 100,000) gets a baseline
+(``build_baseline``, clean tree); a deterministic diff rewrites 50 lines in each of 200 files
+(100 diff lines per file: 20,000 in all), made by ``git diff`` in a scratch
+``git worktree add --detach`` copy made once. Then, interleaved over ``--repeat`` rounds:
+
+- reference: ``git apply`` of the diff in the scratch worktree (reset with ``git apply -R``,
+  not timed);
+- ``apply_changeset``: validation (parse, rules, every touched path looked up in the private
+  git dir, contents computed in memory), ``git apply --check --cached`` on a temporary index,
+  the work-tree checks (HEAD, operations, SHA-256 of each touched file), the fsync'd journal
+  record, temp files and renames, ``syncfs``, the done marker;
+- ``prepare_changeset`` alone (validation and patch check) and ``revert_changeset``, to show
+  where the time goes.
+
+After the first round both trees must hold the same 200 files.
+
+    python3 bench/bench_apply.py [--files 100000] [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from bench_tools import ensure_repo, git
+from common import loadavg, print_table
+from controller.apply import apply_changeset, revert_changeset
+from controller.baseline import build_baseline
+from controller.changeset import ChangesetLimits, prepare_changeset
+from controller.journal import Journal
+
+FILES_CHANGED = 200
+LINES_PER_FILE = 50
+LIMITS = ChangesetLimits(max_files=FILES_CHANGED)
+
+
+def pick_files(root: Path, seed: int = 11) -> list[str]:
+    """200 files with at least 60 lines, spread over the tree, always the same ones."""
+    rng = random.Random(seed)
+    names = sorted(p.relative_to(root).as_posix() for p in root.glob("pkg*/mod*/f*.py"))
+    rng.shuffle(names)
+    chosen = []
+    for name in names:
+        if (root / name).read_bytes().count(b"\n") >= LINES_PER_FILE + 10:
+            chosen.append(name)
+        if len(chosen) == FILES_CHANGED:
+            break
+    return sorted(chosen)
+
+
+def make_diff(worktree: Path, files: list[str], seed: int = 5) -> str:
+    """Rewrites 50 lines of each file in the scratch worktree, takes ``git diff``, resets."""
+    rng = random.Random(seed)
+    for name in files:
+        path = worktree / name
+        lines = path.read_text().splitlines(keepends=True)
+        for k in rng.sample(range(len(lines)), LINES_PER_FILE):
+            lines[k] = f"changed {k} {rng.randrange(1 << 30)}\n"
+        path.write_text("".join(lines))
+    diff = git(worktree, "diff")
+    git(worktree, "checkout", "-q", "--", ".")
+    return diff
+
+
+def timed(fn: object) -> float:
+    started = time.perf_counter()
+    fn()  # type: ignore[operator]
+    return time.perf_counter() - started
+
+
+def row(
+    what: str, values: list[float], ref: float | None, target: str, met: bool | None
+) -> list[str]:
+    med = statistics.median(values)
+    verdict = "-" if met is None else ("yes" if met else "NO")
+    return [
+        what,
+        str(len(values)),
+        f"{med * 1000:.1f} ms",
+        f"{max(values) * 1000:.1f} ms",
+        f"{med / ref:.2f}x" if ref else "-",
+        target,
+        verdict,
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--files", type=int, default=100_000)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repo", type=Path, default=Path("/tmp/patchbox-bench-repo"))
+    args = parser.parse_args()
+    root: Path = args.repo / str(args.files)
+    ensure_repo(root, args.files)
+    scratch = Path(tempfile.mkdtemp(prefix="patchbox-bench-apply-"))
+    os.environ["PATCHBOX_HOME"] = str(scratch / "home")
+    worktree = scratch / "worktree"
+    git(root, "worktree", "add", "-q", "--detach", str(worktree))
+    try:
+        run(root, worktree, scratch, args.repeat)
+    finally:
+        git(root, "worktree", "remove", "--force", str(worktree))
+        git(root, "worktree", "prune")
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def run(root: Path, worktree: Path, scratch: Path, repeat: int) -> None:
+    started = time.perf_counter()
+    baseline = build_baseline(root)[0]
+    built = time.perf_counter() - started
+    files = pick_files(root)
+    diff = make_diff(worktree, files)
+    patch = scratch / "bench.patch"
+    patch.write_text(diff)
+    changed = sum(
+        1 for line in diff.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---")
+    )
+    journal = Journal(scratch / "journal")
+    m: dict[str, list[float]] = {"git": [], "apply": [], "prepare": [], "revert": []}
+    for i in range(repeat):
+        m["git"].append(timed(lambda: git(worktree, "apply", str(patch))))
+        m["apply"].append(
+            timed(
+                lambda i=i: apply_changeset(
+                    baseline, diff, job_id=f"bench-{i}", journal=journal, limits=LIMITS
+                )
+            )
+        )
+        if i == 0:
+            differ = [n for n in files if (root / n).read_bytes() != (worktree / n).read_bytes()]
+            if differ:
+                raise SystemExit(f"benchmark sanity check failed: {len(differ)} files differ")
+        git(worktree, "apply", "-R", str(patch))
+        m["revert"].append(timed(lambda i=i: revert_changeset(f"bench-{i}", journal=journal)))
+        m["prepare"].append(timed(lambda: prepare_changeset(baseline, diff, limits=LIMITS)))
+    if git(root, "status", "--porcelain"):
+        raise SystemExit("benchmark sanity check failed: the repository is not clean after revert")
+    ref = statistics.median(m["git"])
+    apply_ratio = statistics.median(m["apply"]) / ref
+    rows = [
+        row("git apply (reference, scratch worktree)", m["git"], None, "-", None),
+        row(
+            "apply_changeset: validate + check + journal + apply",
+            m["apply"],
+            ref,
+            "<= 1.5x",
+            apply_ratio <= 1.5,
+        ),
+        row("  prepare_changeset alone (validate + check)", m["prepare"], ref, "-", None),
+        row("revert_changeset", m["revert"], ref, "-", None),
+    ]
+    print(
+        f"repo: {len(list(root.glob('pkg*')))} packages, baseline built in {built:.2f} s; "
+        f"diff: {len(files)} files, {changed} changed lines, {len(diff.encode()) // 1024} KiB; "
+        f"load {loadavg()}"
+    )
+    print_table(["what", "n", "median", "max", "ratio", "target", "met"], rows)
+
+
+if __name__ == "__main__":
+    main()
