@@ -359,3 +359,23 @@ def test_pool_key_separates_what_must_not_be_shared(spec: SandboxSpec) -> None:
     bigger = spec.model_copy(update={"limits": Limits(memory_mb=1024, workspace_mb=128)})
     assert pool_key("a" * 40, bigger) != base
     assert POOL_KEY.startswith("io.patchbox.")
+
+
+def test_a_baseline_larger_than_the_workspace_is_a_limit(
+    docker_client: docker.DockerClient, spec: SandboxSpec, tmp_path: Path, cache: BaselineCache
+) -> None:
+    root = tmp_path / "big"
+    root.mkdir()
+    git(root, "init", "-q")
+    (root / "blob.bin").write_bytes(os.urandom(3 * 1024 * 1024))
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "big")
+    small = spec.model_copy(update={"limits": Limits(memory_mb=256, workspace_mb=1)})
+    with pytest.raises(PatchboxError) as info:
+        prepare(docker_client, root, small, current_identity(), cache=cache)
+    assert info.value.code is ErrorCode.LIMIT_EXCEEDED
+    assert "workspace_mb=1" in info.value.message
+    assert (
+        docker_client.containers.list(all=True, filters={"label": f"io.patchbox.job={spec.job_id}"})
+        == []
+    )

@@ -301,6 +301,11 @@ class DockerSandbox(AgentCalls):
         preload = self._hello.preload
         if self.spec.preload is not None and (preload is None or preload.error is not None):
             why = preload.error if preload is not None else "no report"
+            if "No space left" in why:
+                raise LimitExceededError(
+                    "the baseline does not fit in the workspace "
+                    f"(workspace_mb={self.spec.limits.workspace_mb}): raise the task's limit"
+                )
             raise SandboxError(f"the baseline did not load into the sandbox: {why}")
 
     def __enter__(self) -> DockerSandbox:

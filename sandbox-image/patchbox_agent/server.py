@@ -148,6 +148,14 @@ def _gnu_tar() -> str | None:
     return _TAR[0]
 
 
+def _workspace_full(path: str) -> bool:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < 64 * 1024
+
+
 def _grow_pipe(fd: int) -> None:
     """Asks for a 1 MiB pipe buffer (fewer wake-ups on bulk transfers); harmless if refused."""
     try:
@@ -598,6 +606,8 @@ class Agent:
         if code != 0 or broken:
             lines = [ln for ln in detail.splitlines() if not ln.startswith("Total bytes")]
             text = "\n".join(lines).strip()[-500:]
+            if _workspace_full(self._workspace):
+                text = "No space left on device in the workspace; " + text
             raise OpError("SANDBOX_FAILED", f"archive refused: {text or f'tar exit {code}'}")
         if isinstance(stream, _FileStream):
             found = re.search(r"Total bytes read: (\d+)", detail)
