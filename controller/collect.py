@@ -96,9 +96,18 @@ def collect(box: Sandbox, baseline: Baseline) -> Collected:
                 )
                 digest = hashlib.sha256(data).hexdigest()
                 files.append(ChangedFile(path, kind, mode, digest))
-        for path in changes.removed:
-            private.git("update-index", "--force-remove", "--", path, index=index)
-            files.append(ChangedFile(path, "removed", None, None))
+        if changes.removed:
+            # mode 0 drops the entry; --force-remove would want a work tree
+            zero = "0" * len(baseline.tree)
+            entries = "".join(f"0 {zero}\t{path}\0" for path in changes.removed)
+            private.git(
+                "update-index",
+                "-z",
+                "--index-info",
+                index=index,
+                stdin=entries.encode("utf-8", "surrogateescape"),
+            )
+            files += [ChangedFile(path, "removed", None, None) for path in changes.removed]
         tree = private.git("write-tree", index=index).decode().strip()
         diff = private.git(
             "diff-tree",

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from controller.errors import UsageError
-from controller.evidence import relative_to_home, write_evidence
+from controller.evidence import Scrubber, relative_to_home, write_evidence
 from controller.jobs import JobRecord, JobStore, write_lock
 
 if TYPE_CHECKING:
@@ -61,13 +61,21 @@ def _provider(
     return open_provider(config, task.prompt), (secret,) if secret else ()
 
 
-def run_view(record: JobRecord, diff: str | None, evidence: str) -> dict[str, Any]:
-    """The one JSON object of ``run --json`` (SPEC 11.4)."""
+def run_view(
+    record: JobRecord, diff: str | None, evidence: str, secrets: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The one JSON object of ``run --json`` (SPEC 11.4). Messages and check output are
+    scrubbed of secrets and host paths like the evidence; the diff is shown as it is."""
+    view = Scrubber(record.repo, secrets).value(_view(record, evidence))
+    view["diff"] = diff or ""
+    return dict(view)
+
+
+def _view(record: JobRecord, evidence: str) -> dict[str, Any]:
     return {
         "job_id": record.job_id,
         "status": record.state,
         "error": record.error,
-        "diff": diff or "",
         "files": [
             {"path": f["path"], "change": f["kind"], "added": f["added"], "removed": f["removed"]}
             for f in record.files
@@ -154,9 +162,9 @@ def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcom
         client.close()
     store = JobStore()
     evidence = relative_to_home(store.folder(record.job_id) / "evidence.json")
-    data = run_view(record, job.diff, evidence)
+    data = run_view(record, job.diff, evidence, secrets)
     ok = record.state in {"awaiting_review", "applied"}
-    text = _summary(record)
+    text = Scrubber(record.repo, secrets).text(_summary(record))
     if record.state == "awaiting_review":
         jid = record.job_id
         text += f"\nreview: patchbox show {jid} --diff; then patchbox apply {jid}"
@@ -176,7 +184,7 @@ def cmd_jobs(args: argparse.Namespace) -> Outcome:
                 "status": r.state,
                 "repository": Path(r.repo).name,
                 "created_at": r.created_at,
-                "error": r.error,
+                "error": Scrubber(r.repo).value(r.error),
             }
             for r in records
         ]
@@ -201,7 +209,7 @@ def cmd_show(args: argparse.Namespace) -> Outcome:
     data = run_view(record, diff if args.diff else None, evidence)
     data["ledger"] = record.ledger
     data["state_history"] = record.history
-    text = _summary(record)
+    text = Scrubber(record.repo).text(_summary(record))
     if record.ledger:
         text += "\nledger:"
         for e in record.ledger:

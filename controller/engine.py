@@ -20,7 +20,7 @@ import docker
 import structlog
 
 from controller.baseline import Baseline
-from controller.changeset import ChangeSet, ChangesetInvalidError, validate_changeset
+from controller.changeset import ChangeSet, validate_changeset
 from controller.checks import resolve_checks
 from controller.collect import Collected, collect
 from controller.config import HostConfig
@@ -30,7 +30,7 @@ from controller.executor import ToolExecutor, ToolOutcome
 from controller.image import ImageBuilder
 from controller.jobs import JobRecord, JobState, JobStore, write_lock
 from controller.labels import ControllerIdentity, current_identity, new_job_id
-from controller.prepare import BaselineCache, SparePool, prepare
+from controller.prepare import BaselineCache, Prepared, SparePool, prepare
 from controller.providers.base import CancelledError, ModelTurn, Provider, ToolResult
 from controller.required import run_required_checks
 from controller.sandbox.base import Runtime, SandboxSpec
@@ -111,6 +111,7 @@ class Job:
         self._box: DockerSandbox | None = None
         self._diff: str | None = None
         self._version = 0
+        self._prepared: Prepared | None = None
 
     # -- public ---------------------------------------------------------------------------
 
@@ -129,27 +130,35 @@ class Job:
             box.close()
 
     def run(self) -> JobRecord:
+        """Runs the job to its end state. An unexpected exception (a bug, a broken daemon
+        connection) still ends the record ``failed`` with its evidence, then propagates."""
         record = self.record
         self.store.save(record)
         started = time.perf_counter()
-        spare = None
+        unexpected: Exception | None = None
         try:
             with write_lock(record.repo):
                 try:
-                    spare = self._stages()
+                    self._stages()
                 except PatchboxError as exc:
                     self._fail(exc)
+                except Exception as exc:  # recorded here, raised below
+                    unexpected = exc
+                    msg = f"unexpected failure ({type(exc).__name__})"
+                    self._fail(PatchboxError(msg, code=ErrorCode.SANDBOX_FAILED))
                 finally:
                     if self._box is not None:
                         self._box.close()
                         self._box = None
-                    if spare is not None:
-                        spare.finish()
+                    if self._prepared is not None:
+                        self._prepared.finish()
         except PatchboxError as exc:  # the lock itself: JOB_ALREADY_RUNNING
             self._fail(exc)
         record.timings_ms["total"] = round((time.perf_counter() - started) * 1000)
         write_evidence(record, self._diff, self.store, self.request.secrets)
         self.store.save(record)
+        if unexpected is not None:
+            raise unexpected
         return record
 
     # -- stages ---------------------------------------------------------------------------
@@ -185,14 +194,14 @@ class Job:
             protected=tuple(self.request.config.protected),
         )
 
-    def _stages(self) -> Any:
+    def _stages(self) -> None:
         request, record = self.request, self.record
         task = request.task
         self._move("preparing")
         checks = resolve_checks(
             task.checks or self.request.config.checks,
             None,
-            request.repo,
+            Path(record.repo),
             trust_repo_config=request.trust_repo_config,
         )
         spec = self._spec(task)
@@ -209,13 +218,14 @@ class Job:
         t = time.perf_counter()
         prepared = prepare(
             self.client,
-            request.repo,
+            Path(record.repo),
             spec,
             self.identity,
             mode="include-local-changes" if request.include_local_changes else "require-clean",
             pool=pool,
         )
         self._box = prepared.sandbox
+        self._prepared = prepared
         baseline = prepared.baseline
         record.baseline = baseline.model_dump(mode="json")
         record.timings_ms["prepare"] = round((time.perf_counter() - t) * 1000)
@@ -240,7 +250,6 @@ class Job:
         self._move("checking")
         self._checks(baseline, changeset, checks, spec)
         self._decide(baseline, changeset)
-        return prepared
 
     def _loop(self, executor: ToolExecutor, task: TaskSpec) -> None:
         provider, record, limits = self.request.provider, self.record, task.limits
@@ -296,7 +305,8 @@ class Job:
         try:
             outcome = executor.execute(turn, call_id, name, arguments)
         except PatchboxError as exc:
-            entry |= {"ok": False, "error_code": str(exc.code)}
+            code = ErrorCode.CANCELLED if self.cancelled.is_set() else exc.code
+            entry |= {"ok": False, "error_code": str(code)}
             record.tool_calls.append(entry)
             if name in {"replace_text", "apply_patch", "run_check"}:
                 record.ledger.append(self._ledger(turn, call_id, name, None, "unknown"))
@@ -306,7 +316,17 @@ class Job:
         if outcome.effect != "none" or (name in {"replace_text", "apply_patch"}):
             done = "done" if outcome.ok else "rejected"
             record.ledger.append(self._ledger(turn, call_id, name, outcome, done))
+        self._track_version(outcome)
         return outcome
+
+    def _track_version(self, outcome: ToolOutcome) -> None:
+        """The workspace version after a call: reported by the agent's tools; a process
+        run does not report it and bumps it once."""
+        result = outcome.result or {}
+        if isinstance(result.get("version"), int):
+            self._version = result["version"]
+        elif outcome.tool == "run_check" and outcome.ok and not result.get("reused"):
+            self._version += 1
 
     def _ledger(
         self, turn: int, call_id: str, name: str, outcome: ToolOutcome | None, state: str
@@ -326,8 +346,6 @@ class Job:
             for key in ("added", "modified", "removed"):
                 files += [{"path": p, "sha256": None} for p in changes.get(key, [])]
         before = self._version
-        if isinstance(result.get("version"), int):
-            self._version = result["version"]
         intent = {"replace_text": "edit", "apply_patch": "patch", "run_check": "check"}[name]
         return {
             "turn": turn,
@@ -389,7 +407,13 @@ class Job:
         if unaccounted or mismatched:
             self.record.diagnostics["unaccounted"] = unaccounted[:50]
             self.record.diagnostics["mismatched"] = mismatched[:50]
-            raise ChangesetInvalidError([])
+            parts = []
+            if unaccounted:
+                parts.append("changed by no tool call: " + ", ".join(unaccounted[:10]))
+            if mismatched:
+                parts.append("not as the last tool call left it: " + ", ".join(mismatched[:10]))
+            msg = "the change set is invalid: " + "; ".join(parts)
+            raise PatchboxError(msg[:1000], code=ErrorCode.CHANGESET_INVALID)
 
     def _checks(
         self,
@@ -410,6 +434,7 @@ class Job:
                     "diff_sha256": changeset.diff_sha256,
                     "required": c.required,
                     "reason": "trusted-auto: project checks skipped",
+                    "source": "none",
                 }
                 for cid, c in checks.items()
             ]
@@ -436,10 +461,13 @@ class Job:
 
     def _decide(self, baseline: Baseline, changeset: ChangeSet) -> None:
         record = self.record
-        failed_required = [
-            c["id"] for c in record.checks if c["required"] and c["status"] != "passed"
-        ]
         mode = record.mode
+        skipped = mode == "trusted-auto" and self._trusted_auto_allowed()
+        failed_required = [
+            c["id"]
+            for c in record.checks
+            if c["required"] and c["status"] != "passed" and not skipped
+        ]
         decision: dict[str, Any] = {"mode": mode, "applied": False, "gates": {}}
         if mode == "review":
             decision["reason"] = "review: a person applies or discards"
@@ -450,11 +478,11 @@ class Job:
             if failing:
                 decision["reason"] = "auto fell back to review: " + ", ".join(failing)
             else:
-                decision["applied"] = self._apply(baseline)
+                decision["applied"] = self._apply(baseline, decision)
                 decision["reason"] = "auto: every gate holds"
-        elif self._trusted_auto_allowed():
+        elif skipped:
             decision["checks"] = "skipped (trusted-auto): no claim that checks passed"
-            decision["applied"] = self._apply(baseline)
+            decision["applied"] = self._apply(baseline, decision)
             decision["reason"] = "trusted-auto with operator enablement and consent"
         else:
             decision["reason"] = "trusted-auto fell back to review: " + (
@@ -462,9 +490,11 @@ class Job:
                 if not self.request.config.allow_trusted_auto
                 else "no consent flag"
             )
-        record.decision = decision
-        if failed_required and mode != "trusted-auto":
+        if failed_required:
             decision["failed_checks"] = failed_required
+        # assigned whole: the record validates (and copies) what it is given
+        record.decision = decision
+        if failed_required:
             self.record.error = {
                 "code": str(ErrorCode.CHECK_FAILED),
                 "message": "required check(s) did not pass: " + ", ".join(failed_required),
@@ -492,7 +522,7 @@ class Job:
             "baseline_unchanged": baseline_unchanged(baseline, changeset),
         }
 
-    def _apply(self, baseline: Baseline) -> bool:
+    def _apply(self, baseline: Baseline, decision: dict[str, Any]) -> bool:
         from controller.apply import ApplyConflictError, apply_changeset
 
         try:
@@ -504,7 +534,7 @@ class Job:
                 extra_protected=tuple(self.request.config.protected),
             )
         except ApplyConflictError as exc:
-            self.record.decision["apply_conflict"] = exc.message
+            decision["apply_conflict"] = exc.message
             return False
         return True
 

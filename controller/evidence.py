@@ -10,9 +10,10 @@ names, such as the provider key).
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from controller.jobs import JobRecord, JobStore, write_atomic
@@ -23,7 +24,11 @@ EVIDENCE_VERSION = 1
 
 
 class Scrubber:
-    """Replaces secrets and host paths in every string of a JSON-like value."""
+    """Replaces secrets and host paths in every string of a JSON-like value.
+
+    The repository's parents are host paths too (an error may name the work tree a folder
+    is inside): each one of two or more components becomes ``<repo>/..``, ``<repo>/../..``
+    and so on. A path is replaced only where its name ends (``/a/b`` not in ``/a/bc``)."""
 
     def __init__(self, repo: str, secrets: Iterable[str] = ()) -> None:
         self.secrets = sorted(
@@ -31,15 +36,17 @@ class Scrubber:
             key=len,
             reverse=True,
         )
-        roots = [(repo, "<repo>")] if repo not in {"", "/"} else []
-        roots += [(r, "<path>") for r in private_roots()]
-        self.roots = sorted(roots, key=lambda item: len(item[0]), reverse=True)
+        roots = _repo_roots(repo) + [(r, "<path>") for r in private_roots()]
+        self.roots = [
+            (re.compile(re.escape(root) + r"(?![\w-]|\.[\w.-])"), mark)
+            for root, mark in sorted(roots, key=lambda item: len(item[0]), reverse=True)
+        ]
 
     def text(self, value: str) -> str:
         for secret in self.secrets:
             value = value.replace(secret, REDACTED)
-        for root, mark in self.roots:
-            value = value.replace(root, mark)
+        for pattern, mark in self.roots:
+            value = pattern.sub(mark, value)  # marks hold no backslash
         return value
 
     def value(self, data: Any) -> Any:
@@ -50,6 +57,20 @@ class Scrubber:
         if isinstance(data, (list, tuple)):
             return [self.value(v) for v in data]
         return data
+
+
+def _repo_roots(repo: str) -> list[tuple[str, str]]:
+    path = PurePosixPath(repo)
+    if len(path.parts) < 2 or not path.is_absolute():
+        return []
+    roots = [(repo.rstrip("/"), "<repo>")]
+    mark = "<repo>"
+    for parent in path.parents:
+        mark += "/.."
+        if len(parent.parts) < 3:  # "/" and "/tmp" name nobody
+            break
+        roots.append((str(parent), mark))
+    return roots
 
 
 def bundle(record: JobRecord, diff: str | None) -> dict[str, Any]:

@@ -9,20 +9,23 @@ the ``ExitCode`` Docker reports for that exec, bound to the diff's SHA-256.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import docker
+import docker.errors
+import requests
 
 from controller.baseline import Baseline
-from controller.errors import ErrorCode, PatchboxError, ToolError
+from controller.errors import ErrorCode, PatchboxError, SandboxError, ToolError
 from controller.labels import ControllerIdentity
 from controller.prepare import BaselineCache, start_with_baseline
 from controller.sandbox.base import SandboxSpec
-from controller.sandbox.docker import SANDBOX_UID
+from controller.sandbox.docker import SANDBOX_UID, DockerSandbox
 from controller.task import CheckSpec
 from controller.text import strip_control
 
@@ -104,24 +107,67 @@ def run_required_checks(  # noqa: PLR0913 - the inputs of one check stage, all k
     stop = stop or threading.Event()
     box = start_with_baseline(client, baseline, spec, identity, cache or BaselineCache())
     try:
-        if diff:
-            try:
-                box.apply_patch(diff)
-            except ToolError as exc:
-                msg = f"the validated diff does not apply in the check sandbox: {exc.message}"
-                raise PatchboxError(msg, code=ErrorCode.CHECK_FAILED) from exc
-        out = []
-        for check_id, check in checks.items():
-            if stop.is_set():
-                raise PatchboxError("cancelled during the checks", code=ErrorCode.CANCELLED)
-            code, text, timed_out, ms = _exec(client, box.container.id or "", check, stop)
-            if timed_out:
-                status = "timed_out"
-            elif code == 0:
-                status = "passed"
-            else:
-                status = "failed"
-            out.append(CheckOutcome(check_id, status, code, ms, text, diff_sha256, check.required))
-        return out
+        with _closed_on_stop(box, stop):
+            if diff:
+                try:
+                    box.apply_patch(diff)
+                except ToolError as exc:
+                    msg = f"the validated diff does not apply in the check sandbox: {exc.message}"
+                    raise PatchboxError(msg, code=ErrorCode.CHECK_FAILED) from exc
+            cid = box.container.id or ""
+            return [_run_one(client, cid, item, diff_sha256, stop) for item in checks.items()]
+    except SandboxError:
+        _raise_if_stopped(stop)
+        raise
     finally:
         box.close()
+
+
+def _run_one(
+    client: docker.DockerClient,
+    container_id: str,
+    check: tuple[str, CheckSpec],
+    diff_sha256: str,
+    stop: threading.Event,
+) -> CheckOutcome:
+    check_id, spec = check
+    _raise_if_stopped(stop)
+    try:
+        code, text, timed_out, ms = _exec(client, container_id, spec, stop)
+    except (docker.errors.DockerException, requests.RequestException, OSError) as exc:
+        _raise_if_stopped(stop)
+        msg = f"check {check_id} could not be run: {type(exc).__name__}"
+        raise SandboxError(msg) from exc
+    _raise_if_stopped(stop)
+    if timed_out:
+        status = "timed_out"
+    elif code == 0:
+        status = "passed"
+    else:
+        status = "failed"
+    return CheckOutcome(check_id, status, code, ms, text, diff_sha256, spec.required)
+
+
+@contextlib.contextmanager
+def _closed_on_stop(box: DockerSandbox, stop: threading.Event) -> Iterator[None]:
+    """A check blocks on its output stream; removing the container on cancel ends it."""
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.1):
+            if stop.is_set():
+                box.close()
+                return
+
+    watcher = threading.Thread(target=watch, name="check-cancel", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+
+
+def _raise_if_stopped(stop: threading.Event) -> None:
+    if stop.is_set():
+        raise PatchboxError("cancelled during the checks", code=ErrorCode.CANCELLED)
