@@ -77,6 +77,7 @@ ConflictCode = Literal[
     "mode_changed",
     "merge_conflict",
     "merge_failed",
+    "write_failed",
     "already_applied",
     "not_applied",
     "needs_attention",
@@ -782,35 +783,34 @@ def apply_changeset(  # noqa: PLR0913 - the change set and keyword-only job inpu
 def _run_or_roll_back(
     wt: WorkTree, rec: Recorded, target: Target, step: str, journal: Journal
 ) -> None:
-    """Moves the record to ``target``; when a path changes under it, moves the paths it
-    already wrote back, settles the journal and raises the conflict."""
-    job_id = rec.record.job_id
+    """Moves the record to ``target``. When a path changes under it, or a write fails (no
+    space, no permission), moves what it already wrote back, settles the journal and raises
+    the conflict; when even that fails, the journal keeps the operation for recovery."""
     error: Callable[[Sequence[Conflict]], _ConflictError] = (
         ApplyConflictError if target == "after" else RevertConflictError
     )
+    back: Target = "before" if target == "after" else "after"
     try:
         _move(wt, rec, target, step, range(len(rec.record.paths)))
     except _RacedError as raced:
-        back: Target = "before" if target == "after" else "after"
-        try:
-            _move(wt, rec, back, f"{step}.undo", raced.moved)
-        except _RacedError:
-            raise error(
-                [
-                    Conflict(
-                        code="needs_attention",
-                        path=raced.path,
-                        message="changed during the write; run recovery",
-                    )
-                ]
-            ) from None
-        if target == "after":
-            journal.mark(job_id, "apply.undone")
-        else:
-            journal.unmark(job_id, "revert.begin")
-        raise error(
-            [Conflict(code="changed", path=raced.path, message="changed during the write")]
-        ) from None
+        cause = Conflict(code="changed", path=raced.path, message="changed during the write")
+        undo: Sequence[int] | None = raced.moved
+    except OSError as exc:
+        cause = Conflict(code="write_failed", message=exc.strerror or "a write failed")
+        undo = None
+    else:
+        return
+    try:
+        _clean_temps(wt, rec)
+        _move(wt, rec, back, f"{step}.undo", undo)
+    except (_RacedError, OSError):
+        attention = Conflict(code="needs_attention", message="run recovery")
+        raise error([cause, attention]) from None
+    if target == "after":
+        journal.mark(rec.record.job_id, "apply.undone")
+    else:
+        journal.unmark(rec.record.job_id, "revert.begin")
+    raise error([cause])
 
 
 # ---------------------------------------------------------------------------------------

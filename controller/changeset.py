@@ -37,6 +37,7 @@ import hashlib
 import re
 import shutil
 import subprocess
+import threading
 import unicodedata
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -223,7 +224,8 @@ class BaselineTree(Protocol):
     def read(self, entry: TreeEntry) -> bytes: ...
 
     def prefetch(self, paths: Sequence[str]) -> None:
-        """A hint: these paths will be looked up."""
+        """A hint that these paths may be looked up and read (they may be wrong: only what
+        :meth:`lookup` then returns counts)."""
         ...
 
     def read_all(self, entries: Sequence[TreeEntry]) -> list[bytes]: ...
@@ -452,6 +454,14 @@ def _section_sizes(text: str) -> list[int]:
     return [len(text[s:e].encode("utf-8")) for s, e in zip(starts, ends, strict=True)]
 
 
+_OLD_NAME = re.compile(r"^(?:--- a/|rename from )([^\"\n][^\n]*?)\t?$", re.MULTILINE)
+
+
+def _old_names(text: str) -> list[str]:
+    """The plain old names a diff seems to touch, found before it is parsed (a hint only)."""
+    return list(dict.fromkeys(_OLD_NAME.findall(text)))
+
+
 def _decode(diff: str | bytes) -> tuple[str, bytes]:
     if isinstance(diff, str):
         try:
@@ -618,8 +628,8 @@ def check_diff(  # noqa: PLR0913 - the diff, the tree and keyword-only rule inpu
     :class:`ChangesetInvalidError` with every reason found; returns only when all hold."""
     limits = limits or ChangesetLimits()
     text, raw = _decode(diff)
+    tree.prefetch(_old_names(text))
     patches = _parse(text, raw, limits)
-    tree.prefetch([p.old_path for p in patches if p.old_path is not None])
     found, olds = _rules(patches, tree, allowed_paths, extra_protected)
     if found:
         raise ChangesetInvalidError(found)
@@ -674,6 +684,10 @@ class GitTree:
         self._ctx = GitContext(cwd=git_dir.parent, git_dir=git_dir, home=git_dir.parent)
         self._folders: dict[str, dict[str, TreeEntry] | None] = {}
         self._entries: dict[str, TreeEntry] = {}
+        self._fetched: dict[str, TreeEntry] = {}
+        self._contents: dict[str, bytes] = {}
+        self._prefetch: threading.Thread | None = None
+        self._failure: BaseException | None = None
         self._proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Self:
@@ -688,6 +702,9 @@ class GitTree:
         self.close()
 
     def close(self) -> None:
+        if self._prefetch is not None:
+            self._prefetch.join()
+            self._prefetch = None
         proc, self._proc = self._proc, None
         if proc is None:
             return
@@ -709,19 +726,40 @@ class GitTree:
         return self._format
 
     def prefetch(self, paths: Sequence[str]) -> None:
-        """Looks the file entries of ``paths`` up at once; a path it does not find as a file,
-        symlink or submodule is looked up folder by folder later."""
-        wanted = set(paths)
-        batch: list[str] = []
-        size = 0
-        for path in sorted(wanted):
-            batch.append(path)
-            size += len(path) + 1
-            if size > _ARGV_BUDGET:
+        """Starts looking ``paths`` up on a thread: their entries from ``git ls-tree`` and
+        the content of those that are blobs from ``git cat-file --batch``. Lookups wait for
+        it; a path it did not find as a file, symlink or submodule is looked up folder by
+        folder."""
+        if self._prefetch is None and paths:
+            self._prefetch = threading.Thread(target=self._fetch, args=(list(paths),))
+            self._prefetch.start()
+
+    def _fetch(self, paths: list[str]) -> None:
+        try:
+            wanted = set(paths)
+            batch: list[str] = []
+            size = 0
+            for path in sorted(wanted):
+                batch.append(path)
+                size += len(path) + 1
+                if size > _ARGV_BUDGET:
+                    self._ls_tree(batch, wanted)
+                    batch, size = [], 0
+            if batch:
                 self._ls_tree(batch, wanted)
-                batch, size = [], 0
-        if batch:
-            self._ls_tree(batch, wanted)
+            blobs = sorted({e for e in self._fetched.values() if e.mode in (MODE_FILE, MODE_EXEC)})
+            self._contents.update(zip((e.oid for e in blobs), self._cat(blobs), strict=True))
+        except BaseException as exc:  # re-raised by the thread that waits for it
+            self._failure = exc
+
+    def _wait(self) -> None:
+        thread, self._prefetch = self._prefetch, None
+        if thread is not None:
+            thread.join()
+            self._entries.update(self._fetched)
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
 
     def _ls_tree(self, paths: list[str], wanted: set[str]) -> None:
         out = run_git(
@@ -739,10 +777,17 @@ class GitTree:
             fields = meta.split(b" ")
             path = name.decode("utf-8", "surrogateescape")
             if len(fields) == 3 and path in wanted and fields[1] != b"tree":
-                self._entries[path] = TreeEntry(fields[0].decode(), fields[2].decode())
+                self._fetched[path] = TreeEntry(fields[0].decode(), fields[2].decode())
 
     def read_all(self, entries: Sequence[TreeEntry]) -> list[bytes]:
-        """The contents of the blobs, in order, from one ``git cat-file --batch``."""
+        """The contents of the blobs, in order (those not prefetched from one ``git cat-file
+        --batch``)."""
+        self._wait()
+        missing = sorted({e for e in entries if e.oid not in self._contents})
+        self._contents.update(zip((e.oid for e in missing), self._cat(missing), strict=True))
+        return [self._contents[e.oid] for e in entries]
+
+    def _cat(self, entries: Sequence[TreeEntry]) -> list[bytes]:
         if not entries:
             return []
         proc = subprocess.run(
@@ -822,6 +867,7 @@ class GitTree:
         return out
 
     def lookup(self, path: str) -> Lookup:
+        self._wait()
         known = self._entries.get(path)
         if known is not None:
             return Lookup(known, None)
@@ -842,7 +888,9 @@ class GitTree:
         return listing.keys() if listing is not None else ()
 
     def read(self, entry: TreeEntry) -> bytes:
-        return self._object(entry.oid, "blob")
+        self._wait()
+        known = self._contents.get(entry.oid)
+        return known if known is not None else self._object(entry.oid, "blob")
 
 
 def _read_exactly(stream: IO[bytes], size: int) -> bytes:
@@ -931,8 +979,6 @@ class _Feeder:
     """Writes the diff to a child's stdin on a thread and collects its output."""
 
     def __init__(self, proc: subprocess.Popen[bytes], data: bytes) -> None:
-        import threading
-
         self._proc = proc
         self._out = b""
         self._err = b""

@@ -6,6 +6,7 @@ byte of it (files, modes, folders, the index file, HEAD, ``git status``) is comp
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -397,3 +398,44 @@ def test_merge_of_an_overlapping_change_stays_a_conflict(
     assert ">>>>>>> change set" in conflict.detail
     assert (path / "m.txt").read_bytes() == b"one\ntwo\nthree\nfour\nfive!\n"
     assert journal.jobs() == []
+
+
+def test_a_failed_write_rolls_the_apply_back(
+    repo: Path, baseline: Baseline, diff: str, journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = snapshot(repo)
+    renames: list[str] = []
+    real_replace = apply_module.WorkTree.replace
+
+    def replace_until_disk_full(self: apply_module.WorkTree, path: str, temp: str) -> None:
+        renames.append(path)
+        if len(renames) == 4:  # the fourth rename of the apply; the undo's go through
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_replace(self, path, temp)
+
+    monkeypatch.setattr(apply_module.WorkTree, "replace", replace_until_disk_full)
+    with pytest.raises(ApplyConflictError) as info:
+        apply_changeset(baseline, diff, job_id="j", journal=journal)
+    assert [c.code for c in info.value.conflicts] == ["write_failed"]
+    assert "No space left" in info.value.conflicts[0].message
+    assert len(renames) == 4 + 4  # back: the three replaced and the one removed (gone.txt)
+    assert snapshot(repo) == original
+    assert journal.phase("j") == "rolled_back"
+    monkeypatch.undo()
+    apply_changeset(baseline, diff, job_id="j", journal=journal)
+    assert snapshot(repo) == expected_after(original)
+
+
+def test_a_temp_file_that_cannot_be_written_writes_nothing(
+    repo: Path, baseline: Baseline, diff: str, journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = snapshot(repo)
+
+    def no_permission(folder_fd: int, temp: str, data: bytes, mode: int) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(apply_module, "_write_temp", no_permission)
+    with pytest.raises(ApplyConflictError) as info:
+        apply_changeset(baseline, diff, job_id="j", journal=journal)
+    assert [c.code for c in info.value.conflicts] == ["write_failed"]
+    assert snapshot(repo) == original
