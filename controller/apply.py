@@ -88,6 +88,7 @@ IO_THREADS = 16
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+_READ_CHUNK = 1 << 24
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 Target = Literal["before", "after"]
 
@@ -250,24 +251,21 @@ class WorkTree:
             return FileState("missing")
         except OSError:
             return FileState("other")
+        digest, chunks = hashlib.sha256(), []
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 return FileState("other")
-            chunks = []
-            while chunk := os.read(fd, max(st.st_size + 1, 1 << 16)):
-                chunks.append(chunk)
+            while chunk := os.read(fd, min(max(st.st_size + 1, 1 << 16), _READ_CHUNK)):
+                digest.update(chunk)
+                if with_data:
+                    chunks.append(chunk)
         except OSError:
             return FileState("other")
         finally:
             os.close(fd)
-        data = b"".join(chunks)
-        return FileState(
-            "file",
-            hashlib.sha256(data).hexdigest(),
-            stat.S_IMODE(st.st_mode),
-            data if with_data else None,
-        )
+        data = b"".join(chunks) if with_data else None
+        return FileState("file", digest.hexdigest(), stat.S_IMODE(st.st_mode), data)
 
     def write_temps(self, items: Sequence[tuple[str, str, bytes, int]]) -> None:
         """Writes each ``(path, temp name, content, mode)`` to the temp file beside ``path``
@@ -420,10 +418,10 @@ def _move(
 ) -> None:
     """Brings the paths of the record from their source content to their ``target``
     content: those in ``todo`` (the caller has just seen them at their source), or every
-    path not at its target yet. Temp files are written and flushed
-    first; every path is re-checked just before it is replaced, and a path that holds
-    neither content raises :class:`_RacedError` (with the indexes moved so far). Ends with
-    the touched folders flushed."""
+    path not at its target yet. Temp files are written and flushed first; every path is
+    re-checked just before it is replaced, and a path that holds neither content raises
+    :class:`_RacedError` (with the indexes moved so far). Ends with the touched folders
+    flushed."""
     record = rec.record
     if target == "after":
         wt.make_folders(record.created_dirs)
@@ -914,17 +912,19 @@ def _roll_back(rec: Recorded, target: Target) -> Recovery | None:
         return attention([], "the work tree cannot be opened")
     with wt:
         _clean_temps(wt, rec)
-        odd = [
-            p.path
-            for p in rec.record.paths
-            if not (wt.state(p.path).matches(p.before) or wt.state(p.path).matches(p.after))
-        ]
+        odd = []
+        for entry in rec.record.paths:
+            state = wt.state(entry.path)
+            if not (state.matches(entry.before) or state.matches(entry.after)):
+                odd.append(entry.path)
         if odd:
             return attention(odd, "paths hold neither their content before nor after the change")
         try:
             _move(wt, rec, target, "recover")
         except _RacedError as raced:
             return attention([raced.path], "a path changed during recovery")
+        except OSError as exc:
+            return attention([], f"a write failed during recovery: {exc.strerror}")
     with WorkTree(Path(rec.record.repo)) as fresh:
         wrong = _mismatches(fresh, rec, target)
     return attention(wrong, "differs after recovery") if wrong else None

@@ -109,7 +109,7 @@ class ChangesetLimits(BaseModel):
     max_file_diff_bytes: int = Field(default=2 * 1024 * 1024, ge=1, le=1 << 30)
     """One file's section of the diff."""
     max_file_bytes: int = Field(default=16 * 1024 * 1024, ge=0, le=1 << 32)
-    """One file's content after the change."""
+    """One file's content, before or after the change."""
 
 
 class ChangesetReason(BaseModel):
@@ -559,8 +559,8 @@ def _compute(
         mode_before = old.mode if old is not None else None
         mode_after = _mode_after(patch, old)
         sha_before, sha_after = _sha(before), _sha(after)
-        if after is not None and len(after) > limits.max_file_bytes:
-            problems.append(_reason("file_too_large", patch.path, "the new content is too large"))
+        if max(len(before or b""), len(after or b"")) > limits.max_file_bytes:
+            problems.append(_reason("file_too_large", patch.path, "the content is too large"))
         delta = _line_count(after or b"") - _line_count(before or b"")
         unchanged = patch.kind == "modify" and before == after and mode_before == mode_after
         added, removed = patch.added, patch.removed

@@ -371,6 +371,12 @@ REFUSED = [
         {"limits": ChangesetLimits(max_file_bytes=100)},
         id="file-content-too-large",
     ),
+    pytest.param(
+        d(*modify("run.sh", body=("@@ -1,2 +1,2 @@", " #!/bin/sh", "-echo hi", "+echo ho"))),
+        ["file_too_large"],
+        {"limits": ChangesetLimits(max_file_bytes=10)},
+        id="baseline-content-too-large",
+    ),
 ]
 
 
