@@ -628,7 +628,8 @@ def check_diff(  # noqa: PLR0913 - the diff, the tree and keyword-only rule inpu
     :class:`ChangesetInvalidError` with every reason found; returns only when all hold."""
     limits = limits or ChangesetLimits()
     text, raw = _decode(diff)
-    tree.prefetch(_old_names(text))
+    if len(raw) <= limits.max_diff_bytes:
+        tree.prefetch(_old_names(text)[: 2 * limits.max_files])
     patches = _parse(text, raw, limits)
     found, olds = _rules(patches, tree, allowed_paths, extra_protected)
     if found:
