@@ -439,3 +439,21 @@ def test_a_temp_file_that_cannot_be_written_writes_nothing(
         apply_changeset(baseline, diff, job_id="j", journal=journal)
     assert [c.code for c in info.value.conflicts] == ["write_failed"]
     assert snapshot(repo) == original
+
+
+def test_a_repository_that_converts_line_endings_keeps_its_bytes(
+    tmp_path: Path, journal: Journal
+) -> None:
+    path = make_repo(tmp_path / "crlf", {"f.txt": b"a\nb\nc\n"})
+    git(path, "config", "core.autocrlf", "true")
+    (path / "f.txt").unlink()
+    git(path, "checkout", "--", "f.txt")
+    assert (path / "f.txt").read_bytes() == b"a\r\nb\r\nc\r\n"
+    assert status(path) == b""
+    original = snapshot(path)
+    base = build_baseline(path)[0]
+    diff = make_diff(tmp_path, {"f.txt": b"a\r\nb\r\nc\r\n"}, {"f.txt": b"a\r\nB\r\nc\r\n"})
+    apply_changeset(base, diff, job_id="j", journal=journal)
+    assert (path / "f.txt").read_bytes() == b"a\r\nB\r\nc\r\n"
+    revert_changeset("j", journal=journal)
+    assert snapshot(path) == original
