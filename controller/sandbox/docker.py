@@ -300,7 +300,7 @@ class DockerSandbox(AgentCalls):
             raise self._diagnose(exc) from exc
         preload = self._hello.preload
         if self.spec.preload is not None and (preload is None or preload.error is not None):
-            why = preload.error if preload is not None else "no report"
+            why = (preload.error if preload is not None else None) or "no report"
             if "No space left" in why:
                 raise LimitExceededError(
                     "the baseline does not fit in the workspace "
