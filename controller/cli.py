@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from controller.errors import NotReadyError, PatchboxError, UsageError
@@ -213,6 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     configure()
     as_json = "--json" in (argv if argv is not None else sys.argv[1:])
+    args: argparse.Namespace | None = None
     try:
         args = _parser().parse_args(argv)
         handlers = {"doctor": _doctor, "image": _image_build, "demo": _demo}
@@ -220,9 +222,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return handlers[args.command](args)
         return _job_command(args)
     except PatchboxError as exc:
+        from controller.evidence import Scrubber
+
+        repo = getattr(args, "repo", None)
+        message = Scrubber(str(Path(repo).resolve()) if repo else "").text(exc.message)
         if as_json:
-            print(json.dumps({"error": exc.to_dict()}))
-        print(f"patchbox: error {exc.code}: {exc.message}", file=sys.stderr)
+            print(json.dumps({"error": {"code": str(exc.code), "message": message}}))
+        print(f"patchbox: error {exc.code}: {message}", file=sys.stderr)
         if isinstance(exc, UsageError):
             return EXIT_USAGE
         if isinstance(exc, NotReadyError):

@@ -249,6 +249,7 @@ def _sync_with_journal(store: JobStore, record: JobRecord) -> JobRecord:
 
 def cmd_apply(args: argparse.Namespace) -> Outcome:
     from controller.apply import apply_changeset
+    from controller.config import load_config
 
     store = JobStore()
     record = _sync_with_journal(store, store.load(args.job))
@@ -262,6 +263,7 @@ def cmd_apply(args: argparse.Namespace) -> Outcome:
             diff,
             job_id=record.job_id,
             allowed_paths=record.task.get("allowed_paths"),
+            extra_protected=tuple(load_config().protected),
             merge=args.merge,
         )
     record.move("applied")

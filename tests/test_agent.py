@@ -282,3 +282,27 @@ def test_both_extractors_give_the_same_tree(tmp_path: Path, extractor: str) -> N
     assert (ws / "\u00e9t\u00e9.md").read_bytes() == b""
     assert (ws / "bin/run").stat().st_mode & 0o777 == 0o755
     assert (ws / "p").stat().st_mode & 0o777 == 0o644
+
+
+def test_changes_sees_files_a_left_over_process_made_later(box: LocalSandbox) -> None:
+    box.put_archive(_tar({"a.txt": b"one\n", "b.txt": b"two\n"}))
+    assert box.changes().count == 0  # nothing written yet: no reference taken
+    box.replace_text("a.txt", "one", "uno")
+    res = box.run(
+        ["sh", "-c", "setsid sh -c 'sleep 0.3; echo late > late.txt; rm b.txt' >/dev/null 2>&1 &"],
+        timeout=10,
+    )
+    assert res.exitCode == 0
+    deadline = time.monotonic() + 10
+    while not (box.workspace / "late.txt").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)
+    changes = box.changes()
+    assert (changes.added, changes.removed, changes.modified) == (
+        ["late.txt"],
+        ["b.txt"],
+        ["a.txt"],
+    )
+    assert changes.count == 3
+    raw = box.read_raw("late.txt")
+    assert (raw.kind, raw.size, raw.executable) == ("file", 5, False)

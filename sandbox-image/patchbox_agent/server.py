@@ -454,6 +454,7 @@ class Agent:
         del args
         if self._base is None:
             return {"added": [], "removed": [], "modified": [], "count": 0, "truncated": False}
+        self.index.invalidate()  # a process left behind may have added files since
         after = self.index.snapshot()
         added = sorted(set(after) - set(self._base))
         removed = sorted(set(self._base) - set(after))
