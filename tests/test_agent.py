@@ -289,10 +289,15 @@ def test_changes_sees_files_a_left_over_process_made_later(box: LocalSandbox) ->
     assert box.changes().count == 0  # nothing written yet: no reference taken
     box.replace_text("a.txt", "one", "uno")
     res = box.run(
-        ["sh", "-c", "setsid sh -c 'sleep 0.3; echo late > late.txt; rm b.txt' >/dev/null 2>&1 &"],
+        [
+            "sh",
+            "-c",
+            "setsid sh -c 'sleep 0.5; echo late > late.txt; rm b.txt' >/dev/null 2>&1 & sleep 0.2",
+        ],
         timeout=10,
     )
     assert res.exitCode == 0
+    assert box.list_files().files == ["a.txt", "b.txt"]  # listed before the late writes
     deadline = time.monotonic() + 10
     while not (box.workspace / "late.txt").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
