@@ -37,6 +37,7 @@ import hashlib
 import re
 import shutil
 import subprocess
+import tempfile
 import threading
 import unicodedata
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -454,12 +455,20 @@ def _section_sizes(text: str) -> list[int]:
     return [len(text[s:e].encode("utf-8")) for s, e in zip(starts, ends, strict=True)]
 
 
-_OLD_NAME = re.compile(r"^(?:--- a/|rename from )([^\"\n][^\n]*?)\t?$", re.MULTILINE)
-
-
 def _old_names(text: str) -> list[str]:
-    """The plain old names a diff seems to touch, found before it is parsed (a hint only)."""
-    return list(dict.fromkeys(_OLD_NAME.findall(text)))
+    """The plain old names a diff seems to touch, read from its ``diff --git`` lines before
+    it is parsed (a hint only: a wrong name costs a lookup, nothing else)."""
+    names: dict[str, None] = {}
+    pos = 0 if text.startswith(_DIFF_GIT_A) else text.find("\n" + _DIFF_GIT_A)
+    while pos >= 0:
+        start = text.find(_DIFF_GIT_A, pos) + len(_DIFF_GIT_A)
+        end = text.find("\n", start)
+        line = text[start : end if end >= 0 else len(text)]
+        name, sep, _ = line.partition(" b/")
+        if sep and '"' not in name:
+            names[name] = None
+        pos = text.find("\n" + _DIFF_GIT_A, start)
+    return list(names)
 
 
 def _decode(diff: str | bytes) -> tuple[str, bytes]:
@@ -670,6 +679,7 @@ def check_diff(  # noqa: PLR0913 - the diff, the tree and keyword-only rule inpu
 
 _TREE_ENTRY = re.compile(rb"([0-7]{5,6}) ([^\x00]*)\x00", re.DOTALL)
 _ARGV_BUDGET = 64 * 1024
+_DIFF_GIT_A = "diff --git a/"
 
 
 class GitTree:
@@ -763,16 +773,8 @@ class GitTree:
             raise failure
 
     def _ls_tree(self, paths: list[str], wanted: set[str]) -> None:
-        out = run_git(
-            self._ctx,
-            "--literal-pathspecs",
-            "ls-tree",
-            "-z",
-            "--full-tree",
-            self._tree,
-            "--",
-            *paths,
-        ).stdout
+        args = ["ls-tree", "-z", "--full-tree", self._tree, "--", *paths]
+        out = _git_to_file(self._ctx, ["--literal-pathspecs", *args], b"")
         for record in out.split(b"\0"):
             meta, _, name = record.partition(b"\t")
             fields = meta.split(b" ")
@@ -791,16 +793,8 @@ class GitTree:
     def _cat(self, entries: Sequence[TreeEntry]) -> list[bytes]:
         if not entries:
             return []
-        proc = subprocess.run(
-            git_argv("cat-file", "--batch"),
-            cwd=self._ctx.cwd,
-            env=self._ctx.env(),
-            input=b"".join(e.oid.encode() + b"\n" for e in entries),
-            capture_output=True,
-            check=False,
-            timeout=600,
-        )
-        out, pos, blobs = proc.stdout, 0, []
+        requests = b"".join(e.oid.encode() + b"\n" for e in entries)
+        out, pos, blobs = _git_to_file(self._ctx, ["cat-file", "--batch"], requests), 0, []
         for entry in entries:
             end = out.find(b"\n", pos)
             header = out[pos:end].split() if end >= 0 else []
@@ -892,6 +886,35 @@ class GitTree:
         self._wait()
         known = self._contents.get(entry.oid)
         return known if known is not None else self._object(entry.oid, "blob")
+
+
+def _git_to_file(ctx: GitContext, args: list[str], stdin: bytes) -> bytes:
+    """Runs git with its input and output in anonymous temp files: the calling thread only
+    waits for the process (no pipe to serve while another thread holds the interpreter)."""
+    with tempfile.TemporaryFile() as source, tempfile.TemporaryFile() as sink:
+        source.write(stdin)
+        source.seek(0)
+        try:
+            proc = subprocess.run(
+                git_argv(*args),
+                cwd=ctx.cwd,
+                env=ctx.env(),
+                stdin=source,
+                stdout=sink,
+                stderr=subprocess.DEVNULL,
+                check=False,
+                timeout=600,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise GitError(f"git {_command(args)} did not finish") from exc
+        if proc.returncode != 0:
+            raise GitError(f"git {_command(args)} failed with exit {proc.returncode}")
+        sink.seek(0)
+        return sink.read()
+
+
+def _command(args: Sequence[str]) -> str:
+    return next((a for a in args if not a.startswith("-")), "")
 
 
 def _read_exactly(stream: IO[bytes], size: int) -> bytes:
