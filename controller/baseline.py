@@ -30,6 +30,7 @@ import re
 import shutil
 import stat
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -456,18 +457,37 @@ def _inspect(
         report = HealthReport(repo=str(layout.top), ok=False, kind=layout.kind, reasons=reasons)
         return _Inspection(report, _Status(), None)
     private.set_head(head)
-    specials, attribute_files = _walk(layout.top)
-    converting = converts_content(layout, attribute_files)
     index = scratch / "index"
     user_index = layout.git_dir / "index"
+    copy_from = user_index if user_index.is_file() else None
+    # The walk (Python) and git's status of the copied index (a subprocess) overlap; the
+    # status is only used if the walk finds no content conversion.
+    walked: list[tuple[list[str], list[Path]]] = []
+    failed: list[BaseException] = []
+
+    def walk() -> None:
+        try:
+            walked.append(_walk(layout.top))
+        except BaseException as exc:  # re-raised in the caller's thread
+            failed.append(exc)
+
+    walker = threading.Thread(target=walk, name="baseline-walk")
+    walker.start()
+    try:
+        speculative = _status(private, head, index, copy_from=copy_from)
+    finally:
+        walker.join()
+    if failed:
+        raise failed[0]
+    specials, attribute_files = walked[0]
+    converting = converts_content(layout, attribute_files)
     if converting:
         # The baseline takes every file's bytes as they are on disk; whether the tree is
         # dirty is what the user's own git says.
         status = _status(private, head, index, copy_from=None)
         seen_by_user = _users_view(layout, private, head, scratch)
     else:
-        copy_from = user_index if user_index.is_file() else None
-        status = seen_by_user = _status(private, head, index, copy_from=copy_from)
+        status = seen_by_user = speculative
     if seen_by_user.unmerged:
         n = len(seen_by_user.unmerged)
         reasons.append(Reason(code="UNMERGED_PATHS", detail=f"{n} unmerged path(s)"))
