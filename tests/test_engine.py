@@ -1031,3 +1031,32 @@ def test_unexpected_error_still_ends_the_record_failed(
     }
     assert evidence_of(stored.job_id)["status"] == "failed"
     assert containers_of(client, stored.job_id) == []
+
+
+def test_wall_clock_limit_ends_a_running_check(client: docker.DockerClient, repo: Path) -> None:
+    slow = {"argv": ["sleep", "60"], "timeout_seconds": 120}
+    task = make_task(checks={"slow": slow}, limits={"wall_seconds": 5})
+    job = new_job(client, repo, task, scripted([check_call("c1", "slow")]))
+    started = time.monotonic()
+    record = job.run()
+    assert time.monotonic() - started < 30
+    assert record.state == "failed"
+    assert code_of(record) == "LIMIT_EXCEEDED"
+    assert "wall-clock limit of 5 s" in (record.error or {}).get("message", "")
+    assert containers_of(client, record.job_id) == []
+    assert git(repo, "status", "--porcelain") == ""
+
+
+def test_result_bytes_limit_ends_the_job(
+    client: docker.DockerClient, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("controller.engine.MAX_RESULT_BYTES", 300)
+    job = new_job(client, repo, make_task(), scripted([search_call("c1")], [search_call("c2")]))
+    record = job.run()
+    assert record.state == "failed"
+    assert record.error == {
+        "code": "LIMIT_EXCEEDED",
+        "message": "tool results exceed the job's byte limit",
+    }
+    assert [c["id"] for c in record.tool_calls] == ["c1", "c2"]
+    assert containers_of(client, record.job_id) == []
