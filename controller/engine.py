@@ -127,7 +127,7 @@ class Job:
         self.request.provider.cancel()
         box = self._box
         if box is not None:
-            box.close()
+            box.interrupt()  # the job's own thread closes and removes it
 
     def run(self) -> JobRecord:
         """Runs the job to its end state. An unexpected exception (a bug, a broken daemon

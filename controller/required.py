@@ -150,13 +150,14 @@ def _run_one(
 
 @contextlib.contextmanager
 def _closed_on_stop(box: DockerSandbox, stop: threading.Event) -> Iterator[None]:
-    """A check blocks on its output stream; removing the container on cancel ends it."""
+    """A check blocks on its output stream; killing the container on cancel ends it (the
+    caller's ``finally`` removes it)."""
     done = threading.Event()
 
     def watch() -> None:
         while not done.wait(0.1):
             if stop.is_set():
-                box.close()
+                box.interrupt()
                 return
 
     watcher = threading.Thread(target=watch, name="check-cancel", daemon=True)

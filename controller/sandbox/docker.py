@@ -167,6 +167,15 @@ class AttachChannel:
     def stderr_tail(self) -> str:
         return b"".join(self._stderr)[-_STDERR_TAIL:].decode("utf-8", "replace")
 
+    def interrupt(self) -> None:
+        """Wakes a reader blocked in another thread (it sees the end of the stream). Safe
+        from any thread: the descriptor stays open, so its number cannot be reused under
+        that reader; the owner calls :meth:`close`."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
     def close(self) -> None:
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
@@ -429,6 +438,13 @@ class DockerSandbox(AgentCalls):
             self.container.kill()
         except docker.errors.APIError:
             pass
+
+    def interrupt(self) -> None:
+        """From another thread: kills the container and wakes a call waiting on the channel,
+        which then fails; the thread that owns the sandbox still calls :meth:`close`."""
+        self._kill()
+        if self._channel is not None:
+            self._channel.interrupt()
 
     def close(self) -> None:
         """Removes the container and closes every stream; logs (never raises) a failure."""
