@@ -84,6 +84,7 @@ def collect(box: Sandbox, baseline: Baseline) -> Collected:
         index = scratch / "index"
         private.git("read-tree", baseline.tree, index=index)
         files: list[ChangedFile] = []
+        entries: list[str] = []
         budget = MAX_CHANGED_BYTES
         for kind, paths in (("added", changes.added), ("modified", changes.modified)):
             for path in paths:
@@ -91,23 +92,21 @@ def collect(box: Sandbox, baseline: Baseline) -> Collected:
                 budget -= len(data)
                 hashed = ("hash-object", "-w", "--no-filters", "--stdin")
                 oid = private.git(*hashed, writes=True, stdin=data).decode().strip()
-                private.git(
-                    "update-index", "--add", "--cacheinfo", f"{mode},{oid},{path}", index=index
-                )
+                entries.append(f"{mode} {oid}\t{path}\0")
                 digest = hashlib.sha256(data).hexdigest()
                 files.append(ChangedFile(path, kind, mode, digest))
-        if changes.removed:
-            # mode 0 drops the entry; --force-remove would want a work tree
-            zero = "0" * len(baseline.tree)
-            entries = "".join(f"0 {zero}\t{path}\0" for path in changes.removed)
+        # Mode 0 drops an entry (--force-remove would want a work tree).
+        zero = "0" * len(baseline.tree)
+        entries += [f"0 {zero}\t{path}\0" for path in changes.removed]
+        files += [ChangedFile(path, "removed", None, None) for path in changes.removed]
+        if entries:  # one update of the private index for every changed path
             private.git(
                 "update-index",
                 "-z",
                 "--index-info",
                 index=index,
-                stdin=entries.encode("utf-8", "surrogateescape"),
+                stdin="".join(entries).encode("utf-8", "surrogateescape"),
             )
-            files += [ChangedFile(path, "removed", None, None) for path in changes.removed]
         tree = private.git("write-tree", index=index).decode().strip()
         diff = private.git(
             "diff-tree",
