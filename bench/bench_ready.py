@@ -5,7 +5,7 @@ the agent's handshake. "Ready + close" adds ``close`` (streams closed, container
 The reference, measured in the same run and interleaved with it, is the docker CLI's
 ``docker run --rm --network none --entrypoint true IMAGE`` on the same runtime: create,
 start, wait for exit and remove. Two more ``docker run`` lines give context: the bare
-interpreter (``python3 -I -B -c pass``) and the interpreter importing the agent's modules,
+interpreter (``python3 -I -S -B -c pass``) and the interpreter importing the agent's modules,
 which is the part of the handshake that a plain container does not have. A second table
 splits start + close into phases, timed around the Docker API calls that DockerSandbox makes.
 
@@ -115,13 +115,13 @@ AGENT_IMPORT = "import sys; sys.path.insert(0, '/opt/patchbox'); import patchbox
 
 
 def one_docker_run(spec: SandboxSpec, python: str | None = None) -> float:
-    """``docker run --rm`` of ``true`` (the reference) or of ``python3 -I -B -c PYTHON``."""
+    """``docker run --rm`` of ``true`` (the reference) or of ``python3 -I -S -B -c PYTHON``."""
     labels = current_identity().labels(spec.job_id, "bench")
     argv = ["docker", "run", "--rm", "--network", "none", "--runtime", spec.runtime]
     for key, value in labels.items():
         argv += ["--label", f"{key}={value}"]
     if python is not None:
-        argv += ["--entrypoint", "python3", spec.image, "-I", "-B", "-c", python]
+        argv += ["--entrypoint", "python3", spec.image, "-I", "-S", "-B", "-c", python]
     else:
         argv += ["--entrypoint", "true", spec.image]
     started = time.perf_counter()

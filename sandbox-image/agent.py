@@ -1,7 +1,8 @@
-"""Starts the agent. Run as ``python3 -I -B /opt/patchbox/agent.py``.
+"""Starts the agent. Run as ``python3 -I -S -B /opt/patchbox/agent.py``.
 
 Isolated mode keeps the environment, user site-packages and the working directory out of
-``sys.path``, so files in the workspace can never shadow a module the agent imports.
+``sys.path``, so files in the workspace can never shadow a module the agent imports. ``-S``
+skips the site module (the agent needs nothing from site-packages): a faster start.
 """
 
 import os

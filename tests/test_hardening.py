@@ -560,9 +560,10 @@ def test_cpu_quota_throttles_a_busy_loop(
     """With ``cpus=0.5`` a 2 s busy loop gets about 0.5 CPU seconds per wall second.
 
     Measured on the host (the container's cgroup usage, authoritative for both runtimes:
-    about 0.50) and inside (``process_time``: about 0.50 under runc; gVisor's own task
-    clock reads 0.67 to 0.73 although the host cgroup shows 0.50, so inside gVisor the
-    bound is looser). Unthrottled, the loop would read about 1.0.
+    about 0.50) and, under runc, inside (``process_time``: about 0.50). gVisor's own task
+    clock is not bound to the host cgroup: it read 0.67 to 0.89 on the machines seen while
+    the host cgroup showed 0.50, so it is not asserted. Unthrottled, the loop would read
+    about 1.0.
     """
     box = make_sandbox(runtime, cpus=0.5)
     assert box.container.attrs["HostConfig"]["NanoCpus"] == 500_000_000
@@ -584,7 +585,8 @@ def test_cpu_quota_throttles_a_busy_loop(
     assert out["wall"] >= 2.0
     assert 0.2 <= host_ratio <= 0.65, host_ratio
     assert throttled >= 5, throttled
-    assert 0.2 <= inside_ratio <= (0.65 if runtime == "runc" else 0.85), inside_ratio
+    if runtime == "runc":
+        assert 0.2 <= inside_ratio <= 0.65, inside_ratio
 
 
 # -- 9. bounded writable space ------------------------------------------------------------
@@ -750,8 +752,8 @@ print(json.dumps(out))
 def test_agent_is_not_dumpable(
     runtime: Runtime, make_sandbox: SandboxFactory, request: pytest.FixtureRequest
 ) -> None:
-    """A process started by ``run`` (same uid) cannot list or open the fds of either agent
-    process: pid 1 (which only reaps orphans and holds /dev/null) and the serving agent.
+    """A process started by ``run`` (same uid) cannot list or open the fds of the agent, the
+    container's init (one process: it serves and reaps orphans).
 
     The control: the probe's own child (same uid, dumpable) has a listable fd table.
     gVisor release 20221219 applies the dumpable flag to /proc/PID/{status,mem,environ}
@@ -763,11 +765,97 @@ def test_agent_is_not_dumpable(
         _known_gap(request, "gVisor 20221219 does not apply dumpability to /proc/PID/fd")
     box = make_sandbox(runtime)
     out = _probe(box, DUMPABLE_PROBE)
-    assert len(out["agents"]) == 2
-    assert out["agents"][0] == 1, "the agent is the container's init"
+    assert out["agents"] == [1], "the agent is the container's init, and the only agent process"
     assert out["control"] == "ok"
     assert out["listdir"] == ["EACCES"]
     assert out["open"] == ["EACCES"]
+
+
+ORPHANS = r"""
+import os, sys, time
+n = int(sys.argv[1])
+for i in range(n):
+    if os.fork() == 0:
+        os.setsid()  # out of the run's process group: its kill at the end misses them
+        if os.fork() == 0:
+            null = os.open("/dev/null", os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)  # the run ends now, not when they close its output
+            time.sleep(0.1)  # outlive the parent: now an orphan of the container's init
+            with open(f"/tmp/orphan-{i}", "w") as fh:
+                fh.write(str(os.getppid()))
+            time.sleep(0.9)
+            os._exit(0)
+        os._exit(0)
+    os.wait()
+"""
+
+ZOMBIES = r"""
+import json, os
+orphans = [name for name in os.listdir("/tmp") if name.startswith("orphan-")]
+states = {}
+for name in os.listdir("/proc"):
+    if name.isdigit():
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        states[name] = stat[stat.rfind(b")") + 2 :].split()[0].decode()
+print(json.dumps({
+    "ppids": sorted({open(f"/tmp/{name}").read() for name in orphans}),
+    "written": len(orphans),
+    "zombies": sorted(pid for pid, state in states.items() if state == "Z"),
+}))
+"""
+
+
+def test_orphans_are_reaped(runtime: Runtime, make_sandbox: SandboxFactory) -> None:
+    """Processes that outlive their parent (and leave the run's process group) are
+    re-parented to the agent, the container's init. It reaps them when they exit, also while
+    no run is going on: no zombie is left to fill the pids limit. The control: each orphan
+    saw pid 1 as its parent.
+    """
+    box = make_sandbox(runtime)
+    result = _run_py(box, ORPHANS, "20")
+    assert result.exitCode == 0
+    assert result.durationMs < 900, "the orphans do not hold the run's output"
+    time.sleep(3.0)  # they exit about 1 s after the run ended; nothing runs meanwhile
+    out = _probe(box, ZOMBIES)
+    assert out["ppids"] == ["1"]
+    assert out["written"] == 20
+    assert out["zombies"] == []
+
+
+CHURN = r"""
+import os, sys, time
+# Orphans that keep this run's output open for 0.3 s after it exits: meanwhile the run's
+# own process waits as a zombie for the agent to read its status, and the orphans' exits
+# wake the init's reaping.
+for _ in range(4):
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            time.sleep(0.3)
+            os._exit(0)
+        os._exit(0)
+    os.wait()
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def test_reaping_never_takes_a_runs_exit_status(
+    runtime: Runtime, make_sandbox: SandboxFactory
+) -> None:
+    """The init's reaping never reaps a process the agent started itself: that would turn
+    a failing check's status into 0. 15 runs, each leaving orphans that exit while its own
+    status waits to be read, keep their exact exit codes, and no zombie is left."""
+    box = make_sandbox(runtime)
+    codes = [3, 0, 1, 2, 5] * 3
+    got = [_run_py(box, CHURN, str(code)).exitCode for code in codes]
+    assert got == codes
+    time.sleep(1.0)
+    assert _probe(box, ZOMBIES)["zombies"] == []
 
 
 FORGE_PROBE = r"""
@@ -809,8 +897,8 @@ def test_run_cannot_forge_its_own_result(runtime: Runtime, make_sandbox: Sandbox
 
     The probe tries every other process's fd 1 and the agent's (its parent's) fds 3-9, and
     writes a forged ``run`` result to the first it can open.
-    runc: no descriptor of the channel can be opened (the agent is pid 1 and its serving
-    child, both non-dumpable), so the controller gets the genuine result (exit 7).
+    runc: no descriptor of the channel can be opened (the agent, pid 1, is non-dumpable),
+    so the controller gets the genuine result (exit 7).
     gVisor: /proc/PID/fd stays open to the same uid (see test_agent_is_not_dumpable), so the
     forged frame does reach the controller, which refuses it (it is not signed with the key
     sent in ``hello``): the job fails with SANDBOX_FAILED, and a forged result is never used.

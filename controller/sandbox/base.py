@@ -27,7 +27,7 @@ class SandboxSpec(BaseModel):
     """Seconds from create to a completed handshake."""
     protected: tuple[str, ...] = ()
     """The operator's protected globs (SPEC 5.7): never listed, read or written."""
-    agent_argv: tuple[str, ...] = ("python3", "-I", "-B", "/opt/patchbox/agent.py")
+    agent_argv: tuple[str, ...] = ("python3", "-I", "-S", "-B", "/opt/patchbox/agent.py")
     """How the agent is started inside the image."""
     preload: str | None = None
     """Host path of a tar archive (a file, or a FIFO under runc) mounted read-only at

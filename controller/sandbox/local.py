@@ -74,7 +74,7 @@ class LocalSandbox(AgentCalls):
         self.workspace = workspace
         self._tmp = tempfile.mkdtemp(prefix="patchbox-local-")
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-B", str(sandbox_image_dir() / "agent.py")],
+            [sys.executable, "-I", "-S", "-B", str(sandbox_image_dir() / "agent.py")],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional, Tuple
 
-from . import jail
+from . import jail, procs
 
 _GIT_ENV = {
     "HOME": "/tmp",
@@ -213,15 +213,14 @@ class FileIndex:
         import subprocess  # imported on first use: a faster start
 
         if not os.path.isdir(self._git_dir):
-            subprocess.run(
+            procs.run(
                 ["git", *_GIT_OPTS, "init", "-q", "--bare", self._git_dir],
                 env=_GIT_ENV,
                 stdin=subprocess.DEVNULL,
-                capture_output=True,
                 check=True,
                 timeout=30,
             )
-        return subprocess.run(
+        return procs.run(
             [
                 "git",
                 *_GIT_OPTS,
@@ -232,7 +231,6 @@ class FileIndex:
             env=_GIT_ENV,
             cwd="/",
             input=stdin,
-            capture_output=True,
             check=False,
             timeout=120,
         ).stdout

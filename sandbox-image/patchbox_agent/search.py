@@ -15,7 +15,7 @@ import subprocess
 import sys
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from . import jail
+from . import jail, procs
 
 MAX_FILE_BYTES = 8 * 1024 * 1024
 MAX_LINE_CHARS = 500
@@ -171,10 +171,9 @@ def regex_search_bounded(
         "from patchbox_agent.search import _regex_child; _regex_child()"
     )
     try:
-        out = subprocess.run(
-            [sys.executable, "-I", "-B", "-c", code],
+        out = procs.run(
+            [sys.executable, "-I", "-S", "-B", "-c", code],
             input=payload.encode(),
-            capture_output=True,
             timeout=seconds,
             check=True,
             cwd="/",

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import IO, TYPE_CHECKING, Any
 
-from . import jail
+from . import jail, procs
 from .frames import KIND_BINARY, KIND_JSON, PROTOCOL_VERSION, FdReader, FrameError, Signer
 from .globs import Glob, GlobError
 from .index import FileIndex
@@ -137,9 +137,7 @@ def _gnu_tar() -> str | None:
         found = shutil.which("tar", path="/usr/bin:/bin")
         if found is not None:
             try:
-                out = subprocess.run(
-                    [found, "--version"], capture_output=True, timeout=10, check=False
-                ).stdout
+                out = procs.run([found, "--version"], timeout=10).stdout
             except (OSError, subprocess.SubprocessError):
                 out = b""
             if b"GNU tar" not in out:
@@ -192,9 +190,15 @@ class _FileStream:
 
 
 class Agent:
-    def __init__(self, in_fd: int, out_fd: int, workspace: str = WORKSPACE) -> None:
+    def __init__(
+        self,
+        in_fd: int,
+        out_fd: int,
+        workspace: str = WORKSPACE,
+        wake: tuple[int, Callable[[], object]] | None = None,
+    ) -> None:
         _grow_pipe(in_fd)
-        self._reader = FdReader(in_fd)
+        self._reader = FdReader(in_fd, wake=wake)
         self._out_fd = out_fd
         self._write_lock = threading.Lock()
         self._workspace = workspace
@@ -581,7 +585,7 @@ class Agent:
         argv = [tar, "-x", "-v", "-f", "-", "-C", self._workspace, "--no-same-owner"]
         argv += ["--no-same-permissions", "--no-overwrite-dir", "--totals"]
         direct = isinstance(stream, _FileStream)
-        with subprocess.Popen(
+        with procs.popen(
             argv,
             stdin=stream.fd if isinstance(stream, _FileStream) else subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -705,7 +709,7 @@ class Agent:
 
         started = time.monotonic()
         try:
-            proc = subprocess.Popen(
+            proc = procs.popen(
                 argv,
                 cwd=self._workspace,
                 env=env,
@@ -722,6 +726,7 @@ class Agent:
         assert proc.stdout is not None  # noqa: S101 - Popen contract with stdout=PIPE
         tail, total, timed_out = _collect(proc, proc.stdout, started + timeout, cap)
         self._changed()
+        procs.reap_orphans()  # what the killed process group left behind
         with self._state_lock:
             self._running.pop(rid, None)
             cancelled = rid in self._cancelled
@@ -930,40 +935,23 @@ def _not_dumpable() -> None:
         pass
 
 
-def _init_process(child: int) -> int:
-    """Pid 1's work: reap every orphan, pass SIGTERM on, and end with the agent's status.
-
-    Pid 1 holds no channel descriptor (only /dev/null), so /proc/1/fd leads nowhere.
-    """
-    signal.signal(signal.SIGTERM, lambda *_: os.kill(child, signal.SIGKILL))
-    while True:
-        try:
-            pid, status = os.wait()
-        except ChildProcessError:
-            return 0
-        except InterruptedError:
-            continue
-        if pid == child:
-            return os.waitstatus_to_exitcode(status) & 0xFF
+def _on_term(*_: object) -> None:
+    """SIGTERM (``docker stop``): the agent, the container's init, ends; the kernel then
+    kills every other process of the sandbox."""
+    os._exit(143)
 
 
 def main() -> int:
     """Entry point: takes private copies of stdin/stdout and points fds 0 and 1 at /dev/null.
 
     Nothing the agent starts can then write into the channel by accident. As pid 1 (the
-    container's init) it forks: the parent only reaps orphans, the child serves, so the
-    agent's own waits on its processes never race with reaping.
+    container's init) the agent also reaps orphans (see :mod:`patchbox_agent.procs`).
     """
     _not_dumpable()
+    wake = None
     if os.getpid() == 1:
-        child = os.fork()
-        if child:
-            null = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(null, fd)
-            os.close(null)
-            return _init_process(child)
-        _not_dumpable()
+        signal.signal(signal.SIGTERM, _on_term)
+        wake = procs.install_reaper()
     in_fd = os.dup(0)
     out_fd = os.dup(1)
     null = os.open(os.devnull, os.O_RDWR)
@@ -972,7 +960,7 @@ def main() -> int:
     os.close(null)
     sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
     workspace = os.environ.get("PATCHBOX_WORKSPACE", WORKSPACE)
-    agent = Agent(in_fd, out_fd, workspace)
+    agent = Agent(in_fd, out_fd, workspace, wake)
     preload = os.environ.get("PATCHBOX_PRELOAD")
     if preload:
         agent.preload(preload)
