@@ -9,12 +9,14 @@ pattern can backtrack catastrophically.
 
 from __future__ import annotations
 
-from typing import List, Tuple, Union
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import List, Tuple, Union
+
+    # A token: a literal character, "*", "**", "?", or a class (negated, ranges).
+    Token = Union[str, Tuple[bool, Tuple[Tuple[str, str], ...]]]
 
 MAX_PATTERN = 512
-
-# A token: a literal character, "*", "**", "?", or a class (negated, ranges).
-Token = Union[str, Tuple[bool, Tuple[Tuple[str, str], ...]]]
 
 
 class GlobError(ValueError):

@@ -10,9 +10,14 @@ index, so a listing or a cached search is never older than the workspace.
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional, Tuple
 
 from . import jail, procs
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional, Tuple
+
+    DirStat = Tuple[int, int, int]
 
 _GIT_ENV = {
     "HOME": "/tmp",
@@ -30,9 +35,6 @@ _GIT_OPTS = [
     "-c",
     "core.hooksPath=/dev/null",
 ]
-
-
-DirStat = Tuple[int, int, int]
 
 
 class FileIndex:

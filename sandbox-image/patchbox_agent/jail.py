@@ -12,9 +12,12 @@ from __future__ import annotations
 import os
 import stat
 import unicodedata
-from typing import Iterator
 
 from .globs import Glob
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Iterator
 
 MAX_PATH_BYTES = 4096
 MAX_COMPONENTS = 128

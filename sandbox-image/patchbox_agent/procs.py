@@ -17,15 +17,16 @@ wakeup descriptor that :func:`install_reaper` sets up for SIGCHLD, and at the en
 from __future__ import annotations
 
 import os
-import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from _thread import allocate_lock
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
     from collections.abc import Callable, Sequence
+    from typing import Any
 
-_lock = threading.Lock()
+_lock = allocate_lock()
 _installed: list[bool] = []
 _ours: weakref.WeakValueDictionary[int, subprocess.Popen[bytes]] = weakref.WeakValueDictionary()
 
@@ -108,11 +109,14 @@ def reap_orphans() -> int:
 def install_reaper() -> tuple[int, Callable[[], None]]:
     """Has SIGCHLD write to a pipe. Returns the pipe's read end, which becomes readable when
     a child may have exited, and what to call then. Call from the main thread."""
-    import signal
+    if TYPE_CHECKING:
+        import signal as _signal
+    else:
+        import _signal  # the C module behind signal, without its enums
 
     read_fd, write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    _signal.signal(_signal.SIGCHLD, lambda *_: None)
+    _signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
     _installed.append(True)
 
     def on_wake() -> None:

@@ -10,28 +10,30 @@ operation runs inline, in order.
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import select
-import signal
 import stat
 import sys
-import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable
-from functools import partial
-from typing import IO, TYPE_CHECKING, Any
+from _thread import allocate_lock
 
-from . import jail, procs
+from . import jail, procs, wire
 from .frames import KIND_BINARY, KIND_JSON, PROTOCOL_VERSION, FdReader, FrameError, Signer
 from .globs import Glob, GlobError
 from .index import FileIndex
 
+# The start path imports as little as it can: a sandbox reads every module cold (under
+# gVisor through its gofer), so ``json``, ``re``, ``typing``, ``threading``, ``collections``
+# and ``signal`` (which brings ``enum``) stay out of it; see docs/performance.md.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import signal as _signal
     import subprocess
     import tarfile
+    from collections.abc import Callable
+    from typing import IO, Any
+else:
+    import _signal  # the C module behind signal, without its enums
 
 AGENT_VERSION = "0.1.0"
 WORKSPACE = "/workspace"
@@ -200,19 +202,19 @@ class Agent:
         _grow_pipe(in_fd)
         self._reader = FdReader(in_fd, wake=wake)
         self._out_fd = out_fd
-        self._write_lock = threading.Lock()
+        self._write_lock = allocate_lock()
         self._workspace = workspace
         self._root_fd = -1
         self._index: FileIndex | None = None
-        self._search_cache: OrderedDict[str, dict[str, Any]] = OrderedDict()
-        self._index_lock = threading.Lock()
+        self._search_cache: dict[str, dict[str, Any]] = {}  # in use order, oldest first
+        self._index_lock = allocate_lock()
         self._greeted = False
         self._preload: dict[str, Any] | None = None
         self._base: dict[str, Any] | None = None
         self._signer: Signer | None = None
         self._running: dict[int, subprocess.Popen[bytes]] = {}
         self._cancelled: set[int] = set()
-        self._state_lock = threading.Lock()
+        self._state_lock = allocate_lock()
 
     # -- output ---------------------------------------------------------------------------
 
@@ -250,7 +252,7 @@ class Agent:
         if frame is None or frame[0] != KIND_JSON:
             return None
         try:
-            req = json.loads(frame[1])
+            req = wire.loads(frame[1])
         except ValueError:
             return None
         if not isinstance(req, dict) or not isinstance(req.get("id"), int):
@@ -277,14 +279,17 @@ class Agent:
                     self._send({"id": rid, "ok": True, "result": {}})
                     return 0
                 if op == "run":
-                    work = partial(self._run, rid, args)
-                    t = threading.Thread(target=self._reply, args=(rid, work))
-                    t.daemon = True
-                    t.start()
+                    import threading  # imported on first use: a faster start
+
+                    work = self._runner(rid, args)
+                    threading.Thread(target=self._reply, args=(rid, work), daemon=True).start()
                     continue
                 self._dispatch(rid, op, args)
         except FrameError:
             return 3
+
+    def _runner(self, rid: int, args: dict[str, Any]) -> Callable[[], dict[str, Any]]:
+        return lambda: self._run(rid, args)
 
     def _dispatch(self, rid: int, op: str, args: dict[str, Any]) -> None:
         handlers: dict[str, Callable[[], dict[str, Any]]] = {
@@ -377,10 +382,10 @@ class Agent:
             raise _bad("regex must be a boolean")
         keep = _glob_arg(args)
         limit = _int_arg(args, "maxResults", DEFAULT_SEARCH_RESULTS, 1, MAX_SEARCH_RESULTS)
-        key = json.dumps([self.index.version, query, regex, args.get("glob"), limit])
-        cached = self._search_cache.get(key)
+        key = wire.dumps([self.index.version, query, regex, args.get("glob"), limit])
+        cached = self._search_cache.pop(key, None)
         if cached is not None:
-            self._search_cache.move_to_end(key)
+            self._search_cache[key] = cached  # now the most recently used
             return dict(cached, cached=True)
         by_dir = self.index.by_dir()
         if keep is not None:
@@ -404,7 +409,7 @@ class Agent:
         result = dict(found, version=self.index.version, cached=False)
         self._search_cache[key] = result
         while len(self._search_cache) > SEARCH_CACHE_ENTRIES:
-            self._search_cache.popitem(last=False)
+            del self._search_cache[next(iter(self._search_cache))]
         return result
 
     def _replace_text(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -581,6 +586,7 @@ class Agent:
     def _extract_gnu(self, tar: str, stream: _Chunks | _FileStream) -> int:
         """GNU tar reads a mounted archive itself; a channel stream is relayed to it."""
         import subprocess  # imported on first use: a faster start
+        import threading
 
         argv = [tar, "-x", "-v", "-f", "-", "-C", self._workspace, "--no-same-owner"]
         argv += ["--no-same-permissions", "--no-overwrite-dir", "--totals"]
@@ -615,6 +621,8 @@ class Agent:
                 text = "No space left on device in the workspace; " + text
             raise OpError("SANDBOX_FAILED", f"archive refused: {text or f'tar exit {code}'}")
         if isinstance(stream, _FileStream):
+            import re  # imported on first use: a faster start
+
             found = re.search(r"Total bytes read: (\d+)", detail)
             stream.total = int(found.group(1)) if found else 0
         return names[0]
@@ -857,7 +865,7 @@ def _filter_dirs(by_dir: dict[str, list[str]], keep: Glob) -> dict[str, list[str
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(proc.pid, _signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
 
@@ -950,7 +958,7 @@ def main() -> int:
     _not_dumpable()
     wake = None
     if os.getpid() == 1:
-        signal.signal(signal.SIGTERM, _on_term)
+        _signal.signal(_signal.SIGTERM, _on_term)
         wake = procs.install_reaper()
     in_fd = os.dup(0)
     out_fd = os.dup(1)
