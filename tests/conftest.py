@@ -3,6 +3,9 @@
 gVisor tests run wherever runsc is registered with the daemon; where it is not, they are
 skipped, except under CI (``CI=true``) or ``PATCHBOX_REQUIRE_RUNSC=1``, where a missing
 runtime is a failure.
+
+``PATCHBOX_TEST_BASE=IMAGE`` builds the sandbox image on another base (any image with
+python3 >= 3.9 and git), to run the Docker tests against another interpreter.
 """
 
 from __future__ import annotations
@@ -85,8 +88,8 @@ def docker_client() -> Iterator[docker.DockerClient]:
 
 @pytest.fixture(scope="session")
 def sandbox_image(docker_client: docker.DockerClient) -> str:
-    info = ImageBuilder(docker_client, lambda m: print(f"[image] {m}", file=sys.stderr)).ensure()
-    return info.tag
+    builder = ImageBuilder(docker_client, lambda m: print(f"[image] {m}", file=sys.stderr))
+    return builder.ensure(os.environ.get("PATCHBOX_TEST_BASE") or None).tag
 
 
 @pytest.fixture(scope="session")
