@@ -858,6 +858,23 @@ def test_reaping_never_takes_a_runs_exit_status(
     assert _probe(box, ZOMBIES)["zombies"] == []
 
 
+def test_docker_stop_ends_the_sandbox_at_once(
+    runtime: Runtime, make_sandbox: SandboxFactory
+) -> None:
+    """The agent is pid 1, and the kernel delivers to a namespace's init only signals it
+    handles: without its SIGTERM handler ``docker stop`` would wait out its whole timeout
+    and then SIGKILL. With it the agent exits with 143 at once, and the kernel kills
+    everything else in the sandbox (here a running ``sleep``)."""
+    box = make_sandbox(runtime)
+    assert _run_py(box, "import subprocess; subprocess.Popen(['sleep', '300'])").exitCode == 0
+    started = time.monotonic()
+    box.container.stop(timeout=30)
+    elapsed = time.monotonic() - started
+    state = _state(box, until_exited=True)
+    assert (state["Running"], state["ExitCode"]) == (False, 143)
+    assert elapsed < 10.0, elapsed
+
+
 FORGE_PROBE = r"""
 import json, os, struct, sys, time
 rid = int(sys.argv[1])

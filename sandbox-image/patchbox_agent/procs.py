@@ -87,23 +87,19 @@ def _zombie_children(me: int) -> list[int]:
     return found
 
 
-def reap_orphans() -> int:
-    """Reaps every zombie child that is not a child of :func:`popen` still to be waited
-    for; returns how many it reaped."""
-    reaped = 0
+def reap_orphans() -> None:
+    """Reaps every zombie child that is not a child of :func:`popen` still to be waited for."""
     if not _installed:
-        return 0  # not the container's init: orphans go elsewhere
+        return  # not the container's init: orphans go elsewhere
     with _lock:
         for pid in _zombie_children(os.getpid()):
             proc = _ours.get(pid)
             if proc is not None and proc.returncode is None:
                 continue  # its Popen reaps it and reads its status
             try:
-                if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                    reaped += 1
+                os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
                 pass
-    return reaped
 
 
 def install_reaper() -> tuple[int, Callable[[], None]]:

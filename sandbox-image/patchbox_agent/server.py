@@ -280,16 +280,14 @@ class Agent:
                     return 0
                 if op == "run":
                     import threading  # imported on first use: a faster start
+                    from functools import partial
 
-                    work = self._runner(rid, args)
+                    work = partial(self._run, rid, args)
                     threading.Thread(target=self._reply, args=(rid, work), daemon=True).start()
                     continue
                 self._dispatch(rid, op, args)
         except FrameError:
             return 3
-
-    def _runner(self, rid: int, args: dict[str, Any]) -> Callable[[], dict[str, Any]]:
-        return lambda: self._run(rid, args)
 
     def _dispatch(self, rid: int, op: str, args: dict[str, Any]) -> None:
         handlers: dict[str, Callable[[], dict[str, Any]]] = {
