@@ -13,6 +13,7 @@ import os
 import stat
 import unicodedata
 
+from . import protected
 from .globs import Glob
 
 TYPE_CHECKING = False
@@ -25,10 +26,11 @@ MAX_COMPONENTS = 128
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 
-# Names the model never sees or touches (SPEC 5.7), compared after NFC and case folding.
-_PROTECTED_NAMES = frozenset({".git", ".npmrc", ".pypirc", ".netrc"})
-_PROTECTED_PREFIXES = (".env", "id_rsa", "id_dsa", "id_ecdsa", "id_ed25519")
-_PROTECTED_SUFFIXES = (".pem", ".key")
+# Names the model never sees or touches, compared after NFC and case folding. One list,
+# shared with the controller's write policy: see protected.py and docs/architecture.md.
+_PROTECTED_NAMES = protected.NAMES
+_PROTECTED_PREFIXES = protected.PREFIXES
+_PROTECTED_SUFFIXES = protected.SUFFIXES
 
 
 _EXTRA: list[Glob] = []
@@ -55,12 +57,14 @@ def fold(name: str) -> str:
 
 
 def is_protected_component(name: str) -> bool:
-    f = fold(name)
-    return (
-        f in _PROTECTED_NAMES
-        or f.startswith(_PROTECTED_PREFIXES)
-        or f.endswith(_PROTECTED_SUFFIXES)
-    )
+    """True when this one component is protected whatever its directory."""
+    return protected.is_protected_name(name)
+
+
+def is_protected_path(path: str) -> bool:
+    """True when the whole relative path is protected, including the (directory, name)
+    rules such as ``.docker/config.json`` that no single component shows."""
+    return protected.is_protected_path(path)
 
 
 def split(path: object) -> list[str]:
@@ -79,7 +83,7 @@ def split(path: object) -> list[str]:
     for part in parts:
         if part in ("", ".", "..") or is_protected_component(part):
             raise PathDeniedError
-    if operator_protected(path):
+    if is_protected_path(path) or operator_protected(path):
         raise PathDeniedError
     return parts
 
@@ -143,7 +147,7 @@ def walk_files(root_fd: int, prefix: str = "") -> Iterator[str]:
             continue
         rel = prefix + entry.name
         if entry.is_file(follow_symlinks=False):
-            if not operator_protected(rel):
+            if not (is_protected_path(rel) or operator_protected(rel)):
                 yield rel
         elif entry.is_dir(follow_symlinks=False):
             try:
