@@ -1,20 +1,25 @@
-"""Which workspace paths a tool may write (SPEC 5.7), as pure functions.
+"""Which workspace paths a tool may write (docs/architecture.md, "Protected paths"), as pure
+functions.
 
-Never written (nor read): ``.git`` in any component, ``.env*``, keys and credentials. Written
-only when the task names them in ``allowed_paths``: files that make tools run code or change
-how git reads the tree. Names are compared after Unicode NFC and case folding.
+Never written (nor read): ``.git`` in any component, ``.env*``, keys and credentials. That
+list is the agent's own (``patchbox_agent.protected``), imported here rather than copied, so
+the diff check and the agent's jail can never disagree. Written only when the task names
+them in ``allowed_paths``: files that make tools run code or change how git reads the tree.
+Names are compared after Unicode NFC and case folding.
 """
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Iterable
 
+from patchbox_agent import protected
 from patchbox_agent.globs import Glob
 
-NEVER_NAMES = frozenset({".git", ".npmrc", ".pypirc", ".netrc", ".git-credentials", ".dockercfg"})
-NEVER_PREFIXES = (".env", "id_rsa", "id_dsa", "id_ecdsa", "id_ed25519")
-NEVER_SUFFIXES = (".pem", ".key", ".p12", ".pfx", ".keystore", ".jks")
+# The very objects the agent's jail uses (a test asserts identity, not equality).
+NEVER_NAMES = protected.NAMES
+NEVER_PREFIXES = protected.PREFIXES
+NEVER_SUFFIXES = protected.SUFFIXES
+NEVER_PAIRS = protected.PAIRS
 
 CONFIG_NAMES = frozenset(
     {
@@ -74,15 +79,14 @@ CONFIG_DIRS = frozenset(
 
 
 def fold(path: str) -> str:
-    return unicodedata.normalize("NFC", path).casefold()
+    """NFC, then case folding: the agent's comparison form."""
+    return protected.fold(path)
 
 
 def never_touch(path: str) -> bool:
-    """Protected for reading and writing alike."""
-    return any(
-        part in NEVER_NAMES or part.startswith(NEVER_PREFIXES) or part.endswith(NEVER_SUFFIXES)
-        for part in fold(path).split("/")
-    )
+    """Protected for reading and writing alike: the agent's own rule, on the whole path
+    (one component, or a (directory, name) pair such as ``.docker/config.json``)."""
+    return protected.is_protected_path(path)
 
 
 def is_config(path: str) -> bool:
