@@ -29,14 +29,18 @@ EXIT_FAILED = 1
 Outcome = tuple[int, dict[str, Any], str]
 
 
+MAX_TASK_FILE_BYTES = 1024 * 1024
+"""The largest task file read: a prompt, a few checks and limits fit many times over."""
+
+
 def load_task(path: Path) -> TaskSpec:
+    """Reads and validates the task file. :class:`UsageError` (exit 2) when it is missing,
+    not a regular file (a FIFO or a device never blocks: :mod:`controller.inputfile`, the
+    calls file's rule), larger than :data:`MAX_TASK_FILE_BYTES`, or invalid."""
+    from controller.inputfile import read_input_file
     from controller.task import TaskSpec
 
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        msg = f"the task file cannot be read: {exc.strerror}"
-        raise UsageError(msg) from exc
+    raw = read_input_file(path, "task file", MAX_TASK_FILE_BYTES)
     try:
         return TaskSpec.model_validate_json(raw)
     except ValidationError as exc:

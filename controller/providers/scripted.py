@@ -9,7 +9,6 @@ and argument contents are not checked here; the loop validates them like a model
 from __future__ import annotations
 
 import json
-import stat
 import threading
 from pathlib import Path
 from typing import Annotated, Any, Self
@@ -17,6 +16,7 @@ from typing import Annotated, Any, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from controller.errors import UsageError
+from controller.inputfile import read_input_file
 from controller.providers.base import (
     CallId,
     CancelledError,
@@ -98,17 +98,8 @@ def parse_calls(data: bytes | str) -> CallsFile:
 def load_calls(path: Path | str) -> ScriptedProvider:
     """Reads and parses a calls file; :class:`UsageError` if it is missing, not a regular
     file, unreadable, too large or invalid."""
-    path = Path(path)
-    try:
-        info = path.stat()
-        if not stat.S_ISREG(info.st_mode):
-            raise UsageError(f"calls file {path.name!r} is not a regular file")
-        with path.open("rb") as handle:
-            data = handle.read(MAX_CALLS_FILE_BYTES + 1)
-    except FileNotFoundError:
-        raise UsageError(f"calls file {path.name!r} not found") from None
-    except OSError as exc:
-        raise UsageError(f"calls file {path.name!r} cannot be read: {exc.strerror}") from None
+    # The task file's rule too (controller.inputfile): a FIFO or a device never blocks.
+    data = read_input_file(path, "calls file", MAX_CALLS_FILE_BYTES)
     return ScriptedProvider(parse_calls(data))
 
 
