@@ -1,7 +1,10 @@
-"""Exact edits: ``replace_text`` with an atomic same-directory rename (SPEC 5.3).
+"""Exact edits: ``replace_text`` with an atomic same-directory rename, and ``apply_patch``.
 
-Nothing here follows a link: the file is opened through the jail, the replacement is
-written to a fresh temp file in the same directory (``O_EXCL | O_NOFOLLOW``) and renamed
+The rules are in docs/architecture.md ("The tools").
+
+Nothing here follows a link: every folder and file is opened through the jail (each
+component verified against its ``fstatat``, see jail.py, under gVisor too), a replacement
+is written to a fresh temp file in the same directory (``O_EXCL | O_NOFOLLOW``) and renamed
 over the original after re-checking that the original did not change since it was read.
 """
 
@@ -32,7 +35,7 @@ class EditBroken(Exception):  # noqa: N818 - a job-ending condition, not a retry
 
 def _read(dfd: int, name: str) -> Tuple[bytes, os.stat_result]:
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+        fd = jail.open_regular(dfd, name)
     except OSError as exc:
         raise jail.PathDeniedError from exc
     try:
@@ -226,7 +229,7 @@ def _check_modes(root_fd: int, patches: List[Any]) -> None:
 
 
 def apply_patch(root_fd: int, text: Any, tree_paths: List[str]) -> Dict[str, Any]:
-    """Applies one canonical diff, all or nothing (SPEC 5.4).
+    """Applies one canonical diff, all or nothing (docs/architecture.md, "apply_patch").
 
     Rejections before any write raise EditRejected (the workspace is untouched); a failure
     after the first visible write raises EditBroken.
@@ -361,9 +364,7 @@ def _dirs_for(root_fd: int, parts: List[str], made: List[Tuple[int, str]]) -> in
             os.close(fd)
             raise
         try:
-            nfd = os.open(
-                part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
-            )
+            nfd = jail.open_subdir(fd, part)  # never a link, under gVisor too
         finally:
             os.close(fd)
         fd = nfd

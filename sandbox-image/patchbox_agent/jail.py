@@ -1,10 +1,15 @@
 """Path jail: every workspace path is opened component by component, never following a link.
 
 Paths are relative POSIX paths. Each directory component is opened with
-``O_DIRECTORY | O_NOFOLLOW`` relative to its parent's descriptor, so a symlink swapped in
-between a check and an open cannot lead outside the workspace. The final component is
-opened with ``O_NOFOLLOW | O_NONBLOCK`` and must be a regular file, so FIFOs and devices
-never block the agent.
+``O_DIRECTORY | O_NOFOLLOW`` relative to its parent's descriptor, and then verified: an
+``fstatat(AT_SYMLINK_NOFOLLOW)`` of the name must show a directory with the same
+``(st_dev, st_ino)`` as the descriptor just opened. The flags alone are not enough: gVisor
+(runsc) follows a symlink to a directory under ``O_DIRECTORY | O_NOFOLLOW`` (Linux answers
+ENOTDIR), so without the check ``link_to_etc/passwd`` would open ``/etc/passwd``. The check
+also holds against a swap: the descriptor pins what was opened, and a name that is (or
+became) a link, or now names another inode, is refused. The final component is opened with
+``O_NOFOLLOW | O_NONBLOCK``, must be a regular file, and is verified the same way, so FIFOs
+and devices never block the agent. See docs/architecture.md, "The path jail".
 """
 
 from __future__ import annotations
@@ -88,12 +93,49 @@ def split(path: object) -> list[str]:
     return parts
 
 
+def _verify(dfd: int, name: str, fd: int, kind: int) -> None:
+    """Raises OSError unless ``name`` in ``dfd`` is, without following it, an entry of type
+    ``kind`` whose ``(st_dev, st_ino)`` is that of the open descriptor ``fd``."""
+    opened = os.fstat(fd)
+    entry = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    if stat.S_IFMT(entry.st_mode) != kind or (entry.st_dev, entry.st_ino) != (
+        opened.st_dev,
+        opened.st_ino,
+    ):
+        raise OSError(f"{name!r} is not the {kind:o} entry that was opened")
+
+
+def open_subdir(dfd: int, name: str) -> int:
+    """Opens the directory ``name`` in ``dfd``; OSError if it is a link (whatever the runtime
+    does with ``O_DIRECTORY | O_NOFOLLOW``), not a directory, or swapped while opened."""
+    fd = os.open(name, _DIR_FLAGS, dir_fd=dfd)
+    try:
+        _verify(dfd, name, fd, stat.S_IFDIR)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_regular(dfd: int, name: str) -> int:
+    """Opens the regular file ``name`` in ``dfd`` for reading (never blocking on a FIFO);
+    OSError if it is a link, not a regular file, or swapped while opened."""
+    fd = os.open(name, _FILE_FLAGS, dir_fd=dfd)
+    try:
+        _verify(dfd, name, fd, stat.S_IFREG)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def open_dir(root_fd: int, parts: list[str]) -> int:
-    """Opens the directory ``parts`` beneath ``root_fd`` without following links."""
+    """Opens the directory ``parts`` beneath ``root_fd``; PathDeniedError if any component
+    is a link or not a directory."""
     fd = os.dup(root_fd)
     try:
         for part in parts:
-            nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            nfd = open_subdir(fd, part)
             os.close(fd)
             fd = nfd
     except OSError as exc:
@@ -112,7 +154,7 @@ def make_dirs(root_fd: int, parts: list[str]) -> int:
                 os.mkdir(part, 0o755, dir_fd=fd)
             except FileExistsError:
                 pass
-            nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            nfd = open_subdir(fd, part)
             os.close(fd)
             fd = nfd
     except OSError as exc:
@@ -126,15 +168,11 @@ def open_file(root_fd: int, path: object) -> int:
     parts = split(path)
     dfd = open_dir(root_fd, parts[:-1])
     try:
-        fd = os.open(parts[-1], _FILE_FLAGS, dir_fd=dfd)
+        return open_regular(dfd, parts[-1])
     except OSError as exc:
         raise PathDeniedError from exc
     finally:
         os.close(dfd)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise PathDeniedError
-    return fd
 
 
 def walk_files(root_fd: int, prefix: str = "") -> Iterator[str]:
@@ -151,7 +189,7 @@ def walk_files(root_fd: int, prefix: str = "") -> Iterator[str]:
                 yield rel
         elif entry.is_dir(follow_symlinks=False):
             try:
-                sub = os.open(entry.name, _DIR_FLAGS, dir_fd=root_fd)
+                sub = open_subdir(root_fd, entry.name)
             except OSError:
                 continue
             try:
