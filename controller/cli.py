@@ -1,18 +1,21 @@
 """The ``patchbox`` command line (SPEC 11.1).
 
-Exit codes: 0 success, 1 a job or check failed, 2 bad usage, 3 the environment is not ready.
+Exit codes: 0 success, 1 a job or check failed, 2 bad usage, 3 the environment is not ready,
+70 an internal error (``INTERNAL_ERROR``, with a crash report), 130, 143 and 129 after a job
+was cancelled by SIGINT, SIGTERM or SIGHUP.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from controller.errors import NotReadyError, PatchboxError, UsageError
+from controller.errors import InternalError, NotReadyError, PatchboxError, UsageError
 
 if TYPE_CHECKING:
     from controller.baseline import HealthReport
@@ -21,6 +24,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_NOT_READY = 3
+EXIT_INTERNAL = 70
 
 
 def _progress(message: str) -> None:
@@ -81,10 +85,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _emit(data: dict[str, Any], *, as_json: bool, text: str) -> None:
-    if as_json:
-        print(json.dumps(data, indent=2, sort_keys=True))
-    else:
-        print(text)
+    """Prints the result; a closed terminal (SIGHUP) or pipe loses it, nothing else."""
+    with contextlib.suppress(OSError):
+        if as_json:
+            print(json.dumps(data, indent=2, sort_keys=True), flush=True)
+        else:
+            print(text, flush=True)
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -191,9 +197,27 @@ def _demo(args: argparse.Namespace) -> int:
     return EXIT_OK if result["status"] == "awaiting_review" else EXIT_FAILED
 
 
+def _settle() -> None:
+    """Cleans up after controllers that are gone before any job command (see
+    :func:`controller.commands.settle`); without a daemon only the job records are settled."""
+    from controller import commands
+    from controller.dockerclient import connect
+
+    try:
+        client = connect(timeout=30.0)
+    except NotReadyError:
+        commands.settle(None)
+        return
+    try:
+        commands.settle(client)
+    finally:
+        client.close()
+
+
 def _job_command(args: argparse.Namespace) -> int:
     from controller import commands
 
+    _settle()
     if args.command == "run":
         code, data, text = commands.cmd_run(args, _progress)
     else:
@@ -209,6 +233,17 @@ def _job_command(args: argparse.Namespace) -> int:
     return code
 
 
+def exit_code_of(exc: PatchboxError) -> int:
+    """The process exit code for an error that ends a command."""
+    if isinstance(exc, UsageError):
+        return EXIT_USAGE
+    if isinstance(exc, NotReadyError):
+        return EXIT_NOT_READY
+    if isinstance(exc, InternalError):
+        return EXIT_INTERNAL
+    return EXIT_FAILED
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from controller.logs import configure
 
@@ -222,21 +257,39 @@ def main(argv: Sequence[str] | None = None) -> int:
             return handlers[args.command](args)
         return _job_command(args)
     except PatchboxError as exc:
-        from controller.evidence import Scrubber
-
-        repo = getattr(args, "repo", None)
-        message = Scrubber(str(Path(repo).resolve()) if repo else "").text(exc.message)
-        if as_json:
-            print(json.dumps({"error": {"code": str(exc.code), "message": message}}))
-        print(f"patchbox: error {exc.code}: {message}", file=sys.stderr)
-        if isinstance(exc, UsageError):
-            return EXIT_USAGE
-        if isinstance(exc, NotReadyError):
-            return EXIT_NOT_READY
-        return EXIT_FAILED
+        _report_error(str(exc.code), exc.message, args, as_json=as_json)
+        return exit_code_of(exc)
     except KeyboardInterrupt:
-        print("patchbox: cancelled", file=sys.stderr)
+        with contextlib.suppress(OSError):
+            print("patchbox: cancelled", file=sys.stderr)
         return 130
+    except Exception as exc:  # never a bare traceback: the error contract and a report
+        from controller.crash import internal_message, write_report
+
+        report = write_report(
+            exc, context=f"command {getattr(args, 'command', None)}", repo=_repo_root(args)
+        )
+        _report_error("INTERNAL_ERROR", internal_message(exc, report), args, as_json=as_json)
+        return EXIT_INTERNAL
+
+
+def _repo_root(args: argparse.Namespace | None) -> str:
+    repo = getattr(args, "repo", None)
+    return str(Path(repo).resolve()) if repo else ""
+
+
+def _report_error(
+    code: str, message: str, args: argparse.Namespace | None, *, as_json: bool
+) -> None:
+    """The error contract: ``{"error": {code, message}}`` on stdout with ``--json``, one
+    line on stderr always; messages scrubbed of the repository's path and secrets."""
+    from controller.evidence import Scrubber
+
+    message = Scrubber(_repo_root(args)).text(message)
+    with contextlib.suppress(OSError):
+        if as_json:
+            print(json.dumps({"error": {"code": code, "message": message}}))
+        print(f"patchbox: error {code}: {message}", file=sys.stderr)
 
 
 if __name__ == "__main__":

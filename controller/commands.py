@@ -5,26 +5,29 @@ Each returns ``(exit code, JSON-able data, text)``; :mod:`controller.cli` prints
 
 from __future__ import annotations
 
-import signal
-import threading
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from controller.errors import UsageError
+from controller.errors import InternalError, PatchboxError, UsageError
 from controller.evidence import Scrubber, relative_to_home, write_evidence
-from controller.jobs import JobRecord, JobStore, write_lock
+from controller.jobs import ACTIVE, JobRecord, JobStore, mark_interrupted, write_lock
+from controller.signals import cancel_on_signals
 
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable
+
+    import docker
 
     from controller.providers.base import Provider
     from controller.task import TaskSpec
 
 EXIT_OK = 0
 EXIT_FAILED = 1
+EXIT_INTERNAL = 70
 
 Outcome = tuple[int, dict[str, Any], str]
 
@@ -149,21 +152,15 @@ def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcom
         secrets=secrets,
     )
     job = Job(client, request, progress=progress)
-    previous = signal.getsignal(signal.SIGINT)
-
-    def on_interrupt(_signum: int, _frame: object) -> None:
-        progress("cancelling")
-        threading.Thread(target=job.cancel, daemon=True).start()
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, on_interrupt)
-    try:
-        record = job.run()
-    finally:
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, previous)
-        provider.close()
-        client.close()
+    internal: InternalError | None = None
+    with cancel_on_signals(job.cancel, progress) as cancellation:
+        try:
+            record = job.run()
+        except InternalError as exc:  # the record says failed, INTERNAL_ERROR
+            internal, record = exc, job.record
+        finally:
+            provider.close()
+            client.close()
     store = JobStore()
     evidence = relative_to_home(store.folder(record.job_id) / "evidence.json")
     data = run_view(record, job.diff, evidence, secrets)
@@ -174,7 +171,28 @@ def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcom
         text += f"\nreview: patchbox show {jid} --diff; then patchbox apply {jid}"
         text += f" or patchbox discard {jid}"
     text += f"\nevidence: {evidence}"
+    if cancellation.exit_code is not None:
+        return cancellation.exit_code, data, text
+    if internal is not None:
+        return EXIT_INTERNAL, data, text
     return (EXIT_OK if ok else EXIT_FAILED), data, text
+
+
+def settle(client: docker.DockerClient | None, store: JobStore | None = None) -> None:
+    """What controllers that are gone left behind: their active jobs end ``failed`` with
+    ``INTERRUPTED``, and (when the daemon answers) their containers, claims and temp
+    folders are removed. Every command that starts work or reads jobs calls it first."""
+    from controller.paths import patchbox_home
+
+    store = store or JobStore()
+    for record in store.all():
+        if record.state in ACTIVE:
+            with contextlib.suppress(OSError, ValueError, PatchboxError):
+                mark_interrupted(store, record)
+    if client is not None:
+        from controller.reaper import reap
+
+        reap(client, patchbox_home() / "tmp")
 
 
 def cmd_jobs(args: argparse.Namespace) -> Outcome:
@@ -308,11 +326,17 @@ def cmd_revert(args: argparse.Namespace) -> Outcome:
     )
 
 
+DISCARDABLE = frozenset({"awaiting_review", "failed", "cancelled"})
+
+
 def cmd_discard(args: argparse.Namespace) -> Outcome:
     store = JobStore()
     record = store.load(args.job)
-    if record.state != "awaiting_review":
-        msg = f"job {record.job_id} is {record.state}; only a job awaiting review is discarded"
+    if record.state not in DISCARDABLE:
+        msg = (
+            f"job {record.job_id} is {record.state}; only a job awaiting review, failed or "
+            "cancelled is discarded"
+        )
         raise UsageError(msg)
     record.move("discarded")
     store.save(record)

@@ -24,11 +24,12 @@ from controller.changeset import ChangeSet, validate_changeset
 from controller.checks import resolve_checks
 from controller.collect import Collected, collect
 from controller.config import HostConfig
-from controller.errors import ErrorCode, LimitExceededError, PatchboxError
+from controller.crash import internal_message, write_report
+from controller.errors import ErrorCode, InternalError, LimitExceededError, PatchboxError
 from controller.evidence import write_evidence
 from controller.executor import ToolExecutor, ToolOutcome
 from controller.image import ImageBuilder
-from controller.jobs import JobRecord, JobState, JobStore, write_lock
+from controller.jobs import ACTIVE, JobRecord, JobState, JobStore, write_lock
 from controller.labels import ControllerIdentity, current_identity, new_job_id
 from controller.prepare import BaselineCache, Prepared, SparePool, prepare
 from controller.providers.base import CancelledError, ModelTurn, Provider, ToolResult
@@ -107,6 +108,8 @@ class Job:
                 "trusted_auto": request.consent_trusted_auto,
             },
             runtime=request.runtime or request.config.runtime,
+            controller=self.identity.token,
+            controller_host=self.identity.host,
         )
         self._box: DockerSandbox | None = None
         self._diff: str | None = None
@@ -130,12 +133,15 @@ class Job:
             box.interrupt()  # the job's own thread closes and removes it
 
     def run(self) -> JobRecord:
-        """Runs the job to its end state. An unexpected exception (a bug, a broken daemon
-        connection) still ends the record ``failed`` with its evidence, then propagates."""
+        """Runs the job to its end state.
+
+        An unexpected exception (a bug, an untranslated third-party error) ends the record
+        ``failed`` with ``INTERNAL_ERROR``, its containers removed and its evidence written,
+        and is raised as :class:`InternalError` naming the crash report."""
         record = self.record
         self.store.save(record)
         started = time.perf_counter()
-        unexpected: Exception | None = None
+        unexpected: InternalError | None = None
         try:
             with write_lock(record.repo):
                 try:
@@ -143,9 +149,7 @@ class Job:
                 except PatchboxError as exc:
                     self._fail(exc)
                 except Exception as exc:  # recorded here, raised below
-                    unexpected = exc
-                    msg = f"unexpected failure ({type(exc).__name__})"
-                    self._fail(PatchboxError(msg, code=ErrorCode.SANDBOX_FAILED))
+                    unexpected = self._internal(exc)
                 finally:
                     if self._box is not None:
                         self._box.close()
@@ -155,11 +159,29 @@ class Job:
         except PatchboxError as exc:  # the lock itself: JOB_ALREADY_RUNNING
             self._fail(exc)
         record.timings_ms["total"] = round((time.perf_counter() - started) * 1000)
-        write_evidence(record, self._diff, self.store, self.request.secrets)
+        try:
+            write_evidence(record, self._diff, self.store, self.request.secrets)
+        except Exception as exc:
+            unexpected = unexpected or self._internal(exc)
         self.store.save(record)
         if unexpected is not None:
             raise unexpected
         return record
+
+    def _internal(self, exc: Exception) -> InternalError:
+        """Records an unexpected exception: a crash report, and the job ``failed`` with
+        ``INTERNAL_ERROR`` (or ``cancelled``, if it was being cancelled)."""
+        report = write_report(
+            exc,
+            context=f"job {self.record.job_id}, state {self.record.state}",
+            repo=self.record.repo,
+            secrets=self.request.secrets,
+        )
+        error = InternalError(internal_message(exc, report), report=report)
+        error.__cause__ = exc
+        if self.record.state in ACTIVE:
+            self._fail(error)
+        return error
 
     # -- stages ---------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@
      +-- SandboxError             SANDBOX_FAILED: the container or its channel broke
      |    +-- ProtocolError       a malformed, oversized or late frame from the container
      +-- LimitExceededError       LIMIT_EXCEEDED: memory, wall clock, pids, ...
+     +-- InternalError            INTERNAL_ERROR: a bug; exit 70 with a crash report
 
 Third-party errors (docker, httpx, git) are translated at the edge with
 ``raise Ours(...) from exc``. Errors that cross the container boundary are data
@@ -36,6 +37,8 @@ class ErrorCode(StrEnum):
     APPLY_CONFLICT = "APPLY_CONFLICT"
     REVERT_CONFLICT = "REVERT_CONFLICT"
     CANCELLED = "CANCELLED"
+    INTERRUPTED = "INTERRUPTED"
+    INTERNAL_ERROR = "INTERNAL_ERROR"
     ENVIRONMENT_NOT_READY = "ENVIRONMENT_NOT_READY"
     USAGE_ERROR = "USAGE_ERROR"
 
@@ -77,3 +80,14 @@ class LimitExceededError(PatchboxError):
 
 class ToolError(PatchboxError):
     """A tool call failed in a way the model may see and retry (path denied, bad args)."""
+
+
+class InternalError(PatchboxError):
+    """An unexpected exception (a bug, or a third-party error nobody translated), turned into
+    the normal error contract; ``report`` names the crash report under ``$PATCHBOX_HOME``."""
+
+    code = ErrorCode.INTERNAL_ERROR
+
+    def __init__(self, message: str, *, report: str | None = None) -> None:
+        super().__init__(message)
+        self.report = report

@@ -19,6 +19,7 @@ import fcntl
 import hashlib
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from controller.errors import ErrorCode, PatchboxError, UsageError
+from controller.labels import controller_alive
 from controller.paths import patchbox_home
 
 JobState = Literal[
@@ -54,13 +56,15 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     "applied": frozenset({"reverted"}),
     "reverted": frozenset(),
     "discarded": frozenset(),
-    "failed": frozenset(),
-    "cancelled": frozenset(),
+    "failed": frozenset({"discarded"}),
+    "cancelled": frozenset({"discarded"}),
 }
 """Every allowed move; anything else is a bug or a user asking for the impossible."""
 
-FINAL = frozenset(s for s, nexts in TRANSITIONS.items() if not nexts)
 ACTIVE = frozenset({"created", "preparing", "running", "validating", "checking"})
+"""A job in one of these states has a controller working on it."""
+FINAL = frozenset({"reverted", "discarded", "failed", "cancelled"})
+"""Nothing more happens to these by itself (a failed job may still be discarded)."""
 
 
 class InvalidTransitionError(PatchboxError):
@@ -103,6 +107,9 @@ class JobRecord(BaseModel):
     decision: dict[str, Any] = Field(default_factory=dict)
     timings_ms: dict[str, int] = Field(default_factory=dict)
     final_message: str | None = None
+    controller: str = ""
+    """The token of the controller process running the job (see :mod:`controller.labels`)."""
+    controller_host: str = ""
 
     def move(self, new: JobState) -> None:
         check_transition(self.state, new)
@@ -150,9 +157,40 @@ class JobStore:
         return sorted(out, key=lambda r: r.created_at)
 
 
+INTERRUPTED_MESSAGE = (
+    "the controller that ran this job is gone (killed or crashed); its sandboxes are removed"
+)
+
+
+def is_orphaned(record: JobRecord) -> bool:
+    """Whether ``record`` is active but its controller is gone. A record without a
+    controller token (written by an older version) is judged by its repository's write
+    lock: free means nobody works on it."""
+    if record.state not in ACTIVE:
+        return False
+    if record.controller:
+        return not controller_alive(record.controller, record.controller_host)
+    try:
+        with write_lock(record.repo):
+            return True
+    except PatchboxError:
+        return False
+
+
+def mark_interrupted(store: JobStore, record: JobRecord) -> JobRecord:
+    """Ends an orphaned job ``failed`` with ``INTERRUPTED`` (a no-op for any other job).
+    Safe to race with another process doing the same."""
+    if not is_orphaned(record):
+        return record
+    record.error = {"code": str(ErrorCode.INTERRUPTED), "message": INTERRUPTED_MESSAGE}
+    record.move("failed")
+    store.save(record)
+    return record
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     """Temp file in the same folder, fsync, rename, fsync of the folder."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     with tmp.open("wb") as out:
         out.write(data)
         out.flush()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import time
@@ -16,6 +17,8 @@ CONTROLLER = "io.patchbox.controller"
 HOST = "io.patchbox.host"
 KIND = "io.patchbox.kind"
 RECIPE = "io.patchbox.recipe"
+HOME = "io.patchbox.home"
+"""Which state directory (``$PATCHBOX_HOME``) a spare belongs to: only that home uses it."""
 
 OWNER_FILTER = f"{OWNER}={OWNER_VALUE}"
 
@@ -79,6 +82,31 @@ def controller_alive(token: str, host: str) -> bool:
     if boot != _boot_id():
         return False
     return _process_start(pid) == started and started != "0"
+
+
+def home_id(home: Path | None = None) -> str:
+    """A short, path-free name of a state directory, for the ``HOME`` label."""
+    from controller.paths import patchbox_home
+
+    where = str((home or patchbox_home()).resolve())
+    return hashlib.sha256(where.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def labels_of(container: object) -> dict[str, str]:
+    """The labels of a container from a sparse listing or a full inspection alike."""
+    attrs = getattr(container, "attrs", {}) or {}
+    found = attrs.get("Labels")
+    if found is None:
+        found = (attrs.get("Config") or {}).get("Labels")
+    return dict(found or {})
+
+
+def status_of(container: object) -> str:
+    """``running``, ``exited``, ... from a sparse listing or a full inspection alike."""
+    state = (getattr(container, "attrs", {}) or {}).get("State")
+    if isinstance(state, dict):
+        return str(state.get("Status", ""))
+    return str(state or "")
 
 
 def new_job_id() -> str:

@@ -28,15 +28,30 @@ def sandbox_image_dir() -> Path:
     raise FileNotFoundError(msg)
 
 
-def owned_temp_dir(prefix: str) -> Path:
-    """A private temp folder under ``$PATCHBOX_HOME/tmp`` marked with this controller's
-    identity, so the reaper can remove it if this process dies before it does."""
+MOUNT_PREFIX = "pb-mount-"
+"""Folders under :func:`mount_staging_root` that hold what a container mounts."""
+
+
+def mount_staging_root() -> Path:
+    """Where files a container mounts are named while it starts. The name of a bind mount's
+    source shows in the container's ``/proc/self/mountinfo``, so it must say nothing of this
+    host's user (no home, no user name, no ``$PATCHBOX_HOME``): a shared temp folder."""
+    # Each folder is made with mkdtemp (0700, a random name): shared roots are safe here.
+    for candidate in (Path("/var/tmp"), Path("/tmp"), Path("/dev/shm")):  # noqa: S108
+        if candidate.is_dir() and os.access(candidate, os.W_OK | os.X_OK):
+            return candidate
+    return patchbox_home() / "tmp"
+
+
+def owned_temp_dir(prefix: str, root: Path | None = None) -> Path:
+    """A private temp folder under ``root`` (default ``$PATCHBOX_HOME/tmp``) marked with this
+    controller's identity, so the reaper can remove it if this process dies before it does."""
     import socket
     import tempfile
 
     from controller.labels import current_identity
 
-    root = patchbox_home() / "tmp"
+    root = root or patchbox_home() / "tmp"
     root.mkdir(mode=0o700, exist_ok=True)
     folder = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
     (folder / ".owner").write_text(f"{current_identity().token}\n{socket.gethostname()}\n")

@@ -24,12 +24,13 @@ import contextlib
 import errno
 import hashlib
 import os
+import shutil
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 import docker
 import docker.errors
@@ -45,8 +46,15 @@ from controller.baseline import (
     grow_pipe,
 )
 from controller.errors import SandboxError
-from controller.labels import KIND, ControllerIdentity, controller_alive
-from controller.paths import owned_temp_dir, patchbox_home
+from controller.labels import (
+    HOME,
+    KIND,
+    ControllerIdentity,
+    controller_alive,
+    home_id,
+    labels_of,
+)
+from controller.paths import MOUNT_PREFIX, mount_staging_root, owned_temp_dir, patchbox_home
 from controller.sandbox.base import SandboxSpec
 from controller.sandbox.docker import DockerSandbox
 
@@ -57,6 +65,8 @@ log = structlog.get_logger(__name__)
 
 POOL_KEY = "io.patchbox.pool-key"
 SPARE = "spare"
+CLAIMED_PREFIX = "patchbox-claimed-"
+"""A claimed spare is renamed to this prefix plus its id: only one rename can win."""
 FIFO_OPEN_SECONDS = 60.0
 
 Source = Literal["spare", "cache", "fifo", "channel"]
@@ -140,35 +150,78 @@ def pool_key(tree: str, spec: SandboxSpec) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 
+@dataclass(frozen=True)
+class SpareInfo:
+    """A spare as a sparse listing shows it (no per-container inspection to race with)."""
+
+    id: str
+    key: str
+    created: int
+
+
 @dataclass
 class SparePool:
     """Spare sandboxes, one baseline each, started with an idle exit so that an unclaimed
-    spare ends (and is removed by Docker) on its own. A claim is a file created with
-    ``O_EXCL`` under ``$PATCHBOX_HOME/spares``: two controllers never get the same spare."""
+    spare ends (and is removed by Docker) on its own.
+
+    A spare belongs to the state directory (``$PATCHBOX_HOME``) that started it, by label,
+    and is never listed, claimed or removed from another one. Claiming takes two steps,
+    both atomic: a claim file created with ``O_EXCL`` under ``$PATCHBOX_HOME/spares`` (it
+    names the claimant, so the reaper can tell a live claim from an abandoned one), then a
+    rename of the container on the daemon to a name derived from its id, which only one
+    caller can win. Any spare may vanish at any moment (it ends by itself, or another
+    controller removed it): that is never an error, the next source is tried."""
 
     client: docker.DockerClient
     max_spares: int = 1
     idle_seconds: float = 600.0
     root: Path = field(default_factory=lambda: patchbox_home() / "spares")
+    home: str = field(default_factory=home_id)
 
-    def _spares(self, key: str | None = None) -> list[Container]:
-        labels = [f"{KIND}={SPARE}"] + ([f"{POOL_KEY}={key}"] if key else [])
-        return self.client.containers.list(filters={"label": labels, "status": "running"})
+    def _spares(self, key: str | None = None, *, running: bool = True) -> list[SpareInfo]:
+        labels = [f"{KIND}={SPARE}", f"{HOME}={self.home}"]
+        if key:
+            labels.append(f"{POOL_KEY}={key}")
+        filters: dict[str, Any] = {"label": labels}
+        if running:
+            filters["status"] = "running"
+        try:
+            found = self.client.containers.list(all=not running, filters=filters, sparse=True)
+        except docker.errors.NotFound:
+            return []
+        return [
+            SpareInfo(c.id or "", labels_of(c).get(POOL_KEY, ""), int(c.attrs.get("Created", 0)))
+            for c in found
+            if not str(_name(c)).startswith(CLAIMED_PREFIX)
+        ]
 
     def _claim_file(self, container_id: str) -> Path:
         return self.root / container_id
 
-    def claim(self, key: str, identity: ControllerIdentity) -> Container | None:
+    def _take(self, container_id: str, identity: ControllerIdentity) -> bool:
+        """The claim file, created atomically; False when another controller holds it."""
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        for container in self._spares(key):
-            path = self._claim_file(container.id or "")
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            except FileExistsError:
+        try:
+            fd = os.open(
+                self._claim_file(container_id), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600
+            )
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as out:
+            out.write(f"{identity.token}\n{identity.host}\n")
+        return True
+
+    def claim(self, key: str, identity: ControllerIdentity) -> Container | None:
+        """A running spare for ``key``, claimed for ``identity``; None when none is left."""
+        for spare in self._spares(key):
+            if not self._take(spare.id, identity):
                 continue
-            with os.fdopen(fd, "w") as out:
-                out.write(f"{identity.token}\n{identity.host}\n")
-            return container
+            try:
+                self.client.api.rename(spare.id, CLAIMED_PREFIX + spare.id)
+                return self.client.containers.get(spare.id)
+            except docker.errors.APIError as exc:  # gone, or renamed by someone else first
+                log.info("spare_claim_lost", error=str(exc.explanation))
+                self.release(spare.id)
         return None
 
     def claimed_by_live_controller(self, container_id: str) -> bool | None:
@@ -186,10 +239,16 @@ class SparePool:
         """Removes claim files whose container no longer exists; returns how many."""
         if not self.root.is_dir():
             return 0
-        alive = {
-            c.id
-            for c in self.client.containers.list(all=True, filters={"label": f"{KIND}={SPARE}"})
-        }
+        labels = [f"{KIND}={SPARE}", f"{HOME}={self.home}"]
+        try:
+            alive = {
+                c.id
+                for c in self.client.containers.list(
+                    all=True, filters={"label": labels}, sparse=True
+                )
+            }
+        except docker.errors.APIError:
+            return 0
         gone = [p for p in self.root.iterdir() if p.name not in alive]
         for path in gone:
             path.unlink(missing_ok=True)
@@ -197,21 +256,34 @@ class SparePool:
 
     def offer(self, key: str, spec: SandboxSpec, identity: ControllerIdentity) -> str | None:
         """Starts a spare for ``key`` unless one is waiting; keeps at most ``max_spares``
-        (the oldest unclaimed ones go first). Returns the container id, or None."""
+        (the oldest unclaimed ones go first, each claimed before it is removed, so a spare
+        another controller is taking is never removed under it). Returns the container id,
+        or None."""
         if self.max_spares <= 0:
             return None
-        waiting = [c for c in self._spares() if self.claimed_by_live_controller(c.id or "") is None]
-        if any(c.labels.get(POOL_KEY) == key for c in waiting):
+        waiting = [s for s in self._spares() if self.claimed_by_live_controller(s.id) is None]
+        if any(s.key == key for s in waiting):
             return None
-        waiting.sort(key=lambda c: str(c.attrs.get("Created", "")))
+        waiting.sort(key=lambda s: s.created)
         while len(waiting) >= self.max_spares:
             old = waiting.pop(0)
-            with contextlib.suppress(docker.errors.APIError):
-                old.remove(force=True)
-        labels = {**identity.labels(SPARE, SPARE), POOL_KEY: key}
+            if not self._take(old.id, identity):
+                continue
+            try:
+                self.client.api.remove_container(old.id, force=True)
+            except docker.errors.APIError:
+                pass  # already gone
+            finally:
+                self.release(old.id)
+        labels = {**identity.labels(SPARE, SPARE), POOL_KEY: key, HOME: self.home}
         spare = spec.model_copy(update={"idle_exit": self.idle_seconds, "job_id": SPARE})
         container = DockerSandbox.start_detached(self.client, spare, labels)
         return container.id
+
+
+def _name(container: Container) -> str:
+    names = container.attrs.get("Names") or [container.attrs.get("Name") or ""]
+    return str(names[0]).lstrip("/") if names else ""
 
 
 @dataclass
@@ -309,9 +381,12 @@ def prepare(  # noqa: PLR0913 - the inputs of a job's start, all keyword-only
 
         def offer() -> None:
             try:
-                prepared.spare_offered = pool.offer(key, spare_spec, identity)
-            except SandboxError as exc:
-                log.warning("spare_not_started", error=exc.message)
+                with mount_alias(Path(str(spare_spec.preload))) as alias:
+                    prepared.spare_offered = pool.offer(
+                        key, spare_spec.model_copy(update={"preload": str(alias)}), identity
+                    )
+            except (SandboxError, OSError) as exc:
+                log.warning("spare_not_started", error=str(exc))
 
         prepared.spare_thread = threading.Thread(target=offer, name="spare-offer")
         prepared.spare_thread.start()
@@ -387,10 +462,12 @@ def _start_local(
     if cached is None and spec.runtime != "runc":
         cached = cache.fill(baseline)  # gVisor cannot mount a FIFO: a file it is
     if cached is not None:
-        return DockerSandbox.start(
-            client, spec.model_copy(update={"preload": str(cached)}), identity
-        ), "cache"
-    folder = owned_temp_dir("fifo-")
+        with mount_alias(cached) as alias:
+            box = DockerSandbox.start(
+                client, spec.model_copy(update={"preload": str(alias)}), identity
+            )
+        return box, "cache"
+    folder = owned_temp_dir(MOUNT_PREFIX, mount_staging_root())
     fifo = folder / "baseline.tar"
     os.mkfifo(fifo, 0o644)
     feeder = _FifoFeeder(baseline, fifo, cache)
@@ -412,9 +489,26 @@ def _start_local(
     return box, "fifo"
 
 
-def _remove(folder: Path) -> None:
-    import shutil
+@contextlib.contextmanager
+def mount_alias(source: Path) -> Iterator[Path]:
+    """A second name for ``source`` under :func:`mount_staging_root`, to be bind-mounted
+    instead of it: the container sees that neutral name in its mountinfo, never the path of
+    ``$PATCHBOX_HOME``. A hard link where both share a filesystem, else a copy. Removed when
+    the block ends; a started container's mount keeps the file itself."""
+    folder = owned_temp_dir(MOUNT_PREFIX, mount_staging_root())
+    alias = folder / "baseline.tar"
+    try:
+        try:
+            os.link(source, alias)
+        except OSError:
+            shutil.copyfile(source, alias)
+            alias.chmod(0o644)
+        yield alias
+    finally:
+        _remove(folder)
 
+
+def _remove(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -3,14 +3,29 @@
 from __future__ import annotations
 
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import docker
 import docker.errors
 import structlog
 
-from controller.labels import CONTROLLER, HOST, KIND, OWNER_FILTER, controller_alive
+from controller.labels import (
+    CONTROLLER,
+    HOME,
+    HOST,
+    KIND,
+    OWNER_FILTER,
+    controller_alive,
+    labels_of,
+    status_of,
+)
+from controller.paths import MOUNT_PREFIX, mount_staging_root
+
+if TYPE_CHECKING:
+    from controller.prepare import SparePool
 
 log = structlog.get_logger(__name__)
 
@@ -27,55 +42,90 @@ def _orphaned(labels: dict[str, str], everything: bool) -> bool:
     return everything or not controller_alive(labels.get(CONTROLLER, ""), labels.get(HOST, ""))
 
 
-def _spare_orphaned(client: docker.DockerClient, container_id: str, running: bool) -> bool:
-    """An unclaimed running spare is kept (it ends on its own); a spare that stopped, or was
+def _spare_orphaned(pool: SparePool, labels: dict[str, str], cid: str, running: bool) -> bool:
+    """A spare of another state directory is that home's business (unless it stopped). An
+    unclaimed running spare is kept (it ends on its own); a spare that stopped, or was
     claimed by a controller that is gone, is left over."""
-    from controller.prepare import SparePool  # prepare imports the sandbox: import late
-
-    claimed = SparePool(client).claimed_by_live_controller(container_id)
+    if labels.get(HOME) != pool.home:
+        return not running
+    claimed = pool.claimed_by_live_controller(cid)
     if claimed is None:
         return not running
     if not claimed:
-        SparePool(client).release(container_id)
+        pool.release(cid)
     return not claimed
 
 
 def _reap_containers(client: docker.DockerClient, everything: bool, report: ReapReport) -> None:
-    for container in client.containers.list(all=True, filters={"label": OWNER_FILTER}):
-        if container.labels.get(KIND) == "spare" and not everything:
-            if not _spare_orphaned(client, container.id or "", container.status == "running"):
+    from controller.prepare import SparePool  # prepare imports the sandbox: import late
+
+    pool = SparePool(client)
+    try:
+        found = client.containers.list(all=True, filters={"label": OWNER_FILTER}, sparse=True)
+    except docker.errors.APIError as exc:
+        report.failures += 1
+        log.error("reap_list_failed", error=str(exc.explanation))
+        return
+    for container in found:
+        labels, cid = labels_of(container), container.id or ""
+        running = status_of(container) == "running"
+        if labels.get(KIND) == "spare" and not everything:
+            if not _spare_orphaned(pool, labels, cid, running):
                 continue
-        elif not _orphaned(container.labels, everything):
+        elif not _orphaned(labels, everything):
             continue
         try:
-            container.remove(force=True, v=True)
-            report.containers.append(container.short_id)
+            client.api.remove_container(cid, force=True, v=True)
+            report.containers.append(cid[:12])
         except docker.errors.NotFound:
-            pass
+            pass  # removed by someone else meanwhile: gone is what we wanted
         except docker.errors.APIError as exc:
+            if exc.status_code == 409:  # removal already in progress
+                continue
             report.failures += 1
-            log.error(
-                "reap_container_failed", container=container.short_id, error=str(exc.explanation)
-            )
+            log.error("reap_container_failed", container=cid[:12], error=str(exc.explanation))
 
 
 def _reap_volumes(client: docker.DockerClient, everything: bool, report: ReapReport) -> None:
-    for volume in client.volumes.list(filters={"label": OWNER_FILTER}):
+    try:
+        volumes = client.volumes.list(filters={"label": OWNER_FILTER})
+    except docker.errors.APIError as exc:
+        report.failures += 1
+        log.error("reap_list_failed", error=str(exc.explanation))
+        return
+    for volume in volumes:
         if not _orphaned(volume.attrs.get("Labels") or {}, everything):
             continue
         try:
             volume.remove(force=True)
             report.volumes.append(volume.name or "")
+        except docker.errors.NotFound:
+            pass
         except docker.errors.APIError as exc:
             report.failures += 1
             log.error("reap_volume_failed", volume=volume.name, error=str(exc.explanation))
 
 
-def _reap_folders(tmp_root: Path, everything: bool, report: ReapReport) -> None:
-    for folder in tmp_root.iterdir():
+OWNERLESS_GRACE_SECONDS = 120.0
+"""A temp folder gets its ``.owner`` file just after it is made: until then it is young,
+not abandoned."""
+
+
+def _reap_folders(tmp_root: Path, everything: bool, report: ReapReport, prefix: str = "") -> None:
+    try:
+        folders = [f for f in tmp_root.iterdir() if f.name.startswith(prefix)]
+    except OSError:
+        return
+    for folder in folders:
         try:
             token, host = (folder / ".owner").read_text().split("\n")[:2]
         except (OSError, ValueError):
+            try:
+                young = time.time() - folder.stat().st_mtime < OWNERLESS_GRACE_SECONDS
+            except OSError:
+                continue  # removed meanwhile
+            if young and not everything:
+                continue
             token, host = "", ""
         if everything or not controller_alive(token, host):
             shutil.rmtree(folder, ignore_errors=True)
@@ -99,6 +149,7 @@ def reap(
     _reap_volumes(client, everything, report)
     if tmp_root is not None and tmp_root.is_dir():
         _reap_folders(tmp_root, everything, report)
+    _reap_folders(mount_staging_root(), everything, report, MOUNT_PREFIX)
     if report.containers or report.volumes or report.folders:
         log.info(
             "reaped",

@@ -30,6 +30,8 @@ ALLOWED = {
     ("awaiting_review", "applied"),
     ("awaiting_review", "discarded"),
     ("applied", "reverted"),
+    ("failed", "discarded"),
+    ("cancelled", "discarded"),
 } | {
     (s, end)
     for s in ("created", "preparing", "running", "validating", "checking")

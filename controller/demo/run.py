@@ -15,6 +15,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+from controller.commands import settle
 from controller.config import HostConfig
 from controller.dockerclient import connect
 from controller.engine import Job, JobRequest
@@ -24,8 +25,8 @@ from controller.image import Progress
 from controller.jobs import JobStore
 from controller.paths import patchbox_home
 from controller.providers import ScriptedProvider, parse_calls
-from controller.reaper import reap
 from controller.sandbox.base import Runtime
+from controller.signals import cancel_on_signals
 from controller.task import TaskSpec
 
 EXAMPLE = Path(__file__).resolve().parent / "example"
@@ -96,7 +97,7 @@ def make_demo_repo(root: Path) -> Path:
 
 def run_demo(progress: Progress, runtime: Runtime = "runc") -> dict[str, Any]:
     client = connect()
-    reap(client, patchbox_home() / "tmp")
+    settle(client)
     repo = make_demo_repo(patchbox_home() / "demo" / "calc")
     progress("demo repository ready (the example package, one commit)")
     task = TaskSpec.model_validate(TASK)
@@ -106,7 +107,8 @@ def run_demo(progress: Progress, runtime: Runtime = "runc") -> dict[str, Any]:
     )
     job = Job(client, request, progress=progress)
     try:
-        record = job.run()
+        with cancel_on_signals(job.cancel, progress):
+            record = job.run()
     finally:
         client.close()
     evidence = relative_to_home(JobStore().folder(record.job_id) / "evidence.json")

@@ -68,7 +68,9 @@ def container_config(spec: SandboxSpec, labels: dict[str, str]) -> dict[str, Any
         "labels": labels,
         "stdin_open": True,
         "tty": False,
-        "detach": True,
+        # Not detached: docker-py then sets StdinOnce, so the container's stdin closes when
+        # the controller's attach ends (even by a crash) and the agent, its init, exits.
+        "detach": False,
         "network_mode": "none",
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges:true"],

@@ -1,0 +1,66 @@
+"""Crash reports: what an unexpected exception leaves behind instead of a bare traceback.
+
+A report is a text file under ``$PATCHBOX_HOME/crash/``: when, which versions, what was being
+done, and the traceback, scrubbed like the evidence (no secret, no environment value, no path
+of the user's repository). The user sees one line naming it.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+import traceback
+import uuid
+from collections.abc import Iterable
+from importlib import metadata
+
+from controller.evidence import Scrubber
+from controller.paths import patchbox_home
+
+_VERSIONED = ("patchbox", "docker", "pydantic", "httpx", "structlog")
+
+
+def _version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def write_report(
+    exc: BaseException, *, context: str, repo: str = "", secrets: Iterable[str] = ()
+) -> str:
+    """Writes the report of ``exc`` and returns its path relative to ``$PATCHBOX_HOME``.
+
+    Never raises: if the report cannot be written, the returned name says so."""
+    scrub = Scrubber(repo, secrets)
+    name = time.strftime("%Y%m%d-%H%M%S-") + f"{os.getpid()}-{uuid.uuid4().hex[:6]}.txt"
+    lines = [
+        f"patchbox crash report, {time.strftime('%Y-%m-%d %H:%M:%S %z')}",
+        f"context: {context}",
+        f"python: {sys.version.split()[0]} on {platform.platform(terse=True)}",
+        *(f"{pkg}: {_version(pkg)}" for pkg in _VERSIONED),
+        "",
+        *traceback.format_exception(exc),
+    ]
+    text = scrub.text("\n".join(line.rstrip("\n") for line in lines) + "\n")
+    try:
+        folder = patchbox_home() / "crash"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        path = folder / name
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as out:
+            out.write(text)
+    except OSError as err:
+        return f"(not written: {err.strerror})"
+    return f"crash/{name}"
+
+
+def internal_message(exc: BaseException, report: str) -> str:
+    """The one line a user sees for an unexpected exception."""
+    return (
+        f"an unexpected error ({type(exc).__name__}) stopped patchbox; the crash report is "
+        f"{report} in the state directory (PATCHBOX_HOME): please include it in a bug report"
+    )
