@@ -1,5 +1,5 @@
-"""The evidence bundle of a job (SPEC 7.2): ``evidence.json``, the ``.patch`` and a JUnit XML
-of the checks, written into the job's folder.
+"""The evidence bundle of a job (docs/architecture.md): ``evidence.json``, the ``.patch`` and
+a JUnit XML of the checks, written into the job's folder.
 
 Nothing absolute about this machine goes in: the repository is named by its folder name,
 every string is scrubbed of the repository's path, ``$PATCHBOX_HOME``, the user's home and
@@ -19,12 +19,15 @@ from typing import Any
 from controller.jobs import JobRecord, JobStore, write_atomic
 from controller.logs import REDACTED, private_roots, secret_values
 from controller.paths import patchbox_home
+from controller.text import strip_control
 
 EVIDENCE_VERSION = 1
 
 
 class Scrubber:
-    """Replaces secrets and host paths in every string of a JSON-like value.
+    """Makes every string of a JSON-like value safe to show and store: control and bidi
+    characters removed (:func:`controller.text.strip_control`), secrets and host paths
+    replaced. Keys are scrubbed like values.
 
     The repository's parents are host paths too (an error may name the work tree a folder
     is inside): each one of two or more components becomes ``<repo>/..``, ``<repo>/../..``
@@ -43,6 +46,9 @@ class Scrubber:
         ]
 
     def text(self, value: str) -> str:
+        """``value`` without control or bidi characters (:func:`controller.text.strip_control`,
+        first, so a control cannot split a secret out of reach), secrets or host paths."""
+        value = strip_control(value)
         for secret in self.secrets:
             value = value.replace(secret, REDACTED)
         for pattern, mark in self.roots:
@@ -122,7 +128,7 @@ def junit(record: JobRecord, scrub: Scrubber) -> bytes:
             suite,
             "testcase",
             classname=f"patchbox.{record.job_id}",
-            name=str(check.get("id")),
+            name=scrub.text(str(check.get("id"))),
             time=f"{(check.get('duration_ms') or 0) / 1000:.3f}",
         )
         status = check.get("status")
@@ -132,7 +138,8 @@ def junit(record: JobRecord, scrub: Scrubber) -> bytes:
             )
             failure.text = scrub.text(str(check.get("output_tail") or ""))
         elif status == "skipped":
-            ET.SubElement(case, "skipped", message=str(check.get("reason") or "skipped"))
+            reason = scrub.text(str(check.get("reason") or "skipped"))
+            ET.SubElement(case, "skipped", message=reason)
         out = ET.SubElement(case, "system-out")
         out.text = scrub.text(str(check.get("output_tail") or ""))
     data: bytes = ET.tostring(suite, encoding="utf-8", xml_declaration=True)

@@ -1,6 +1,7 @@
 """structlog set-up (entry points only) and the redaction processor.
 
-Every log line passes :func:`redact`: values of secret-looking keys are dropped, and any
+Every log line passes :func:`redact`: values of secret-looking keys are dropped, control and
+bidi characters are removed from every string (:func:`controller.text.strip_control`), and any
 string that contains an absolute host path under a known private root or the value of a
 secret-looking environment variable is masked.
 """
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+
+from controller.text import strip_control
 
 _SECRET_KEY = re.compile(r"(?i)(key|token|secret|password|passwd|authorization|cookie|credential)")
 REDACTED = "[redacted]"
@@ -34,6 +37,9 @@ def private_roots() -> list[str]:
 
 
 def _scrub(text: str, secrets: list[str], roots: list[str]) -> str:
+    # Controls first: a log line is read on a terminal, and an escape or bidi character
+    # could split a secret out of reach of the replacement below.
+    text = strip_control(text)
     for value in secrets:
         if value in text:
             text = text.replace(value, REDACTED)
