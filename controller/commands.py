@@ -174,6 +174,8 @@ def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcom
     if cancellation.exit_code is not None:
         return cancellation.exit_code, data, text
     if internal is not None:
+        # A fault after the job's end (its evidence) leaves the record as it was: say so.
+        data["error"] = data["error"] or Scrubber(record.repo, secrets).value(internal.to_dict())
         return EXIT_INTERNAL, data, text
     return (EXIT_OK if ok else EXIT_FAILED), data, text
 

@@ -1,0 +1,141 @@
+"""No traceback ever reaches a user: a fault injected at each stage of a job (and in the CLI
+around it) gives the error contract (``INTERNAL_ERROR``, exit 70), a crash report under
+``$PATCHBOX_HOME`` with the traceback and no secret, the job ``failed``, and no container."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+
+from controller import cli
+from controller.jobs import JobStore
+from controller.labels import JOB
+from controller.paths import patchbox_home
+from tests.test_engine import EDIT, GREET, call, check_call, make_repo
+
+SECRET = "sk-crash-9f8e7d6c5b4a3210"  # noqa: S105 - a planted fake key
+"""Planted in the environment and in the injected exception's message."""
+
+
+class BoomError(RuntimeError):
+    pass
+
+
+def boom(*_args: Any, **_kwargs: Any) -> Any:
+    msg = f"injected fault with key {SECRET}"
+    raise BoomError(msg)
+
+
+STAGES = {
+    "preparing": "controller.engine.prepare",
+    "running": "controller.engine.ToolExecutor.execute",
+    "collecting": "controller.engine.collect",
+    "validating": "controller.engine.validate_changeset",
+    "checking": "controller.engine.run_required_checks",
+    "deciding": "controller.engine.Job._decide",
+}
+
+
+@pytest.fixture
+def job_args(tmp_path: Path) -> list[str]:
+    repo = make_repo(tmp_path / "greet")
+    task = {
+        "prompt": "Capitalize the greeting.",
+        "checks": {"greet": GREET},
+        "limits": {"memory_mb": 512, "workspace_mb": 64, "tmp_mb": 32, "wall_seconds": 120},
+    }
+    calls = {"turns": [[call("c1", EDIT)], [check_call("c2", "greet")]], "final": "done"}
+    (tmp_path / "task.json").write_text(json.dumps(task))
+    (tmp_path / "calls.json").write_text(json.dumps(calls))
+    (tmp_path / "config.toml").write_text("spare_sandboxes = 0\n")
+    return [
+        "run",
+        "--repo",
+        str(repo),
+        "--task",
+        str(tmp_path / "task.json"),
+        "--calls",
+        str(tmp_path / "calls.json"),
+        "--config",
+        str(tmp_path / "config.toml"),
+        "--json",
+    ]
+
+
+def crash_report(message: str) -> str:
+    name = message.split("crash report is ", 1)[1].split(" ", 1)[0]
+    assert name.startswith("crash/")
+    return (patchbox_home() / name).read_text()
+
+
+@pytest.mark.docker
+@pytest.mark.usefixtures("sandbox_image")
+@pytest.mark.parametrize("stage", list(STAGES))
+def test_a_fault_at_each_stage_gives_internal_error(
+    stage: str,
+    job_args: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    docker_client: docker.DockerClient,
+) -> None:
+    monkeypatch.setenv("PATCHBOX_TEST_API_KEY", SECRET)
+    monkeypatch.setattr(STAGES[stage], boom)
+    code = cli.main(job_args)
+    out, err = capsys.readouterr()
+    assert code == 70, err
+    data = json.loads(out)
+    assert data["status"] == "failed"
+    assert data["error"]["code"] == "INTERNAL_ERROR"
+    assert "BoomError" in data["error"]["message"]
+    assert "Traceback" not in out + err
+    assert SECRET not in out + err
+    report = crash_report(data["error"]["message"])
+    assert "Traceback" in report
+    assert "BoomError: injected fault" in report
+    assert SECRET not in report
+    record = JobStore().load(data["job_id"])
+    assert record.state == "failed"
+    assert record.error is not None
+    assert record.error["code"] == "INTERNAL_ERROR"
+    found = docker_client.containers.list(all=True, filters={"label": f"{JOB}={data['job_id']}"})
+    assert found == []
+
+
+@pytest.mark.docker
+@pytest.mark.usefixtures("sandbox_image")
+def test_a_fault_while_writing_the_evidence_gives_internal_error(
+    job_args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("controller.engine.write_evidence", boom)
+    assert cli.main(job_args) == 70
+    data = json.loads(capsys.readouterr().out)
+    assert data["error"]["code"] == "INTERNAL_ERROR"
+    assert "BoomError" in crash_report(data["error"]["message"])
+
+
+def test_a_fault_in_any_command_gives_internal_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Outside a job (here ``jobs``, with no daemon needed): the error object, exit 70."""
+    monkeypatch.setenv("PATCHBOX_TEST_API_KEY", SECRET)
+    monkeypatch.setattr("controller.cli._settle", lambda: None)
+    monkeypatch.setattr("controller.commands.JobStore.all", boom)
+    code = cli.main(["jobs", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 70
+    error = json.loads(out)["error"]
+    assert error["code"] == "INTERNAL_ERROR"
+    assert "Traceback" not in out + err
+    assert SECRET not in out + err
+    report = crash_report(error["message"])
+    assert "BoomError" in report
+    assert SECRET not in report
+    # and without --json: one line on stderr, nothing else
+    assert cli.main(["jobs"]) == 70
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("patchbox: error INTERNAL_ERROR: an unexpected error (BoomError)")
