@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from controller.baseline import Baseline, private_repo_of
@@ -123,3 +124,24 @@ def collect(box: Sandbox, baseline: Baseline) -> Collected:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return Collected(diff=diff, tree=tree, files=sorted(files, key=lambda f: f.path))
+
+
+def baseline_sha256(baseline: Baseline, paths: Iterable[str]) -> dict[str, str | None]:
+    """The SHA-256 of each of ``paths`` as the baseline tree holds it (a file's bytes, a
+    symlink's target), or None where the tree has no blob there. Read from the private git
+    dir only; meant for the few paths a reconciliation cannot settle from the changes."""
+    wanted = set(paths)
+    out: dict[str, str | None] = dict.fromkeys(wanted)
+    if not wanted:
+        return out
+    private = private_repo_of(baseline)
+    listing = private.git("ls-tree", "-r", "-z", "--full-tree", baseline.tree)
+    for record in listing.split(b"\0"):
+        meta, _, name = record.partition(b"\t")
+        path = name.decode("utf-8", "surrogateescape")
+        if path not in wanted:
+            continue
+        _mode, kind, oid = meta.decode("ascii").split(" ")
+        if kind == "blob":
+            out[path] = hashlib.sha256(private.git("cat-file", "blob", oid)).hexdigest()
+    return out

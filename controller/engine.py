@@ -22,7 +22,7 @@ import structlog
 from controller.baseline import Baseline
 from controller.changeset import ChangeSet, validate_changeset
 from controller.checks import resolve_checks
-from controller.collect import Collected, collect
+from controller.collect import Collected, baseline_sha256, collect
 from controller.config import HostConfig
 from controller.crash import internal_message, write_report
 from controller.errors import ErrorCode, InternalError, LimitExceededError, PatchboxError
@@ -383,9 +383,9 @@ class Job:
         record = self.record
         self._diff = collected.diff
         record.diff_sha256 = collected.diff_sha256
+        self._reconcile(collected)  # first: a reported file hidden from the changes is named
         if not collected.diff:
             raise PatchboxError("the job made no change", code=ErrorCode.CHANGESET_INVALID)
-        self._reconcile(collected)
         changeset = validate_changeset(
             baseline,
             collected.diff,
@@ -412,30 +412,74 @@ class Job:
         return changeset
 
     def _reconcile(self, collected: Collected) -> None:
-        """Every changed path must be accounted for by a call of the ledger that completed,
-        and a path's last reported hash must be its final content."""
-        last: dict[str, str | None] = {}
-        for entry in self.record.ledger:
-            if entry["outcome"] != "done":
+        """Reconciles the changes with the ledger both ways, against each path's final state
+        (:meth:`_final_states`). Fails the job (``CHANGESET_INVALID``, naming the paths) when
+
+        - a changed path is accounted for by no completed call;
+        - a changed path is not as its last completed call left it (another hash, or present
+          though that call removed it, or removed though it wrote it);
+        - a path whose last completed call was an edit is missing from the changes: a file
+          the edit wrote must be there with the reported hash, a file it removed must be
+          reported removed, unless the baseline already holds exactly that (a later edit
+          undid an earlier one). A file hidden from the agent's change detection is caught
+          here instead of silently leaving the diff.
+
+        A check's entry names a path without its final content: it settles nothing but
+        that the path may have changed. The baseline is the job's own (a job that prepared
+        none has nothing to compare with: every unsettled path counts as missing)."""
+        final = self._final_states(self.record.ledger)
+        changed = {f.path: f for f in collected.files}
+        unaccounted = [p for p in changed if p not in final]
+        mismatched = []
+        for path, f in changed.items():
+            state = final.get(path, "")
+            if state in {"", "unknown"}:
                 continue
-            for f in entry["files"]:
-                last[f["path"]] = f.get("sha256")
-        unaccounted = [f.path for f in collected.files if f.path not in last]
-        mismatched = [
-            f.path
-            for f in collected.files
-            if last.get(f.path) is not None and f.sha256 is not None and last[f.path] != f.sha256
-        ]
-        if unaccounted or mismatched:
-            self.record.diagnostics["unaccounted"] = unaccounted[:50]
-            self.record.diagnostics["mismatched"] = mismatched[:50]
+            removed = f.kind == "removed"
+            if removed != (state == "gone") or (not removed and f.sha256 != state):
+                mismatched.append(path)
+        unsettled = {p: s for p, s in final.items() if p not in changed and s != "unknown"}
+        prepared = self._prepared
+        held = (
+            baseline_sha256(prepared.baseline, unsettled)
+            if prepared is not None
+            else dict.fromkeys(unsettled, "")
+        )
+        missing = sorted(p for p, s in unsettled.items() if held[p] != (None if s == "gone" else s))
+        if unaccounted or mismatched or missing:
+            diagnostics = self.record.diagnostics
+            diagnostics["unaccounted"] = sorted(unaccounted)[:50]
+            diagnostics["mismatched"] = sorted(mismatched)[:50]
+            diagnostics["missing"] = missing[:50]
             parts = []
             if unaccounted:
-                parts.append("changed by no tool call: " + ", ".join(unaccounted[:10]))
+                parts.append("changed by no tool call: " + ", ".join(sorted(unaccounted)[:10]))
             if mismatched:
-                parts.append("not as the last tool call left it: " + ", ".join(mismatched[:10]))
+                parts.append(
+                    "not as the last tool call left it: " + ", ".join(sorted(mismatched)[:10])
+                )
+            if missing:
+                parts.append(
+                    "reported by a tool call but missing from the changes: "
+                    + ", ".join(missing[:10])
+                )
             msg = "the change set is invalid: " + "; ".join(parts)
             raise PatchboxError(msg[:1000], code=ErrorCode.CHANGESET_INVALID)
+
+    @staticmethod
+    def _final_states(ledger: list[dict[str, Any]]) -> dict[str, str]:
+        """Each path's state after the last completed call that names it: the SHA-256 an
+        edit reported, ``gone`` when a patch removed it (or renamed it away), ``unknown``
+        when the entry has no hash otherwise (a check's, which says only what changed)."""
+        final: dict[str, str] = {}
+        for entry in ledger:
+            if entry["outcome"] != "done":
+                continue
+            patch = entry.get("tool") == "apply_patch"
+            for f in entry["files"]:
+                sha = f.get("sha256")
+                final[f["path"]] = sha or ("gone" if patch else "unknown")
+        return final
 
     def _checks(
         self,

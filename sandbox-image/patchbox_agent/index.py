@@ -1,10 +1,30 @@
 """The workspace file index: which files the model may see, per workspace version.
 
 Built on first use by one walk that never follows a link and skips protected names, then
-filtered by what git would ignore (git itself reads the workspace's ``.gitignore`` files,
-through a private, empty git directory in /tmp; where git is missing nothing is ignored).
-Every write through the agent and every process run bumps the version and drops the
-index, so a listing or a cached search is never older than the workspace.
+filtered by what git would ignore. Every write through the agent and every process run
+bumps the version and drops the index, so a listing or a cached search is never older than
+the workspace.
+
+Checks run repository code as the agent's own uid, so nothing the ignore filter relies on
+may live where that uid can write:
+
+- git runs through an empty bare git dir made at image build time, root-owned and
+  read-only (:data:`BAKED_GIT_DIR`); where it is missing or writable (the agent as a host
+  process) a private one is made when the index is created, before any process runs;
+- git's environment is built from nothing (no inherited ``GIT_DIR``, ``GIT_WORK_TREE``,
+  ``GIT_CONFIG_*``), with no system or global config, ``HOME`` and ``XDG_CONFIG_HOME``
+  pointing at that git dir, and no excludes file;
+- git never reads a ``.gitignore`` from the workspace: the agent reads them itself and hands
+  git the patterns, rewritten relative to the top, through a memory file. Change detection
+  (:meth:`FileIndex.snapshot`) uses the ``.gitignore`` files as they were when the baseline
+  was marked, plus those in folders made since (a tool's cache folder that ignores itself,
+  as pytest's does), so a ``.gitignore`` written later in a folder of the baseline hides
+  nothing from it and is itself a change; and a file it reported once stays visible. The
+  model's listing follows the live files;
+- nothing is hidden for its name alone: the agent's temp files (``.patchbox-tmp-``) exist
+  only while it holds the index lock, so one seen by a walk is someone else's.
+
+Where git is missing nothing is ignored.
 """
 
 from __future__ import annotations
@@ -19,14 +39,13 @@ if TYPE_CHECKING:
 
     DirStat = Tuple[int, int, int]
 
-_GIT_ENV = {
-    "HOME": "/tmp",
-    "PATH": "/usr/local/bin:/usr/bin:/bin",
-    "GIT_CONFIG_NOSYSTEM": "1",
-    "GIT_CONFIG_GLOBAL": "/dev/null",
-    "GIT_TERMINAL_PROMPT": "0",
-    "LC_ALL": "C",
-}
+BAKED_GIT_DIR = "/opt/patchbox/ignore-git"
+"""The empty bare git dir of the image (made by the Dockerfile, root-owned, read-only)."""
+MAX_IGNORE_FILE = 1024 * 1024
+"""Bytes read of one ``.gitignore``; rules past it are dropped (files stay visible)."""
+MAX_PATHSPECS = 256
+"""New files checked by pathspec in one refresh; more and the whole tree is asked."""
+
 _GIT_OPTS = [
     "-c",
     "core.fsmonitor=false",
@@ -34,7 +53,140 @@ _GIT_OPTS = [
     "core.untrackedCache=false",
     "-c",
     "core.hooksPath=/dev/null",
+    "-c",
+    "core.excludesFile=/dev/null",
+    "-c",
+    "core.attributesFile=/dev/null",
+    "-c",
+    "core.ignoreCase=false",
+    "-c",
+    "core.precomposeUnicode=false",
 ]
+_WILD = frozenset(b"*?[\\")
+_NONE: set[str] = set()
+
+
+def _git_env(home: str) -> Dict[str, str]:
+    """git's whole environment: nothing inherited, no config outside the private git dir."""
+    return {
+        "HOME": home,
+        "XDG_CONFIG_HOME": home,
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+        "GIT_ATTR_NOSYSTEM": "1",
+        "GIT_OPTIONAL_LOCKS": "0",
+        "GIT_LITERAL_PATHSPECS": "1",
+        "GIT_TERMINAL_PROMPT": "0",
+        "LC_ALL": "C",
+    }
+
+
+def _baked_git_dir() -> Optional[str]:
+    """:data:`BAKED_GIT_DIR` if it exists and this process cannot write it (or its parent)."""
+    try:
+        st = os.stat(BAKED_GIT_DIR, follow_symlinks=False)
+    except OSError:
+        return None
+    import stat  # imported on first use: a faster start
+
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid == os.getuid():
+        return None
+    parent = os.path.dirname(BAKED_GIT_DIR)
+    if os.access(BAKED_GIT_DIR, os.W_OK) or os.access(parent, os.W_OK):
+        return None
+    return BAKED_GIT_DIR
+
+
+def _private_git_dir() -> Optional[str]:
+    """A fresh empty bare git dir under ``$TMPDIR`` (the agent as a host process, which has
+    no isolation anyway), or None where git cannot make one."""
+    import subprocess  # imported on first use: a faster start
+
+    home = os.path.join(
+        os.environ.get("TMPDIR") or "/tmp", ".patchbox-index-" + os.urandom(8).hex()
+    )
+    try:
+        os.mkdir(home, 0o700)
+        path = os.path.join(home, "git")
+        procs.run(
+            ["git", *_GIT_OPTS, "init", "-q", "--bare", "--template=", path],
+            env=_git_env(home),
+            stdin=subprocess.DEVNULL,
+            cwd="/",
+            check=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return path
+
+
+def _trim_trailing_spaces(line: bytes) -> bytes:
+    """git's rule: trailing spaces go unless escaped with a backslash."""
+    last_space = -1
+    i = 0
+    while i < len(line):
+        c = line[i]
+        if c == 0x20:
+            if last_space < 0:
+                last_space = i
+        elif c == 0x5C:
+            i += 1
+            if i >= len(line):
+                return line
+            last_space = -1
+        else:
+            last_space = -1
+        i += 1
+    return line[:last_space] if last_space >= 0 else line
+
+
+def translate(directory: str, content: bytes) -> List[bytes]:
+    """The patterns of ``directory``'s ``.gitignore`` as patterns relative to the top.
+
+    git reads the file the same way (BOM, CR before LF, comments, blank lines, trailing
+    spaces, ``!``): a pattern with a slash before its end is anchored at the file's folder,
+    one without matches at any depth below it (``/DIR/**/PATTERN``). Given deeper files'
+    patterns after shallower ones, git's last match in one list then decides as its
+    per-folder precedence does."""
+    if content.startswith(b"\xef\xbb\xbf"):
+        content = content[3:]
+    raw = os.fsencode(directory)
+    prefix = b"/" + bytes(b for c in raw for b in ((0x5C, c) if c in _WILD else (c,)))
+    out: List[bytes] = []
+    for raw_line in content.split(b"\n"):
+        line = raw_line.split(b"\0", 1)[0]
+        line = line.removesuffix(b"\r")
+        if not line or line.startswith(b"#"):
+            continue
+        line = _trim_trailing_spaces(line)
+        if not directory:
+            if line:
+                out.append(line)
+            continue
+        neg = line.startswith(b"!")
+        body = line[1:] if neg else line
+        must_dir = body.endswith(b"/")
+        if must_dir:
+            body = body[:-1]
+        if not body:
+            continue
+        if b"/" in body:
+            body = body[1:] if body.startswith(b"/") else body
+            pattern = prefix + b"/" + body
+        else:
+            pattern = prefix + b"/**/" + body
+        out.append((b"!" if neg else b"") + pattern + (b"/" if must_dir else b""))
+    return out
+
+
+def patterns(rules: Dict[str, bytes]) -> bytes:
+    """One exclude file for ``rules`` (folder -> its ``.gitignore`` bytes), shallow first."""
+    lines: List[bytes] = []
+    for directory in sorted(rules, key=lambda d: (d.count("/") + bool(d), d)):
+        lines += translate(directory, rules[directory])
+    return b"".join(line + b"\n" for line in lines)
 
 
 class FileIndex:
@@ -43,8 +195,8 @@ class FileIndex:
     After a possible change (a process ran, a patch applied) every known directory is
     stat'ed: any entry added, removed or renamed changes its directory's ctime, which no
     unprivileged process can set back, so only those directories are read again (and new
-    subdirectories walked). New files go through git's ignore check; a changed
-    ``.gitignore`` rebuilds everything.
+    subdirectories walked). New files go through git's ignore check; a changed set of
+    ``.gitignore`` files makes the rules be read again and asked about the whole tree.
     """
 
     def __init__(self, root_fd: int, workspace: str) -> None:
@@ -52,11 +204,20 @@ class FileIndex:
         self._workspace = workspace
         self.version = 0
         self.git_filtered = False
-        self._git_dir = os.path.join(os.environ.get("TMPDIR") or "/tmp", ".patchbox-index-git")
+        # Made now, before any process of the repository can run.
+        self._git_dir = _baked_git_dir() or _private_git_dir()
         self._raw: Dict[str, List[str]] = {}
         self._subdirs: Dict[str, List[str]] = {}
         self._dstat: Dict[str, DirStat] = {}
+        self._rules: Dict[str, bytes] = {}
+        self._base_rules: Optional[Dict[str, bytes]] = None
+        self._base_dirs: set[str] = set()
         self._ignored: set[str] = set()
+        """Ignored by the live rules (the model's view)."""
+        self._ignored_base: set[str] = set()
+        """Ignored by the baseline's rules (change detection)."""
+        self._shown: set[str] = set()
+        """Every path a snapshot reported since the baseline: no rule hides it again."""
         self._ignore_files: Dict[str, DirStat] = {}
         self._dirs: Optional[Dict[str, List[str]]] = None
         self._files: Optional[List[str]] = None
@@ -81,35 +242,80 @@ class FileIndex:
 
     def by_dir(self) -> Dict[str, List[str]]:
         """Visible file names grouped by their directory ("" for the top)."""
+        self._update()
+        if self._dirs is None:
+            self._dirs = self._visible(self._ignored)
+        return self._dirs
+
+    def mark_base(self) -> Dict[str, Tuple[int, int, int, int, int]]:
+        """The workspace is the baseline: its ``.gitignore`` files become the rules of change
+        detection from now on. Returns :meth:`snapshot`."""
+        self._update()
+        if self._base_rules is None:
+            self._base_rules = dict(self._rules)
+            self._base_dirs = set(self._raw)
+            self._ignored_base = set(self._ignored)
+        return self.snapshot()
+
+    def snapshot(self) -> Dict[str, Tuple[int, int, int, int, int]]:
+        """Metadata of every file change detection sees: (mode, size, mtime, ctime, inode).
+        A change of content always changes ctime, which no unprivileged process can set
+        back. Once the baseline is marked, only its ``.gitignore`` files (and those of
+        folders made since) hide a file here, whatever the listing shows, and a file once
+        reported here is never hidden again while it exists (a rule written later cannot
+        make a known file look removed)."""
+        self._update()
+        based = self._base_rules is not None
+        ignored = self._ignored_base if based else self._ignored
+        out: Dict[str, Tuple[int, int, int, int, int]] = {}
+        for directory, names in self._visible(ignored, self._shown).items():
+            try:
+                dfd = jail.open_dir(self._root_fd, directory.split("/") if directory else [])
+            except jail.PathDeniedError:
+                continue
+            try:
+                for name in names:
+                    try:
+                        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                    except OSError:
+                        continue
+                    path = f"{directory}/{name}" if directory else name
+                    out[path] = (st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+            finally:
+                os.close(dfd)
+        if based:
+            self._shown.update(out)
+        return out
+
+    def _visible(self, ignored: set[str], shown: set[str] = _NONE) -> Dict[str, List[str]]:
+        """Files neither ``ignored`` (unless ``shown`` before) nor protected."""
+        out: Dict[str, List[str]] = {}
+        for d, names in self._raw.items():
+            kept = [
+                n
+                for n in names
+                if (_join(d, n) not in ignored or _join(d, n) in shown)
+                and not jail.is_protected_path(_join(d, n))
+                and not jail.operator_protected(_join(d, n))
+            ]
+            if kept:
+                out[d] = kept
+        return out
+
+    # -- building -------------------------------------------------------------------------
+
+    def _update(self) -> None:
         if not self._built:
             self._full()
         elif self._stale:
             self._refresh()
         self._stale = False
-        if self._dirs is None:
-            self._dirs = {}
-            for d, names in self._raw.items():
-                kept = [
-                    n
-                    for n in names
-                    if _join(d, n) not in self._ignored
-                    and not jail.is_protected_path(_join(d, n))
-                    and not jail.operator_protected(_join(d, n))
-                ]
-                if kept:
-                    self._dirs[d] = kept
-        return self._dirs
-
-    # -- building -------------------------------------------------------------------------
 
     def _full(self) -> None:
         self._raw, self._subdirs, self._dstat = {}, {}, {}
         self._walk("", os.dup(self._root_fd))
-        self._ignored = self._git_ignored()
-        self._ignore_files = self._stat_ignore_files()
+        self._read_rules()
         self._built = True
-        self._dirs = None
-        self._files = None
 
     def _walk(self, rel: str, dfd: int) -> List[str]:
         """Reads directory ``rel`` (descriptor ``dfd``, closed here) and its whole subtree."""
@@ -134,7 +340,7 @@ class FileIndex:
                 if name in old_subdirs:
                     continue
                 try:
-                    sub = os.open(name, jail._DIR_FLAGS, dir_fd=dfd)  # noqa: SLF001
+                    sub = jail.open_subdir(dfd, name)  # never a link, under gVisor too
                 except OSError:
                     continue
                 found.extend(self._walk(_join(rel, name), sub))
@@ -149,18 +355,22 @@ class FileIndex:
         self._dstat.pop(rel, None)
 
     def _refresh(self) -> None:
-        if self._stat_ignore_files() != self._ignore_files:
-            self._full()
-            return
         new_files: List[str] = []
         changed = False
         for rel in sorted(self._dstat, key=lambda d: (d.count("/"), d)):
             if rel in self._dstat and self._stat_dir(rel) != self._dstat[rel]:
                 changed = True
                 new_files.extend(self._reread(rel))
+        # After the re-reads, so a .gitignore new in a known folder counts too.
+        if self._stat_ignore_files() != self._ignore_files or len(new_files) > MAX_PATHSPECS:
+            self._read_rules()
+        elif new_files:
+            live, base = self._pattern_sets()
+            found = self._git_ignored(live, new_files)
+            self._ignored |= found
+            if base is not None:
+                self._ignored_base |= found if base == live else self._git_ignored(base, new_files)
         if changed:
-            if new_files:
-                self._ignored |= self._git_ignored(new_files)
             self._dirs = None
             self._files = None
 
@@ -192,68 +402,114 @@ class FileIndex:
                     out[path] = st
         return out
 
-    def snapshot(self) -> Dict[str, Tuple[int, int, int, int, int]]:
-        """Metadata of every visible file: (mode, size, mtime, ctime, inode). A change of
-        content always changes ctime, which no unprivileged process can set back."""
-        out: Dict[str, Tuple[int, int, int, int, int]] = {}
-        for directory, names in self.by_dir().items():
+    # -- ignore rules ---------------------------------------------------------------------
+
+    def _read_rules(self) -> None:
+        """Reads every ``.gitignore`` of the tree (each stat'ed through the descriptor it is
+        read from) and asks git what the rules ignore in the whole tree."""
+        rules: Dict[str, bytes] = {}
+        stats: Dict[str, DirStat] = {}
+        for d, names in self._raw.items():
+            if ".gitignore" not in names:
+                continue
+            path = _join(d, ".gitignore")
             try:
-                dfd = jail.open_dir(self._root_fd, directory.split("/") if directory else [])
+                fd = jail.open_file(self._root_fd, path)
             except jail.PathDeniedError:
                 continue
             try:
-                for name in names:
-                    try:
-                        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-                    except OSError:
-                        continue
-                    path = f"{directory}/{name}" if directory else name
-                    out[path] = (st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+                st = os.fstat(fd)
+                stats[path] = (st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+                data = os.read(fd, MAX_IGNORE_FILE)
+            except OSError:
+                continue
             finally:
-                os.close(dfd)
-        return out
+                os.close(fd)
+            # A folder name git's exclude file cannot hold: its rules are dropped.
+            if "\n" not in d and "\r" not in d:
+                rules[d] = data
+        self._rules = rules
+        self._ignore_files = stats
+        live, base = self._pattern_sets()
+        self._ignored = self._git_ignored(live)
+        if base is not None:
+            self._ignored_base = set(self._ignored) if base == live else self._git_ignored(base)
+        self._dirs = None
+        self._files = None
 
-    def _git(self, args: List[str], stdin: bytes = b"") -> bytes:
+    def _pattern_sets(self) -> Tuple[bytes, Optional[bytes]]:
+        """The exclude files of the live rules, and (once the baseline is marked) of the
+        baseline's rules with those of folders made since."""
+        live = patterns(self._rules)
+        if self._base_rules is None:
+            return live, None
+        made_since = {d: data for d, data in self._rules.items() if d not in self._base_dirs}
+        return live, patterns({**self._base_rules, **made_since})
+
+    def _git_ignored(self, excludes: bytes, paths: Optional[List[str]] = None) -> set[str]:
+        """What ``excludes`` ignore: in the whole tree, or among ``paths``."""
         import subprocess  # imported on first use: a faster start
 
-        if not os.path.isdir(self._git_dir):
-            procs.run(
-                ["git", *_GIT_OPTS, "init", "-q", "--bare", self._git_dir],
-                env=_GIT_ENV,
-                stdin=subprocess.DEVNULL,
-                check=True,
-                timeout=30,
-            )
-        return procs.run(
-            [
-                "git",
-                *_GIT_OPTS,
-                f"--git-dir={self._git_dir}",
-                f"--work-tree={self._workspace}",
-                *args,
-            ],
-            env=_GIT_ENV,
-            cwd="/",
-            input=stdin,
-            check=False,
-            timeout=120,
-        ).stdout
-
-    def _git_ignored(self, paths: Optional[List[str]] = None) -> set[str]:
-        """What git would ignore: everything (a full build), or among ``paths``."""
-        import subprocess  # imported on first use: a faster start
-
+        if not excludes:
+            self.git_filtered = self._git_dir is not None
+            return set()
+        if self._git_dir is None:
+            self.git_filtered = False
+            return set()
+        found: set[str] = set()
         try:
-            if paths is None:
-                out = self._git(["ls-files", "-z", "--others", "--ignored", "--exclude-standard"])
-            else:
-                data = "\0".join(paths).encode("utf-8", "surrogateescape") + b"\0"
-                out = self._git(["check-ignore", "-z", "--stdin", "--no-index"], data)
+            fd = os.memfd_create("patchbox-excludes", getattr(os, "MFD_CLOEXEC", 1))
+        except (AttributeError, OSError):
+            self.git_filtered = False
+            return set()
+        try:
+            view = memoryview(excludes)
+            while view:
+                view = view[os.write(fd, view) :]
+            for chunk in _chunks(paths) if paths is not None else [None]:
+                argv = [
+                    "git",
+                    *_GIT_OPTS,
+                    f"--git-dir={self._git_dir}",
+                    f"--work-tree={self._workspace}",
+                    "ls-files",
+                    "-z",
+                    "--others",
+                    "--ignored",
+                    f"--exclude-from=/proc/self/fd/{fd}",
+                ]
+                if chunk is not None:
+                    argv += ["--", *chunk]
+                out = procs.run(
+                    argv,
+                    env=_git_env(self._git_dir),
+                    cwd="/",
+                    stdin=subprocess.DEVNULL,
+                    pass_fds=(fd,),
+                    check=True,
+                    timeout=120,
+                ).stdout
+                found.update(p for p in out.decode("utf-8", "surrogateescape").split("\0") if p)
         except (OSError, subprocess.SubprocessError):
             self.git_filtered = False
             return set()
+        finally:
+            os.close(fd)
         self.git_filtered = True
-        return {p for p in out.decode("utf-8", "surrogateescape").split("\0") if p}
+        return found
+
+
+def _chunks(paths: List[str]) -> List[List[str]]:
+    """``paths`` in argument lists of at most about 64 KiB."""
+    out: List[List[str]] = []
+    size = 0
+    for p in paths:
+        if not out or size + len(p) > 64 * 1024:
+            out.append([])
+            size = 0
+        out[-1].append(p)
+        size += len(p) + 1
+    return out
 
 
 def _join(directory: str, name: str) -> str:
@@ -261,13 +517,17 @@ def _join(directory: str, name: str) -> str:
 
 
 def _scan(dfd: int) -> Tuple[List[str], List[str]]:
-    """A directory's regular files and real subdirectories, protected names left out."""
+    """A directory's regular files and real subdirectories, protected names left out.
+
+    Names like the agent's temp files (``.patchbox-tmp-``) are NOT left out: the agent's own
+    exist only while it holds the index lock, so one seen here was left by someone else and
+    is a change like any other."""
     files: List[str] = []
     subdirs: List[str] = []
     with os.scandir(dfd) as it:
         for entry in it:
             name = entry.name
-            if jail.is_protected_component(name) or name.startswith(".patchbox-tmp-"):
+            if jail.is_protected_component(name):
                 continue
             if entry.is_file(follow_symlinks=False):
                 files.append(name)

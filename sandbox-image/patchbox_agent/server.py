@@ -450,10 +450,11 @@ class Agent:
 
     def _mark_base(self) -> None:
         """Before the first operation that may write: the workspace is still the baseline,
-        so its file metadata becomes the reference of ``changes``."""
+        so its file metadata becomes the reference of ``changes``, and its ``.gitignore``
+        files the rules of change detection (none written later can hide a change)."""
         if self._base is None:
             with self._index_lock:
-                self._base = self.index.snapshot()
+                self._base = self.index.mark_base()
 
     def _changes_since_base(self, args: dict[str, Any]) -> dict[str, Any]:
         """Visible files added, removed or modified since the baseline (complete lists up to
