@@ -1,4 +1,6 @@
-"""The one change set a job yields (SPEC 6): its diff validated before anything uses it.
+"""The one change set a job yields: its diff validated before anything uses it.
+
+The rules are in docs/architecture.md ("The job").
 
 :func:`check_diff` is the whole rule set over a :class:`BaselineTree` (a Protocol; the
 in-memory :class:`MemoryTree` ships for tests): it parses the diff with the strict parser of
@@ -13,12 +15,10 @@ counts as ours.
 
 Any failure raises :class:`ChangesetInvalidError` (``CHANGESET_INVALID``) with every reason
 found (a stable ``code`` and the path when it is known); a failing file fails the whole set.
-Reason codes are those of :data:`patchbox_agent.diffs.REASONS` (the parser and applier) and:
+Reason codes are those of :data:`patchbox_agent.diffs.REASONS` (the parser and applier, with
+every rule on names: the agent refuses the same names for the same reasons) and:
 
-- ``lookalike``: a name with a Unicode look-alike of ``.``, ``/`` or ``\\`` (fullwidth, one
-  dot leader, division slash, ...); ``trailing_dot_space``: a name component ending in a dot
-  or a space (other file systems drop them);
-- ``protected_path``, ``config_path``, ``not_allowed``: SPEC 5.7 via
+- ``protected_path``, ``config_path``, ``not_allowed``: the protected paths via
   :func:`controller.policy.write_denial` (a config path needs ``allowed_paths`` to name it);
 - ``submodule``: ``.gitmodules``, or a path at or inside a submodule of the baseline;
   ``symlink_path``: a path at or through a symlink of the baseline;
@@ -39,7 +39,6 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import unicodedata
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,8 +57,6 @@ from patchbox_agent.globs import Glob
 
 OWN_REASONS = frozenset(
     {
-        "lookalike",
-        "trailing_dot_space",
         "protected_path",
         "config_path",
         "not_allowed",
@@ -83,11 +80,6 @@ MODE_TREE = "040000"
 FileMode = Literal["100644", "100755"]
 Kind = Literal["create", "modify", "delete", "rename"]
 
-_SLASH_LOOKALIKES = frozenset(
-    "\u2215\u2044\u29f8\u29f5\u29f9\u2216\u2571\u2572\u27cb\u27cd\u1735\u3033\u2cc6\u2f03"
-)
-_DOT_LOOKALIKES = frozenset("\u3002\uff61\u06d4\u0701\u0702\ua4f8\u2e3c\u0589\u2e33")
-_ASCII_PUNCT = frozenset("./\\")
 _MESSAGE_LIMIT = 300
 
 
@@ -99,7 +91,7 @@ def _known(code: str) -> str:
 
 
 class ChangesetLimits(BaseModel):
-    """How large a change set may be (SPEC 6.2)."""
+    """How large a change set may be."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
@@ -155,7 +147,7 @@ class FileChange(BaseModel):
 
 
 class ChangeSet(BaseModel):
-    """The machine-readable summary of a validated diff (SPEC 6.1)."""
+    """The machine-readable summary of a validated diff."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -315,23 +307,6 @@ def _reason(code: str, path: str | None, message: str) -> ChangesetReason:
     return ChangesetReason(code=code, path=path, message=message[:_MESSAGE_LIMIT])
 
 
-def _lookalike(ch: str) -> bool:
-    if ch in _SLASH_LOOKALIKES or ch in _DOT_LOOKALIKES:
-        return True
-    return ch not in _ASCII_PUNCT and bool(_ASCII_PUNCT & set(unicodedata.normalize("NFKC", ch)))
-
-
-def name_reasons(path: str) -> list[ChangesetReason]:
-    """Spellings the parser lets through but that are not plain names everywhere: Unicode
-    look-alikes of ``.``, ``/`` and ``\\``, and components ending in a dot or a space."""
-    found: list[ChangesetReason] = []
-    if not path.isascii() and any(_lookalike(ch) for ch in path):
-        found.append(_reason("lookalike", path, "a look-alike of '.', '/' or '\\' in a name"))
-    if any(part.endswith((".", " ")) for part in path.split("/")):
-        found.append(_reason("trailing_dot_space", path, "a name ends in a dot or a space"))
-    return found
-
-
 def _inside(path: str, allowed: Iterable[str]) -> bool:
     folded = policy.fold(path)
     for entry in allowed:
@@ -344,7 +319,7 @@ def _inside(path: str, allowed: Iterable[str]) -> bool:
 def policy_reason(
     path: str, allowed_paths: Sequence[str] | None, extra_protected: Sequence[str] = ()
 ) -> ChangesetReason | None:
-    """The SPEC 5.7 verdict on writing ``path`` (:func:`controller.policy.write_denial`),
+    """The protected-path verdict on writing ``path`` (:func:`controller.policy.write_denial`),
     named by a reason code; ``.gitmodules`` is refused whatever the task allows."""
     if policy.fold(path).rsplit("/", 1)[-1] == ".gitmodules":
         return _reason("submodule", path, ".gitmodules defines submodules")
@@ -518,7 +493,6 @@ def _rules(
     olds: list[_Old | None] = []
     for patch in patches:
         for name in dict.fromkeys(p for p in (patch.old_path, patch.new_path) if p):
-            found += name_reasons(name)
             verdict = policy_reason(name, allowed_paths, extra_protected)
             if verdict is not None:
                 found.append(verdict)
@@ -629,7 +603,7 @@ def check_diff(  # noqa: PLR0913 - the diff, the tree and keyword-only rule inpu
     patch_check: PatchCheck | None = None,
     baseline_tree: str | None = None,
 ) -> Prepared:
-    """Validates ``diff`` against ``tree`` (SPEC 6.2) and computes every new content.
+    """Validates ``diff`` against ``tree`` and computes every new content.
 
     ``allowed_paths`` is the task's (None: no restriction beyond policy);
     ``extra_protected`` are the operator's protected globs. ``patch_check``, when given,
@@ -1052,7 +1026,7 @@ def validate_changeset(
     extra_protected: Sequence[str] = (),
     limits: ChangesetLimits | None = None,
 ) -> ChangeSet:
-    """The summary of a diff that passes every rule of SPEC 6.2 on the job's baseline;
+    """The summary of a diff that passes every change-set rule on the job's baseline;
     raises :class:`ChangesetInvalidError` otherwise."""
     return prepare_changeset(
         baseline,

@@ -27,12 +27,12 @@ from controller.changeset import (
     Prepared,
     check_diff,
     git_patch_check,
-    name_reasons,
     policy_reason,
     prepare_changeset,
     validate_changeset,
 )
 from controller.errors import ErrorCode
+from patchbox_agent import diffs
 from tests.applyrepo import Content, git, make_diff, make_repo, write_files
 
 BASE: dict[str, Content] = {
@@ -571,11 +571,17 @@ def test_sha256_repositories(tmp_path: Path) -> None:
         ("a\ufe68b", ["lookalike"]),
         ("x.", ["trailing_dot_space"]),
         ("x /y", ["trailing_dot_space"]),
-        ("x\uff0e/y.", ["lookalike", "trailing_dot_space"]),
+        ("x\uff0e/y.", ["lookalike"]),  # the first rule that fails names the reason
     ],
 )
 def test_name_rules(path: str, expected: list[str]) -> None:
-    assert [r.code for r in name_reasons(path)] == expected
+    """The name rules are the agent's (``patchbox_agent.diffs.check_path``)."""
+    if not expected:
+        diffs.check_path(path)
+        return
+    with pytest.raises(diffs.DiffError) as info:
+        diffs.check_path(path)
+    assert [info.value.reason] == expected
 
 
 @pytest.mark.parametrize(

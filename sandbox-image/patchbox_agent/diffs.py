@@ -1,4 +1,4 @@
-"""Strict parser and exact applier for canonical git unified diffs (SPEC 5.4, 5.4.1, 6.2).
+"""Strict parser and exact applier for canonical git unified diffs.
 
 Pure and standard-library only (python >= 3.9): used by the in-container agent for
 ``apply_patch`` and by the host controller to validate the final change set. No I/O: the
@@ -11,12 +11,17 @@ line's blob ids against the old and new content. ``stats(patches)`` counts lines
 ``check_path``, ``unquote``, ``fold`` and ``blob_id`` are the building blocks, public for
 callers that check names or contents themselves.
 
-It does not rely on ``git apply`` for anything (SPEC 5.4.1): no leading or trailing text, no
-offset search or fuzz, the ``diff --git``, ``---``/``+++`` and ``rename from/to`` names must
-agree, names are C-unquoted before they are checked, and compared after Unicode NFC and case
-folding. It only knows ``.git``: other protected paths (SPEC 5.7), ``allowed_paths``, the
-files' current modes and the baseline's list of paths are the caller's to check (``apply``
-takes ``tree_paths`` for case collisions with untouched files).
+The name rules here are the only ones: the agent's ``apply_patch``, the controller's check
+of a call's patch and its validation of the final change set all call :func:`check_path`
+(through :func:`parse`), so they refuse the same names for the same reason.
+
+It does not rely on ``git apply`` for anything (docs/architecture.md, "apply_patch"): no
+leading or trailing text, no offset search or fuzz, the ``diff --git``, ``---``/``+++`` and
+``rename from/to`` names must agree, names are C-unquoted before they are checked, and
+compared after Unicode NFC and case folding (``.git`` also after NFKC, so ``\uff0egit`` is
+``.git``). It only knows ``.git``: other protected paths (``protected.py``),
+``allowed_paths``, the files' current modes and the baseline's list of paths are the
+caller's to check (``apply`` takes ``tree_paths`` for case collisions with untouched files).
 
 Reason codes (``DiffError.reason``), a closed set (``REASONS``):
 
@@ -30,10 +35,14 @@ Reason codes (``DiffError.reason``), a closed set (``REASONS``):
   ``crlf_header`` (CR at the end of a header, hunk header or marker line), ``bad_quote``
   (invalid C-quoting);
 - names: ``absolute_path``, ``dotdot``, ``bad_path`` (empty, ``.`` or empty component, too
-  long), ``backslash``, ``control_char`` (C0/C1 controls, DEL, format characters, line
-  separators), ``percent_escape`` (``%2e`` style), ``git_dir`` (a component folding to
-  ``.git``, also ``.git.``/``.git ``/``git~1``), ``duplicate_file`` (two sections for one
-  path), ``case_collision`` (two different names that fold to one);
+  long, more than 128 components), ``backslash``, ``control_char`` (C0/C1 controls, DEL,
+  format characters such as zero-width ones, line separators), ``percent_escape`` (``%2e``
+  style), ``git_dir`` (a component folding to ``.git`` under NFKC and case folding, also
+  ``.git.``/``.git ``/``git~1``), ``lookalike`` (a Unicode look-alike of ``.``, ``/`` or
+  ``\\``: fullwidth, one dot leader, division slash, ideographic full stop, ...),
+  ``trailing_dot_space`` (a component ending in a dot or a space, which other file systems
+  drop), ``duplicate_file`` (two sections for one path), ``case_collision`` (two different
+  names that fold to one);
 - content kinds: ``binary``, ``symlink_mode`` (120000), ``gitlink`` (160000), ``bad_mode``
   (any other mode but 100644/100755), ``mode_change`` (``old mode``/``new mode`` that do not
   toggle 100644 <-> 100755), ``copy`` (``copy from/to``), ``dissimilarity`` (rewrites);
@@ -44,7 +53,9 @@ Reason codes (``DiffError.reason``), a closed set (``REASONS``):
   created file or rename target exists), ``context_mismatch`` (a hunk does not match at its
   stated position, or a deleted file has more than the hunks remove), ``index_mismatch``
   (the ``index`` line's blob ids differ from the old or new content), ``path_conflict``
-  (a file where the result needs a directory, or the reverse).
+  (a file where the result needs a directory, or the reverse), ``line_ending`` (with
+  ``same_endings``: an added line ending in CR LF where the file has only LF endings, or
+  the reverse; a created file with both).
 """
 
 from __future__ import annotations
@@ -56,9 +67,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypedDict
 
+from .jail import escape_name  # one spelling of a name in messages, the agent's too
+
 MAX_BYTES = 8 * 1024 * 1024
 MAX_FILES = 200
 MAX_PATH_BYTES = 4096
+MAX_COMPONENTS = 128
 
 MODE_FILE = "100644"
 MODE_EXEC = "100755"
@@ -88,6 +102,8 @@ REASONS = frozenset(
         "control_char",
         "percent_escape",
         "git_dir",
+        "lookalike",
+        "trailing_dot_space",
         "duplicate_file",
         "case_collision",
         "binary",
@@ -104,6 +120,7 @@ REASONS = frozenset(
         "context_mismatch",
         "index_mismatch",
         "path_conflict",
+        "line_ending",
     }
 )
 
@@ -189,6 +206,13 @@ _ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34,
 _OCTAL = "01234567"
 _PERCENT_RE = re.compile(r"%[0-9A-Fa-f]{2}")
 _BAD_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+# Look-alikes of "/" and "." that NFKC leaves alone (those it maps to "/", "." or "\\", such
+# as the fullwidth forms and the one dot leader, are found through NFKC).
+_SLASH_LOOKALIKES = frozenset(
+    "\u2215\u2044\u29f8\u29f5\u29f9\u2216\u2571\u2572\u27cb\u27cd\u1735\u3033\u2cc6\u2f03"
+)
+_DOT_LOOKALIKES = frozenset("\u3002\uff61\u06d4\u0701\u0702\ua4f8\u2e3c\u0589\u2e33")
+_ASCII_PUNCT = frozenset("./\\")
 
 
 def fold(name: str) -> str:
@@ -229,7 +253,8 @@ def unquote(text: str) -> str:
     try:
         return out.decode("utf-8")
     except UnicodeDecodeError:
-        raise DiffError("not_text", "a quoted name is not UTF-8") from None
+        name = escape_name(bytes(out))
+        raise DiffError("not_text", f"a quoted name is not UTF-8: {name[:200]}") from None
 
 
 def _quoted_end(text: str) -> int:
@@ -258,15 +283,31 @@ def _check_chars(path: str) -> None:
         raise DiffError("percent_escape", "percent-escape in a path")
     if len(path.encode("utf-8")) > MAX_PATH_BYTES:
         raise DiffError("bad_path", "path too long")
+    if path.count("/") >= MAX_COMPONENTS:
+        raise DiffError("bad_path", f"more than {MAX_COMPONENTS} components in a path")
 
 
 def _is_git_dir(part: str) -> bool:
-    key = fold(part)
+    """Whether a component names ``.git`` to git or to some file system: after NFKC (so
+    fullwidth and small dots and letters count) and case folding, and with the trailing dots
+    and spaces Windows drops, or as its 8.3 short name."""
+    key = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", part).casefold())
     return key.rstrip(". ") == ".git" or key == "git~1"
 
 
+def _lookalike(ch: str) -> bool:
+    if ch in _SLASH_LOOKALIKES or ch in _DOT_LOOKALIKES:
+        return True
+    return ch not in _ASCII_PUNCT and bool(_ASCII_PUNCT & set(unicodedata.normalize("NFKC", ch)))
+
+
 def check_path(path: str) -> None:
-    """Refuses a name that is not a plain relative path inside the tree, or touches ``.git``."""
+    """Refuses a name that is not a plain relative path inside the tree, or touches ``.git``.
+
+    The checks run in a fixed order and the first failing one names the reason: characters
+    of the whole path (``nul``, ``control_char``, ``backslash``, ``absolute_path``,
+    ``percent_escape``, ``bad_path`` for the length), then per component ``dotdot``,
+    ``bad_path``, ``git_dir``, ``lookalike``, ``trailing_dot_space``."""
     if not path:
         raise DiffError("bad_path", "empty path")
     _check_chars(path)
@@ -277,6 +318,10 @@ def check_path(path: str) -> None:
             raise DiffError("bad_path", "empty or '.' component in a path")
         if _is_git_dir(part):
             raise DiffError("git_dir", "path inside .git")
+        if not part.isascii() and any(_lookalike(ch) for ch in part):
+            raise DiffError("lookalike", "a look-alike of '.', '/' or '\\' in a name")
+        if part.endswith((".", " ")):
+            raise DiffError("trailing_dot_space", "a name ends in a dot or a space")
 
 
 def _label(value: str, prefix: str, lineno: int) -> str | None:
@@ -884,11 +929,52 @@ def _old_content(patch: FilePatch, read: Callable[[str], bytes | None]) -> bytes
     return data
 
 
+def _added_lines(patch: FilePatch) -> list[str]:
+    """The added lines that end in a newline (a last line marked ``\\ No newline`` has no
+    line ending to check)."""
+    out: list[str] = []
+    for hunk in patch.hunks:
+        added = [text for op, text in hunk.lines if op == "+"]
+        if hunk.new_no_eol and hunk.lines and hunk.lines[-1][0] == "+":
+            added.pop()
+        out += added
+    return out
+
+
+def _check_endings(patch: FilePatch, old: bytes) -> None:
+    """Added lines end the way the file's lines do: CR LF only where the file has CR LF
+    lines, LF only where it has LF lines (a file with neither, such as a new one, takes
+    either, but not both). A canonical git diff of a CR LF file has a CR at the end of
+    every line, so it passes; a diff whose lines a mail client or editor wrapped in CR LF
+    does not patch an LF file into mixed endings."""
+    added = _added_lines(patch)
+    crlf = sum(1 for text in added if text.endswith("\r"))
+    if not added or patch.kind == "delete":
+        return
+    lines = old.count(b"\n")
+    old_crlf = old.count(b"\r\n")
+    has_crlf, has_lf = old_crlf > 0, lines > old_crlf
+    if not has_crlf and not has_lf:
+        if 0 < crlf < len(added):
+            raise DiffError("line_ending", f"{patch.path}: added lines end in CR LF and in LF")
+        return
+    if crlf and not has_crlf:
+        raise DiffError("line_ending", f"{patch.path}: added lines end in CR LF, the file's in LF")
+    if crlf < len(added) and not has_lf:
+        raise DiffError("line_ending", f"{patch.path}: added lines end in LF, the file's in CR LF")
+
+
 def _apply_one(
-    patch: FilePatch, read: Callable[[str], bytes | None], check_index: bool, object_format: str
+    patch: FilePatch,
+    read: Callable[[str], bytes | None],
+    check_index: bool,
+    object_format: str,
+    same_endings: bool = False,
 ) -> dict[str, bytes | None]:
     old = _old_content(patch, read)
     new = patch_bytes(old, patch.hunks, patch.path)
+    if same_endings:  # after the exact match: a context line in CR LF is a context_mismatch
+        _check_endings(patch, old)
     if check_index:
         _check_blob(patch.index_old, old, patch.old_path or patch.path, object_format)
         _check_blob(patch.index_new, new, patch.path, object_format)
@@ -926,23 +1012,27 @@ def _check_layout(files: set[str], created: set[str]) -> None:
         raise DiffError("path_conflict", "a created file stands where a directory is")
 
 
-def apply(
+def apply(  # noqa: PLR0913 - the patches, their reader and keyword-only options
     patches: Iterable[FilePatch],
     read: Callable[[str], bytes | None],
     *,
     tree_paths: Iterable[str] | None = None,
     check_index: bool = True,
     object_format: str = "sha1",
+    same_endings: bool = False,
 ) -> dict[str, bytes | None]:
     """New content per touched path (None = deleted), all or nothing. ``read(path)`` gives
     the current bytes or None. ``tree_paths``, when given, lists the baseline's files for
     case-collision and file/directory checks. ``check_index`` checks the ``index`` line's
-    blob ids against the old and new content."""
+    blob ids against the old and new content. ``same_endings`` refuses added lines whose
+    ending (CR LF or LF) the file does not use (``line_ending``): the rule for a patch a
+    model sends, where mixed endings are a mangled diff; a change set made from the files
+    themselves (a check may rewrite endings) is taken as it is."""
     items = list(patches)
     check_collisions(items)
     result: dict[str, bytes | None] = {}
     for patch in items:
-        result.update(_apply_one(patch, read, check_index, object_format))
+        result.update(_apply_one(patch, read, check_index, object_format, same_endings))
     remaining = set() if tree_paths is None else _check_tree(items, tree_paths)
     created = {fold(p.path) for p in items if p.kind in ("create", "rename")}
     _check_layout(remaining | {fold(p) for p, data in result.items() if data is not None}, created)

@@ -244,7 +244,10 @@ def apply_patch(root_fd: int, text: Any, tree_paths: List[str]) -> Dict[str, Any
         _check_modes(root_fd, patches)
         modes = {p.path: _mode_for(root_fd, p) for p in patches}
         result = diffs.apply(
-            patches, lambda path: _read_for_patch(root_fd, path), tree_paths=tree_paths
+            patches,
+            lambda path: _read_for_patch(root_fd, path),
+            tree_paths=tree_paths,
+            same_endings=True,
         )
     except diffs.DiffError as exc:
         raise EditRejected(str(exc)) from exc

@@ -89,7 +89,7 @@ class Signer:
         self._seq = 0
 
     def encode(self, obj: object) -> bytes:
-        body = wire.dumps(obj).encode()
+        body = wire.dumps_utf8(obj)
         self._seq += 1
         tag = self._mac.digest(self._seq.to_bytes(8, "big") + body)
         return encode(KIND_SIGNED, tag + body)

@@ -175,6 +175,53 @@ def open_file(root_fd: int, path: object) -> int:
         os.close(dfd)
 
 
+def shown(paths: list[str]) -> list[str]:
+    """``paths`` less those that are not UTF-8 (``os`` hands such a name over with lone
+    surrogates): the model could not name them back, nor could the results carry them. They
+    still count as changes, which the controller then refuses by name."""
+    if "".join(paths).isascii():
+        return paths
+    return [p for p in paths if _encodes(p)]
+
+
+def shown_dirs(by_dir: dict[str, list[str]]) -> dict[str, list[str]]:
+    """:func:`shown` for names grouped by folder."""
+    if "".join(d + "".join(names) for d, names in by_dir.items()).isascii():
+        return by_dir
+    out: dict[str, list[str]] = {}
+    for d, names in by_dir.items():
+        kept = [n for n in names if _encodes(n)] if _encodes(d) else []
+        if kept:
+            out[d] = kept
+    return out
+
+
+def reported(paths: list[str]) -> list[str]:
+    """``paths`` for a change report: a name that is not UTF-8 as :func:`escape_name` spells
+    it (``bad\\xff``), which no name rule accepts, so the controller refuses the change set
+    and says which file; every other name as it is."""
+    if "".join(paths).isascii():
+        return paths
+    return [p if _encodes(p) else escape_name(p) for p in paths]
+
+
+def escape_name(name: str | bytes) -> str:
+    """A name as printable ASCII, every other byte of its UTF-8 (for a ``str`` from ``os``
+    calls, undecodable bytes are lone surrogates) escaped: ``bad\\xff``, ``caf\\xc3\\xa9``.
+    Safe in any message; never a valid name itself when anything was escaped (a backslash is
+    refused), and escaping it again changes nothing."""
+    raw = name if isinstance(name, bytes) else name.encode("utf-8", "surrogateescape")
+    return "".join(chr(b) if 0x20 <= b < 0x7F else f"\\x{b:02x}" for b in raw)
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def walk_files(root_fd: int, prefix: str = "") -> Iterator[str]:
     """Yields the relative paths of regular files beneath ``root_fd`` in sorted order,
     never following a link and never entering or listing a protected name."""

@@ -9,7 +9,11 @@ both give the same answers.
 ``loads`` takes UTF-8 (bytes) or text, and refuses anything but exactly one JSON value
 (surrounding whitespace allowed), like ``json.loads``. ``dumps`` writes compact JSON,
 non-ASCII kept as is, and refuses NaN and the infinities (``ValueError``) and types JSON
-does not have (``TypeError``).
+does not have (``TypeError``). ``dumps_utf8`` is ``dumps`` as UTF-8 bytes, and never fails
+on a lone surrogate: a file name that is not UTF-8 reaches Python as one (``os`` decodes
+names with ``surrogateescape``), and UTF-8 cannot hold it, so such a text is written with
+every non-ASCII character as a JSON escape (``"bad\\udcff"``), which decodes to the same
+string on the other side.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class _Options:
 
 _scan: Callable[[str, int], tuple[Any, int]] | None = None
 _encode: Callable[[object, int], Iterable[str]] | None = None
+_encode_ascii: Callable[[object, int], Iterable[str]] | None = None
 try:
     import _json
 
@@ -58,8 +63,19 @@ try:
         False,  # noqa: FBT003 - skipkeys
         False,  # noqa: FBT003 - allow_nan
     )
+    _encode_ascii = _json.make_encoder(
+        None,
+        _refuse,
+        _json.encode_basestring_ascii,  # every non-ASCII character escaped
+        None,
+        ":",
+        ",",
+        False,  # noqa: FBT003 - sort_keys
+        False,  # noqa: FBT003 - skipkeys
+        False,  # noqa: FBT003 - allow_nan
+    )
 except (ImportError, AttributeError, TypeError):  # pragma: no cover - depends on the build
-    _scan = _encode = None
+    _scan = _encode = _encode_ascii = None
 
 
 def loads(data: bytes | str) -> Any:
@@ -86,3 +102,20 @@ def dumps(obj: object) -> str:
 
         return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     return "".join(_encode(obj, 0))
+
+
+def dumps_utf8(obj: object) -> bytes:
+    """``dumps(obj)`` as UTF-8; with every non-ASCII character escaped when the text holds
+    a lone surrogate (only then: escaping costs up to six bytes a character)."""
+    text = dumps(obj)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        pass
+    if _encode_ascii is None:  # pragma: no cover - depends on the build
+        import json
+
+        text = json.dumps(obj, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+    else:
+        text = "".join(_encode_ascii(obj, 0))
+    return text.encode("ascii")
