@@ -18,6 +18,7 @@ from controller.baseline import Baseline, private_repo_of
 from controller.errors import ErrorCode, PatchboxError
 from controller.paths import owned_temp_dir
 from controller.sandbox.base import Sandbox
+from patchbox_agent import diffs, jail
 
 MAX_CHANGED_FILES = 1000
 MAX_CHANGED_BYTES = 64 * 1024 * 1024
@@ -79,6 +80,14 @@ def collect(box: Sandbox, baseline: Baseline) -> Collected:
             f"{changes.count} files changed; at most {MAX_CHANGED_FILES} may",
             code=ErrorCode.LIMIT_EXCEEDED,
         )
+    for path in (*changes.added, *changes.modified, *changes.removed):
+        try:  # the agent's name rules, the change set's too (a name not UTF-8 comes escaped)
+            diffs.check_path(path)
+        except diffs.DiffError as exc:
+            raise PatchboxError(
+                f"a changed file's name is refused ({exc.reason}): {jail.escape_name(path)}",
+                code=ErrorCode.CHANGESET_INVALID,
+            ) from None
     private = private_repo_of(baseline)
     scratch = owned_temp_dir("collect-")
     try:

@@ -360,7 +360,7 @@ class Agent:
     def _list_files(self, args: dict[str, Any]) -> dict[str, Any]:
         keep = _glob_arg(args)
         limit = _int_arg(args, "maxResults", DEFAULT_LIST_RESULTS, 1, MAX_LIST_RESULTS)
-        files = self.index.files()
+        files = jail.shown(self.index.files())  # names that are not UTF-8 left out
         if keep is not None:
             files = [p for p in files if keep(p)]
         return {
@@ -385,7 +385,7 @@ class Agent:
         if cached is not None:
             self._search_cache[key] = cached  # now the most recently used
             return dict(cached, cached=True)
-        by_dir = self.index.by_dir()
+        by_dir = jail.shown_dirs(self.index.by_dir())  # names that are not UTF-8 left out
         if keep is not None:
             by_dir = _filter_dirs(by_dir, keep)
         if regex:
@@ -464,10 +464,10 @@ class Agent:
             return {"added": [], "removed": [], "modified": [], "count": 0, "truncated": False}
         self.index.invalidate()  # a process left behind may have added files since
         after = self.index.snapshot()
-        added = sorted(set(after) - set(self._base))
-        removed = sorted(set(self._base) - set(after))
+        added = jail.reported(sorted(set(after) - set(self._base)))  # not UTF-8: escaped
+        removed = jail.reported(sorted(set(self._base) - set(after)))
         common = set(self._base) & set(after)
-        modified = sorted(p for p in common if self._base[p] != after[p])
+        modified = jail.reported(sorted(p for p in common if self._base[p] != after[p]))
         count = len(added) + len(removed) + len(modified)
         return {
             "added": added[:MAX_EXPORT_PATHS],
@@ -497,8 +497,7 @@ class Agent:
                 return {"kind": "symlink", "size": len(target), "offset": 0, "data": data}
             if not stat.S_ISREG(st.st_mode):
                 return {"kind": "other", "size": 0, "offset": 0, "data": ""}
-            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-            fd = os.open(parts[-1], flags, dir_fd=dfd)
+            fd = jail.open_regular(dfd, parts[-1])  # the entry just seen, never a link
             try:
                 size = os.fstat(fd).st_size
                 chunk = os.pread(fd, length, offset)
@@ -757,9 +756,9 @@ MAX_CHANGE_PATHS = 200
 
 def _changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """Visible files that a process added, removed or modified (bounded lists)."""
-    added = sorted(set(after) - set(before))
-    removed = sorted(set(before) - set(after))
-    modified = sorted(p for p in set(before) & set(after) if before[p] != after[p])
+    added = jail.reported(sorted(set(after) - set(before)))  # not UTF-8: escaped
+    removed = jail.reported(sorted(set(before) - set(after)))
+    modified = jail.reported(sorted(p for p in set(before) & set(after) if before[p] != after[p]))
     return {
         "added": added[:MAX_CHANGE_PATHS],
         "removed": removed[:MAX_CHANGE_PATHS],
