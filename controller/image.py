@@ -9,13 +9,15 @@ agent sources), so it is rebuilt only when one of them changes.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,6 +86,20 @@ def _has_image(client: docker.DockerClient, ref: str) -> str | None:
         return None
 
 
+@contextlib.contextmanager
+def _build_lock() -> Iterator[None]:
+    """Held while an image is built: processes of one state directory wait for it (the
+    kernel drops the lock with a process that dies)."""
+    folder = patchbox_home() / "locks"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with (folder / "image-build.lock").open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 class ImageBuilder:
     def __init__(self, client: docker.DockerClient, progress: Progress | None = None) -> None:
         self._client = client
@@ -97,10 +113,18 @@ class ImageBuilder:
         folder = sandbox_image_dir()
         tag = _sandbox_tag(base_id)
         existing = _has_image(self._client, tag)
-        if existing is not None:
-            return ImageInfo(
-                tag, existing, base_ref, source, built=False, seconds=time.monotonic() - started
-            )
+        if existing is None:
+            with _build_lock():  # many jobs at once build a missing image once
+                existing = _has_image(self._client, tag)
+                if existing is None:
+                    return self._build(tag, folder, base_ref, source, started)
+        return ImageInfo(
+            tag, existing, base_ref, source, built=False, seconds=time.monotonic() - started
+        )
+
+    def _build(
+        self, tag: str, folder: Path, base_ref: str, source: str, started: float
+    ) -> ImageInfo:
         self._progress(f"building {tag} from {base_ref}")
         try:
             image, _logs = self._client.images.build(

@@ -23,7 +23,7 @@ from controller.apply import revert_changeset
 from controller.collect import ChangedFile, Collected
 from controller.config import HostConfig
 from controller.engine import Job, JobRequest
-from controller.errors import ErrorCode, PatchboxError
+from controller.errors import ErrorCode, InternalError, PatchboxError
 from controller.jobs import JobRecord, JobStore
 from controller.labels import JOB
 from controller.providers import (
@@ -1021,14 +1021,15 @@ def test_unexpected_error_still_ends_the_record_failed(
 
     monkeypatch.setattr("controller.engine.collect", broken)
     job = new_job(client, repo, make_task(), scripted([call("c1", EDIT)]))
-    with pytest.raises(RuntimeError, match="a bug"):
+    with pytest.raises(InternalError, match=r"unexpected error \(RuntimeError\)") as info:
         job.run()
+    assert isinstance(info.value.__cause__, RuntimeError)
     stored = JobStore().load(job.record.job_id)
     assert stored.state == "failed"
-    assert stored.error == {
-        "code": "SANDBOX_FAILED",
-        "message": "unexpected failure (RuntimeError)",
-    }
+    assert stored.error is not None
+    assert stored.error["code"] == "INTERNAL_ERROR"
+    assert info.value.report is not None
+    assert info.value.report in stored.error["message"]
     assert evidence_of(stored.job_id)["status"] == "failed"
     assert containers_of(client, stored.job_id) == []
 
