@@ -3,7 +3,7 @@
 One sandbox per runtime gets a ~1 KB text file through ``put_archive``; then the same file
 is read, in interleaved blocks, through the agent's attach channel (``DockerSandbox.read_file``)
 and with ``docker exec <container> cat <file>`` (the docker CLI, the reference). The table
-gives p50/p99 of each and the ratio p50(channel) / p50(exec) against the SPEC 4.3 targets.
+gives p50/p99 of each and the ratio p50(channel) / p50(exec) against the targets.
 
     python3 bench/bench_channel.py [--runtime runc|runsc|both] [--calls 2000] [--exec-calls 100]
 """
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 SAMPLE_PATH = "bench/sample.txt"
 SAMPLE_SIZE = 1024
 TARGET_DIVISOR: dict[Runtime, int] = {"runc": 80, "runsc": 40}
-"""SPEC 4.3: p50(channel) must be at most 1/N of p50(docker exec)."""
+"""Target: p50(channel) must be at most 1/N of p50(docker exec)."""
 
 
 def sample_text() -> bytes:

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 
 MB = 1024 * 1024
 TARGET_MB = 30.0
-"""SPEC target: an idle sandbox costs at most 30 MB, with 50 of them up at once."""
+"""Target: an idle sandbox costs at most 30 MB, with 50 of them up at once."""
 PROBE_PATH = "calc/parser.py"
 SERIES: dict[str, tuple[str, bool]] = {
     "usage": ("cgroup usage", True),

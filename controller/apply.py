@@ -1,4 +1,4 @@
-"""Apply and revert of a validated change set on the user's work tree (SPEC 9).
+"""Apply and revert of a validated change set on the user's work tree.
 
 No git command runs in the user's repository: HEAD and operations in progress are read as
 files (:mod:`controller.repo`), baseline contents come from the controller's private git
@@ -726,7 +726,7 @@ def apply_changeset(  # noqa: PLR0913 - the change set and keyword-only job inpu
     merge: bool = False,
     journal: Journal | None = None,
 ) -> ApplyResult:
-    """Applies a job's diff to the user's work tree, all or nothing (SPEC 9.1, 9.2).
+    """Applies a job's diff to the user's work tree, all or nothing.
 
     Raises :class:`~controller.changeset.ChangesetInvalidError` when the diff fails
     validation, :class:`ApplyConflictError` when the work tree is not as expected (also for
@@ -816,7 +816,7 @@ def _run_or_roll_back(
 
 
 def revert_changeset(job_id: str, *, journal: Journal | None = None) -> RevertResult:
-    """Restores every path an applied job touched (SPEC 9.3). Raises
+    """Restores every path an applied job touched. Raises
     :class:`RevertConflictError` (nothing written) when the job is not applied, a git
     operation is in progress, or a touched path no longer has its post-apply content."""
     check_job_id(job_id)

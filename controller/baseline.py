@@ -1,4 +1,4 @@
-"""The private baseline of a job (SPEC 3): the work tree as the user sees it, frozen in the
+"""The private baseline of a job: the work tree as the user sees it, frozen in the
 controller's own git dir, never written into the user's repository.
 
 How the user's repository is read without being written or trusted:
@@ -72,7 +72,7 @@ COMMIT_MESSAGE = "patchbox baseline"
 
 
 class SnapshotLimits(BaseModel):
-    """How much local change a baseline may carry (SPEC 3.1)."""
+    """How much local change a baseline may carry."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
@@ -93,7 +93,7 @@ class Counts(BaseModel):
 
 
 class HealthReport(BaseModel):
-    """A diagnosis of the repository at one moment: not a lock (SPEC 3.4)."""
+    """A diagnosis of the repository at one moment: not a lock."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -114,7 +114,7 @@ class HealthReport(BaseModel):
 
 
 class Baseline(BaseModel):
-    """The frozen inputs of a job's starting point (SPEC 3.4)."""
+    """The frozen inputs of a job's starting point."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -540,7 +540,7 @@ def _count(top: Path, status: _Status) -> tuple[Counts, list[Reason]]:
 
 
 def check_health(path: Path, limits: SnapshotLimits | None = None) -> HealthReport:
-    """The health answer for ``path`` (SPEC 3.1); never raises for a repository's state."""
+    """The health answer for ``path``; never raises for a repository's state."""
     try:
         layout = locate(path)
     except RepoBlockedError as exc:

@@ -1,4 +1,4 @@
-"""Which checks a job may run (SPEC 2, 5.5): trusted configuration only.
+"""Which checks a job may run: trusted configuration only.
 
 Checks come from the operator's host configuration and the task file (the task wins on an
 id both define). A repository may suggest checks in ``.patchbox/checks.json``; they are read

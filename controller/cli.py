@@ -1,4 +1,4 @@
-"""The ``patchbox`` command line (SPEC 11.1).
+"""The ``patchbox`` command line.
 
 Exit codes: 0 success, 1 a job or check failed, 2 bad usage, 3 the environment is not ready,
 70 an internal error (``INTERNAL_ERROR``, with a crash report), 130, 143 and 129 after a job
@@ -41,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     doctor = sub.add_parser("doctor", help="is this machine (and a repository) ready?")
     doctor.add_argument("--json", action="store_true")
-    doctor.add_argument("--repo", help="also check this repository's health (SPEC 3.1)")
+    doctor.add_argument("--repo", help="also check this repository's health")
     doctor.add_argument("--max-local-files", type=int, default=None, metavar="N")
     doctor.add_argument("--max-local-bytes", type=int, default=None, metavar="N")
     image = sub.add_parser("image", help="the sandbox image")
@@ -53,8 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--json", action="store_true")
     run = sub.add_parser("run", help="one job, to its decision")
     run.add_argument("--repo", required=True)
-    run.add_argument("--task", required=True, help="the task file (SPEC 11.2)")
-    run.add_argument("--calls", help="drive the tools from this calls file (SPEC 11.3)")
+    run.add_argument("--task", required=True, help="the task file")
+    run.add_argument("--calls", help="drive the tools from this calls file")
     run.add_argument("--include-local-changes", action="store_true")
     run.add_argument("--trust-repo-config", action="store_true")
     run.add_argument("--consent-trusted-auto", action="store_true")
@@ -77,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
         cmd.add_argument("job")
         cmd.add_argument("--json", action="store_true")
         if name == "apply":
-            cmd.add_argument("--merge", action="store_true", help="three-way merge (SPEC 9)")
+            cmd.add_argument("--merge", action="store_true", help="three-way merge")
     demo = sub.add_parser("demo", help="a sandbox on the bundled example repository")
     demo.add_argument("--runtime", choices=["runc", "runsc"], default="runc")
     demo.add_argument("--json", action="store_true")

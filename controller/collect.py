@@ -1,4 +1,4 @@
-"""The one diff a job yields, computed on the host (SPEC 6.1).
+"""The one diff a job yields, computed on the host.
 
 The sandbox only reports which visible files changed since the baseline and hands over their
 bytes; the host stores those bytes as blobs in its private git dir, builds the new tree

@@ -1,4 +1,4 @@
-"""The job commands of the CLI (SPEC 11.1): run, jobs, show, apply, revert, discard.
+"""The job commands of the CLI: run, jobs, show, apply, revert, discard.
 
 Each returns ``(exit code, JSON-able data, text)``; :mod:`controller.cli` prints them.
 """
@@ -71,7 +71,7 @@ def _provider(
 def run_view(
     record: JobRecord, diff: str | None, evidence: str, secrets: tuple[str, ...] = ()
 ) -> dict[str, Any]:
-    """The one JSON object of ``run --json`` (SPEC 11.4). Messages and check output are
+    """The one JSON object of ``run --json``. Messages and check output are
     scrubbed of secrets and host paths like the evidence; the diff is shown as it is."""
     view = Scrubber(record.repo, secrets).value(_view(record, evidence))
     view["diff"] = diff or ""

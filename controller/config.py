@@ -1,4 +1,4 @@
-"""The operator's host configuration (SPEC 11.5): ``$PATCHBOX_HOME/config.toml`` or
+"""The operator's host configuration: ``$PATCHBOX_HOME/config.toml`` or
 ``--config FILE``. Trusted; nothing in a repository under work can change it.
 
 .. code-block:: toml

@@ -1,4 +1,4 @@
-"""One job from task to decision (SPEC 6-10): the tool loop, the effect ledger, the diff,
+"""One job from task to decision: the tool loop, the effect ledger, the diff,
 validation, required checks in a fresh sandbox, and the decision.
 
 Every stage writes the job record before it starts, so a later process sees where a job
@@ -353,7 +353,7 @@ class Job:
     def _ledger(
         self, turn: int, call_id: str, name: str, outcome: ToolOutcome | None, state: str
     ) -> dict[str, Any]:
-        """One side-effecting call (SPEC 6.3): intent, version before, files with hashes."""
+        """One side-effecting call: intent, version before, files with hashes."""
         result = (outcome.result if outcome is not None else None) or {}
         files: list[dict[str, Any]] = []
         if name == "replace_text" and "path" in result:

@@ -1,4 +1,4 @@
-"""The one exception root of patchbox, with stable error codes (SPEC section 12).
+"""The one exception root of patchbox, with stable error codes.
 
 ::
 

@@ -1,8 +1,8 @@
-"""The tool executor: the controller, not the model, authorises every effect (SPEC 10.3).
+"""The tool executor: the controller, not the model, authorises every effect.
 
 It validates arguments (``tools.parse_arguments``), applies the write policy
 (``policy.write_denial``) before anything reaches the sandbox, runs only checks of the trusted
-configuration, and keeps the idempotency record of SPEC 5.6: the key of a call is
+configuration, and keeps the idempotency record: the key of a call is
 ``(turn, toolCallId)``; a replay in the same turn returns the recorded outcome without a second
 effect, the same key with other arguments is refused, and a later turn may reuse an id.
 """

@@ -1,4 +1,4 @@
-"""Every git command the controller runs goes through :func:`run_git` (SPEC 2, 3.3).
+"""Every git command the controller runs goes through :func:`run_git`.
 
 The environment is rebuilt from nothing: no system or global configuration, no pager, no
 prompt, no credential helper, no lazy fetch, no optional locks (so a read such as

@@ -209,7 +209,7 @@ def repo_key(repo: str) -> str:
 
 @contextlib.contextmanager
 def write_lock(repo: str, root: Path | None = None) -> Iterator[None]:
-    """Held for the whole of a write job on ``repo`` (SPEC 10.5): a second one gets
+    """Held for the whole of a write job on ``repo``: a second one gets
     ``JOB_ALREADY_RUNNING`` at once (no queue). The kernel drops the lock if the process
     dies, so a crash never leaves a repository locked."""
     folder = root or patchbox_home() / "locks"

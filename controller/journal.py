@@ -1,4 +1,4 @@
-"""The write-ahead journal of apply and revert (SPEC 9.2), under ``$PATCHBOX_HOME/journal``.
+"""The write-ahead journal of apply and revert, under ``$PATCHBOX_HOME/journal``.
 
 One folder per job::
 

@@ -1,4 +1,4 @@
-"""Resource limits of a job (SPEC 4.1 and 11.2), with safe defaults."""
+"""Resource limits of a job, with safe defaults."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""From a repository to a ready sandbox holding its baseline (SPEC 3 and 4).
+"""From a repository to a ready sandbox holding its baseline.
 
 How the baseline gets into the container, fastest first (``docs/performance.md`` has the
 measurements behind this order):

@@ -1,7 +1,7 @@
 """The controller's side of the agent protocol (version 1): framing and strict decoding.
 
 A frame is ``b"PB" | kind | uint32 length`` and a payload (see the agent's ``frames.py``).
-Everything that comes from the container is untrusted (SPEC 4.3.1): the header is checked
+Everything that comes from the container is untrusted: the header is checked
 and the size cap enforced before the payload is read; JSON is decoded with no duplicate
 keys, no NaN or Infinity, bounded numbers and bounded nesting.
 """

@@ -1,4 +1,4 @@
-"""Removes what a crashed controller left behind (SPEC 4.4), found by label."""
+"""Removes what a crashed controller left behind, found by label."""
 
 from __future__ import annotations
 

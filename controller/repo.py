@@ -1,5 +1,5 @@
 """The user's repository, read and never written: where it is, and whether a job may start
-from it (SPEC 3.1).
+from it.
 
 :func:`locate` finds the git dir of a work tree by reading files (``.git`` folder, a
 ``gitdir:`` file, a linked worktree's ``commondir``); :func:`resolve_head` reads refs the

@@ -1,4 +1,4 @@
-"""Required checks (SPEC 7.1): a fresh sandbox from the baseline plus the validated diff, and
+"""Required checks: a fresh sandbox from the baseline plus the validated diff, and
 each check run as its own process whose exit status comes from the Docker API.
 
 The agent in the fresh container only unpacks the baseline and applies the diff; what it

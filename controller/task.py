@@ -1,4 +1,4 @@
-"""The operator's task file (SPEC 11.2): trusted configuration, validated strictly."""
+"""The operator's task file: trusted configuration, validated strictly."""
 
 from __future__ import annotations
 

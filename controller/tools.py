@@ -1,4 +1,4 @@
-"""The six tools a model may call (SPEC 5): strict argument models and their JSON Schemas.
+"""The six tools a model may call: strict argument models and their JSON Schemas.
 
 Every argument object is validated here, on the controller, before anything reaches the
 sandbox: unknown, missing or mistyped fields and out-of-range values are
@@ -127,7 +127,7 @@ WRITE_TOOLS = frozenset({"replace_text", "apply_patch"})
 
 
 class ArgumentsNotAnObjectError(ToolError):
-    """The arguments are not a JSON object or are too large: the job ends (SPEC 5.1)."""
+    """The arguments are not a JSON object or are too large: the job ends."""
 
 
 def _describe(error: ValidationError) -> str:

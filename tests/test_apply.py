@@ -1,4 +1,4 @@
-"""apply: the validated diff applied to, and reverted from, a real user repository (SPEC 9).
+"""apply: the validated diff applied to, and reverted from, a real user repository.
 
 The repository has staged, unstaged and untracked work; after apply and after revert every
 byte of it (files, modes, folders, the index file, HEAD, ``git status``) is compared exactly.

@@ -1,4 +1,4 @@
-"""The private baseline (SPEC 3.2, 3.3, 2): its tar holds exactly the work tree the user sees,
+"""The private baseline: its tar holds exactly the work tree the user sees,
 it is deterministic, the user's repository is never written, and a hostile repository
 configuration runs nothing on the host. Every case is a real repository in a temp folder."""
 

@@ -1,4 +1,4 @@
-"""changeset: validation of a job's one diff (SPEC 6.2).
+"""changeset: validation of a job's one diff.
 
 Every refusal is a table case with its exact reason code, run twice: against the in-memory
 baseline tree (pure, milliseconds) and against a real baseline in the controller's private

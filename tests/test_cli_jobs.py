@@ -1,4 +1,4 @@
-"""The job commands of the CLI (SPEC 11.1, 11.4) in a subprocess: run, jobs, show, apply,
+"""The job commands of the CLI in a subprocess: run, jobs, show, apply,
 revert, discard; their JSON, exit codes and refusals."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.docker
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_KEYS = {"job_id", "status", "error", "diff", "files", "checks", "tool_calls", "evidence"}
-"""SPEC 11.4; ``decision`` is shown beside them."""
+"""The keys of ``run --json``; ``decision`` is shown beside them."""
 DIFF = (
     "diff --git a/app.py b/app.py\n"
     f"index {blob(APP)}..{blob(APP_AFTER)} 100644\n"

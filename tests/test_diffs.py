@@ -1,4 +1,4 @@
-"""diffs: strict parsing and exact application of canonical git diffs (SPEC 5.4, 5.4.1, 6.2).
+"""diffs: strict parsing and exact application of canonical git diffs.
 
 Every refusal asserts its exact reason code. Happy paths are cross-checked against the real
 ``git apply``, and diffs made by the real ``git diff`` must parse and apply to git's result.

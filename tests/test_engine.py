@@ -1,4 +1,4 @@
-"""Whole jobs on the real daemon (SPEC 6-10): the scripted and an OpenAI-compatible provider
+"""Whole jobs on the real daemon: the scripted and an OpenAI-compatible provider
 drive the same loop; the diff, ledger, checks, decisions, limits, cancellation and cleanup are
 asserted exactly, and the user's repository is compared byte for byte."""
 

@@ -1,4 +1,4 @@
-"""The evidence bundle (SPEC 7.2): what it holds, and that no secret or absolute host path
+"""The evidence bundle: what it holds, and that no secret or absolute host path
 reaches it, the ``run --json`` output, or the CLI's stderr; the JUnit XML of the checks."""
 
 from __future__ import annotations

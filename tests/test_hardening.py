@@ -1,4 +1,4 @@
-"""Attack tests on the real daemon: repo code inside the sandbox tries to get out (SPEC 4.1).
+"""Attack tests on the real daemon: repo code inside the sandbox tries to get out.
 
 The attacker code runs the way untrusted repo code runs, through ``box.run``, and every
 test asserts the exact safe outcome for each runtime. Where runc and gVisor (runsc) differ,

@@ -1,4 +1,4 @@
-"""journal: the write-ahead record, and crash safety of apply and revert (SPEC 9.2).
+"""journal: the write-ahead record, and crash safety of apply and revert.
 
 The kill matrix runs apply (and revert) in a real child process that SIGKILLs itself at each
 step (``PATCHBOX_FAULT_POINT``); then a fresh process runs ``recover()``. The rule checked:

@@ -1,4 +1,4 @@
-"""The scripted provider and its calls file (SPEC 11.3): tables of valid and invalid files."""
+"""The scripted provider and its calls file: tables of valid and invalid files."""
 
 from __future__ import annotations
 

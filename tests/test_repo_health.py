@@ -1,4 +1,4 @@
-"""The health gate (SPEC 3.1) on real repositories: every blocked state with its exact reason
+"""The health gate on real repositories: every blocked state with its exact reason
 codes, exact counts, and every repository layout patchbox accepts or refuses."""
 
 from __future__ import annotations

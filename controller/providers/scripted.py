@@ -1,4 +1,4 @@
-"""The deterministic provider: the tool calls of a calls file (SPEC 11.3), one turn per call.
+"""The deterministic provider: the tool calls of a calls file, one turn per call.
 
 A calls file is operator-trusted but still parsed strictly: unknown fields, a missing
 ``turns``, an ``arguments`` value that is not an object, duplicate ids within one turn,

@@ -26,7 +26,7 @@ class SandboxSpec(BaseModel):
     ready_timeout: float = 60.0
     """Seconds from create to a completed handshake."""
     protected: tuple[str, ...] = ()
-    """The operator's protected globs (SPEC 5.7): never listed, read or written."""
+    """The operator's protected globs: never listed, read or written."""
     agent_argv: tuple[str, ...] = ("python3", "-I", "-S", "-B", "/opt/patchbox/agent.py")
     """How the agent is started inside the image."""
     preload: str | None = None

@@ -55,7 +55,7 @@ def pids_limit(spec: SandboxSpec) -> int:
 
 
 def container_config(spec: SandboxSpec, labels: dict[str, str]) -> dict[str, Any]:
-    """The keyword arguments of ``containers.create`` for a sandbox (pure; SPEC 4.1)."""
+    """The keyword arguments of ``containers.create`` for a sandbox (pure)."""
     lim = spec.limits
     tmpfs_opts = f"rw,nosuid,nodev,uid={SANDBOX_UID},gid={SANDBOX_UID}"
     config: dict[str, Any] = {
