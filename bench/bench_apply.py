@@ -32,10 +32,10 @@ from pathlib import Path
 
 from bench_tools import ensure_repo, git
 from common import loadavg, print_table
-from controller.apply import apply_changeset, revert_changeset
-from controller.baseline import build_baseline
-from controller.changeset import ChangesetLimits, prepare_changeset
-from controller.journal import Journal
+from controller.changes.apply import apply_changeset, revert_changeset
+from controller.changes.journal import Journal
+from controller.changes.validate import ChangesetLimits, prepare_changeset
+from controller.repo.baseline import build_baseline
 
 FILES_CHANGED = 200
 LINES_PER_FILE = 50

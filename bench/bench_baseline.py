@@ -36,12 +36,12 @@ import docker
 
 from bench_tools import ensure_repo, git
 from common import loadavg, print_table
-from controller.dockerclient import connect
-from controller.image import ImageBuilder
-from controller.labels import KIND, current_identity, new_job_id
-from controller.limits import Limits
-from controller.prepare import BaselineCache, Prepared, SparePool, prepare
+from controller.config.limits import Limits
 from controller.sandbox.base import Runtime, SandboxSpec
+from controller.sandbox.dockerclient import connect
+from controller.sandbox.image import ImageBuilder
+from controller.sandbox.labels import KIND, current_identity, new_job_id
+from controller.sandbox.prepare import BaselineCache, Prepared, SparePool, prepare
 
 
 def worktree_add(repo: Path, under: str | None = None) -> float:

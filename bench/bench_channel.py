@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from common import loadavg, percentile, print_table
-from controller.demo.run import example_archive
-from controller.dockerclient import connect
-from controller.image import ImageBuilder
-from controller.labels import current_identity, new_job_id
-from controller.limits import Limits
+from controller.cli.demo.run import example_archive
+from controller.config.limits import Limits
 from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.docker import DockerSandbox
+from controller.sandbox.dockerclient import connect
+from controller.sandbox.image import ImageBuilder
+from controller.sandbox.labels import current_identity, new_job_id
 
 if TYPE_CHECKING:
     pass

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from common import loadavg, percentile, print_table
-from controller.dockerclient import connect
-from controller.image import ImageBuilder
+from controller.sandbox.dockerclient import connect
+from controller.sandbox.image import ImageBuilder
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = 'def greet(name):\n    return "hello " + name\n'

@@ -40,12 +40,12 @@ from typing import TYPE_CHECKING, Any
 import docker.errors
 
 from common import loadavg, percentile, print_table
-from controller.demo.run import example_archive
-from controller.dockerclient import connect
-from controller.image import ImageBuilder
-from controller.labels import JOB, current_identity, new_job_id
+from controller.cli.demo.run import example_archive
 from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.docker import DockerSandbox
+from controller.sandbox.dockerclient import connect
+from controller.sandbox.image import ImageBuilder
+from controller.sandbox.labels import JOB, current_identity, new_job_id
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

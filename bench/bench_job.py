@@ -1,6 +1,6 @@
 """The whole scripted demo job vs the sum of its unavoidable parts, measured in one run.
 
-The job (``controller.demo.run``'s task and calls on a fresh copy of the example) starts two
+The job (``controller.cli.demo.run``'s task and calls on a fresh copy of the example) starts two
 sandboxes (the job's and the fresh one of the required check) and runs the test suite three
 times (twice through ``run_check``, once as the required check). The reference parts:
 
@@ -25,15 +25,15 @@ import time
 from pathlib import Path
 
 from common import loadavg, print_table
-from controller.config import HostConfig
-from controller.demo.run import CALLS, TASK, make_demo_repo
-from controller.dockerclient import connect
-from controller.engine import Job, JobRequest
-from controller.image import ImageBuilder
-from controller.jobs import JobStore
+from controller.cli.demo.run import CALLS, TASK, make_demo_repo
+from controller.config.host import HostConfig
+from controller.config.task import TaskSpec
+from controller.jobs.engine import Job, JobRequest
+from controller.jobs.records import JobStore
 from controller.providers import ScriptedProvider, parse_calls
 from controller.sandbox.base import Runtime
-from controller.task import TaskSpec
+from controller.sandbox.dockerclient import connect
+from controller.sandbox.image import ImageBuilder
 
 
 def docker_run_true(image: str, runtime: Runtime) -> float:

@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from common import loadavg, percentile, print_table
-from controller.dockerclient import connect
-from controller.image import ImageBuilder
-from controller.labels import JOB, current_identity, new_job_id
-from controller.limits import Limits
+from controller.config.limits import Limits
 from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.docker import DockerSandbox
+from controller.sandbox.dockerclient import connect
+from controller.sandbox.image import ImageBuilder
+from controller.sandbox.labels import JOB, current_identity, new_job_id
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -24,12 +24,12 @@ import tarfile
 import time
 from pathlib import Path
 
-from controller.dockerclient import connect
-from controller.image import ImageBuilder
-from controller.labels import current_identity, new_job_id
-from controller.limits import Limits
+from controller.config.limits import Limits
 from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.docker import DockerSandbox
+from controller.sandbox.dockerclient import connect
+from controller.sandbox.image import ImageBuilder
+from controller.sandbox.labels import current_identity, new_job_id
 
 RARE = "zqxjv_rare_marker_7741"
 WORDS = [

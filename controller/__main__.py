@@ -1,5 +1,5 @@
 import sys
 
-from controller.cli import main
+from controller.cli.main import main
 
 sys.exit(main())

@@ -1,13 +1,14 @@
 """structlog set-up (entry points only) and the redaction processor.
 
 Every log line passes :func:`redact`: values of secret-looking keys are dropped, control and
-bidi characters are removed from every string (:func:`controller.text.strip_control`), and any
+bidi characters are removed from every string (:func:`controller.tools.text.strip_control`), and any
 string that contains an absolute host path under a known private root or the value of a
 secret-looking environment variable is masked.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -18,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from controller.text import strip_control
+from controller.tools.text import strip_control
 
 _SECRET_KEY = re.compile(r"(?i)(key|token|secret|password|passwd|authorization|cookie|credential)")
 REDACTED = "[redacted]"
@@ -61,6 +62,18 @@ def redact(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> Mutable
     return event
 
 
+class _StderrLogger:
+    """Writes each line to ``sys.stderr`` as it is at that moment (a test or a daemon may swap
+    it); a closed stream loses the line and never raises into the caller."""
+
+    def msg(self, message: str) -> None:
+        with contextlib.suppress(ValueError, OSError):
+            sys.stderr.write(message + "\n")
+            sys.stderr.flush()
+
+    log = debug = info = warning = warn = error = critical = exception = fatal = msg
+
+
 def configure(*, json_output: bool = False, level: int = logging.INFO) -> None:
     """Sends logs to stderr; called once by the CLI."""
     renderer: Any = (
@@ -76,6 +89,6 @@ def configure(*, json_output: bool = False, level: int = logging.INFO) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=lambda *_args: _StderrLogger(),
         cache_logger_on_first_use=True,
     )

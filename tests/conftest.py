@@ -22,16 +22,30 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "sandbox-image"))
 
-from controller.dockerclient import connect  # noqa: E402
-from controller.image import ImageBuilder  # noqa: E402
-from controller.labels import CONTROLLER, OWNER_FILTER, current_identity, new_job_id  # noqa: E402
-from controller.limits import Limits  # noqa: E402
+from controller.config.limits import Limits  # noqa: E402
 from controller.sandbox.base import Runtime, SandboxSpec  # noqa: E402
 from controller.sandbox.docker import DockerSandbox  # noqa: E402
+from controller.sandbox.dockerclient import connect  # noqa: E402
+from controller.sandbox.image import ImageBuilder  # noqa: E402
+from controller.sandbox.labels import CONTROLLER, OWNER_FILTER, current_identity, new_job_id  # noqa: E402
 from controller.sandbox.local import LocalSandbox  # noqa: E402
 from tests.harness import AgentWorkspace  # noqa: E402
 
 RUNTIMES: list[Runtime] = ["runc", "runsc"]
+DOCKER_FIXTURES = frozenset(
+    {"docker_client", "sandbox_image", "make_sandbox", "runtime", "runsc_available"}
+)
+"""A test that uses any of these needs the daemon: it is marked ``docker`` on collection."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks every test that needs the daemon, so ``-m "not docker"`` runs without one."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        callspec = getattr(item, "callspec", None)
+        params = callspec.params if callspec is not None else {}
+        if names & DOCKER_FIXTURES or params.get("agent") == "docker":
+            item.add_marker(pytest.mark.docker)
 
 
 def _require_runsc() -> bool:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.baseline import Baseline, archive_stream
+from controller.repo.baseline import Baseline, archive_stream
 
 DATE = "1600000000 +0000"
 

@@ -15,8 +15,8 @@ import pytest
 
 from controller.errors import ErrorCode, SandboxError, ToolError
 from controller.paths import sandbox_image_dir
-from controller.protocol import KIND_JSON, encode
 from controller.sandbox.local import LocalSandbox
+from controller.sandbox.protocol import KIND_JSON, encode
 
 
 def _tar(files: dict[str, bytes], modes: dict[str, int] | None = None) -> bytes:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-import controller.apply as apply_module
-from controller.apply import (
+import controller.changes.apply as apply_module
+from controller.changes.apply import (
     ApplyConflictError,
     RevertConflictError,
     apply_changeset,
@@ -22,10 +22,10 @@ from controller.apply import (
     recover,
     revert_changeset,
 )
-from controller.baseline import Baseline, build_baseline
-from controller.changeset import ChangesetInvalidError
+from controller.changes.journal import Journal
+from controller.changes.validate import ChangesetInvalidError
 from controller.errors import ErrorCode
-from controller.journal import Journal
+from controller.repo.baseline import Baseline, build_baseline
 from tests.applyrepo import Content, Snapshot, git, make_diff, make_repo, snapshot, status
 
 CAFE = "\u00e9t\u00e9/caf\u00e9.txt"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from controller.errors import ErrorCode, ToolError
-from controller.executor import ToolExecutor
+from controller.tools.executor import ToolExecutor
 from tests.harness import AgentWorkspace
 
 A_PY = "def f(text):\n    return text.split(',')\n"

@@ -19,8 +19,8 @@ from typing import Any
 import docker
 import pytest
 
+from controller.config.task import CHECK_ENV
 from controller.sandbox.base import Runtime
-from controller.task import CHECK_ENV
 from patchbox_agent import index
 from tests.conftest import SandboxFactory
 from tests.harness import AgentWorkspace

@@ -17,11 +17,11 @@ from typing import Any
 import docker
 import pytest
 
-from controller.changeset import ChangesetInvalidError, MemoryTree, check_diff
+from controller.changes.validate import ChangesetInvalidError, MemoryTree, check_diff
 from controller.errors import ErrorCode, ToolError
-from controller.executor import ToolExecutor
 from controller.sandbox.base import Runtime
 from controller.sandbox.local import LocalSandbox
+from controller.tools.executor import ToolExecutor
 from patchbox_agent import jail
 from tests.test_engine import (
     check_call,

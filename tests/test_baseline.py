@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.baseline import archive_stream, build_baseline, check_health
 from controller.errors import ErrorCode, PatchboxError
+from controller.repo.baseline import archive_stream, build_baseline, check_health
 from tests.gitrepo import (
     Files,
     Repo,

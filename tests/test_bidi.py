@@ -1,5 +1,5 @@
 """Bidirectional formatting characters (the "Trojan Source" trick) never survive into shown or
-stored text: :func:`controller.text.strip_control` removes them with the C0/C1 controls, and
+stored text: :func:`controller.tools.text.strip_control` removes them with the C0/C1 controls, and
 every path of untrusted text uses it (check output, the record, the evidence, the JUnit XML,
 ``run --json``, ``show``, CLI errors, logs). A real job under runc and under gVisor prints
 them from a check and from the model's calls."""
@@ -17,10 +17,10 @@ from typing import Any
 import docker
 import pytest
 
-from controller.evidence import Scrubber, junit
-from controller.jobs import JobRecord, JobStore
+from controller.jobs.evidence import Scrubber, junit
+from controller.jobs.records import JobRecord, JobStore
 from controller.logs import redact
-from controller.text import BIDI_CONTROLS, strip_control
+from controller.tools.text import BIDI_CONTROLS, strip_control
 from tests.test_engine import EDIT, GREET, call, check_call, make_repo
 
 ROOT = Path(__file__).resolve().parent.parent

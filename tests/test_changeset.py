@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 
-from controller.baseline import Baseline, build_baseline
-from controller.changeset import (
+from controller.changes.validate import (
     REASONS,
     ChangesetInvalidError,
     ChangesetLimits,
@@ -32,6 +31,7 @@ from controller.changeset import (
     validate_changeset,
 )
 from controller.errors import ErrorCode
+from controller.repo.baseline import Baseline, build_baseline
 from patchbox_agent import diffs
 from tests.applyrepo import Content, git, make_diff, make_repo, write_files
 

@@ -19,11 +19,11 @@ from collections.abc import Callable, Iterator
 import docker
 import pytest
 
+from controller.config.limits import Limits
 from controller.errors import ErrorCode, PatchboxError, ProtocolError, SandboxError
-from controller.labels import OWNER_FILTER, current_identity, new_job_id
-from controller.limits import Limits
 from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.docker import DockerSandbox
+from controller.sandbox.labels import OWNER_FILTER, current_identity, new_job_id
 from tests.conftest import SandboxFactory
 
 pytestmark = pytest.mark.docker
@@ -321,7 +321,7 @@ def test_remote_daemon_over_tcp(sandbox_image: str, monkeypatch: pytest.MonkeyPa
     """Through DOCKER_HOST=tcp://... the same attach channel works (no unix socket, no exec)."""
     proxy = TcpProxy()
     monkeypatch.setenv("DOCKER_HOST", f"tcp://127.0.0.1:{proxy.port}")
-    from controller.dockerclient import connect
+    from controller.sandbox.dockerclient import connect
 
     client = connect()
     try:

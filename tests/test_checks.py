@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from controller.checks import REPO_CHECKS_FILE, resolve_checks
+from controller.config.checks import REPO_CHECKS_FILE, resolve_checks
+from controller.config.task import CheckSpec
 from controller.errors import UsageError
-from controller.task import CheckSpec
 
 TASK = {"tests": CheckSpec(argv=["python3", "-m", "pytest", "-q"])}
 HOST = {"lint": CheckSpec(argv=["ruff", "check", "."]), "tests": CheckSpec(argv=["false"])}

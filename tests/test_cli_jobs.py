@@ -13,7 +13,7 @@ from typing import Any
 import docker
 import pytest
 
-from controller.jobs import JobStore
+from controller.jobs.records import JobStore
 from controller.paths import patchbox_home
 from tests.test_engine import (
     APP,

@@ -19,13 +19,13 @@ from typing import Any, cast
 import docker
 import pytest
 
-from controller.apply import revert_changeset
-from controller.collect import ChangedFile, Collected
-from controller.config import HostConfig
-from controller.engine import Job, JobRequest
+from controller.changes.apply import revert_changeset
+from controller.changes.collect import ChangedFile, Collected
+from controller.config.host import HostConfig
+from controller.config.task import TaskSpec
 from controller.errors import ErrorCode, InternalError, PatchboxError
-from controller.jobs import JobRecord, JobStore
-from controller.labels import JOB
+from controller.jobs.engine import Job, JobRequest
+from controller.jobs.records import JobRecord, JobStore
 from controller.providers import (
     ModelTurn,
     ProviderConfig,
@@ -36,7 +36,7 @@ from controller.providers import (
 )
 from controller.providers.base import Provider
 from controller.sandbox.base import Runtime
-from controller.task import TaskSpec
+from controller.sandbox.labels import JOB
 from tests.loopback import LoopbackServer, hang, json_reply, serve
 
 pytestmark = pytest.mark.docker
@@ -405,7 +405,7 @@ def test_limits_end_the_job_with_diagnostics_kept(
 
 HOLD = """
 import sys
-from controller.jobs import write_lock
+from controller.jobs.records import write_lock
 with write_lock(sys.argv[1]):
     print("locked", flush=True)
     sys.stdin.read()
@@ -602,7 +602,7 @@ def test_auto_apply_conflict_is_reported_in_the_decision(
 ) -> None:
     """The gate passed, then the file changed before the write: apply refuses, the job
     falls back to review and says why."""
-    monkeypatch.setattr("controller.engine.baseline_unchanged", lambda *_a: True)
+    monkeypatch.setattr("controller.jobs.engine.baseline_unchanged", lambda *_a: True)
 
     def edit_during_checks(message: str) -> None:
         if message == "checking":
@@ -1019,7 +1019,7 @@ def test_unexpected_error_still_ends_the_record_failed(
     def broken(*_args: object) -> None:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr("controller.engine.collect", broken)
+    monkeypatch.setattr("controller.jobs.engine.collect", broken)
     job = new_job(client, repo, make_task(), scripted([call("c1", EDIT)]))
     with pytest.raises(InternalError, match=r"unexpected error \(RuntimeError\)") as info:
         job.run()
@@ -1051,7 +1051,7 @@ def test_wall_clock_limit_ends_a_running_check(client: docker.DockerClient, repo
 def test_result_bytes_limit_ends_the_job(
     client: docker.DockerClient, repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("controller.engine.MAX_RESULT_BYTES", 300)
+    monkeypatch.setattr("controller.jobs.engine.MAX_RESULT_BYTES", 300)
     job = new_job(client, repo, make_task(), scripted([search_call("c1")], [search_call("c2")]))
     record = job.run()
     assert record.state == "failed"

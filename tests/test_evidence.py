@@ -13,8 +13,8 @@ from pathlib import Path
 import docker
 import pytest
 
-from controller.evidence import Scrubber, junit
-from controller.jobs import JobRecord, JobStore
+from controller.jobs.evidence import Scrubber, junit
+from controller.jobs.records import JobRecord, JobStore
 from controller.logs import REDACTED
 from controller.paths import patchbox_home
 from tests.test_engine import (

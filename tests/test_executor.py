@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from controller.config.task import CheckSpec, TaskSpec
 from controller.errors import ErrorCode
-from controller.executor import CheckChangedFilesError, ToolExecutor
-from controller.policy import write_denial
 from controller.sandbox.local import LocalSandbox
-from controller.task import CheckSpec, TaskSpec
-from controller.text import strip_control
-from controller.tools import ArgumentsNotAnObjectError
+from controller.tools.executor import CheckChangedFilesError, ToolExecutor
+from controller.tools.policy import write_denial
+from controller.tools.schemas import ArgumentsNotAnObjectError
+from controller.tools.text import strip_control
 
 PY = sys.executable
 

@@ -26,11 +26,11 @@ import docker.errors
 import pytest
 from docker.types import LogConfig
 
+from controller.config.limits import SHM_MB, Limits
 from controller.errors import ErrorCode, LimitExceededError, SandboxError
-from controller.labels import OWNER, OWNER_FILTER, OWNER_VALUE, current_identity, new_job_id
-from controller.limits import SHM_MB, Limits
 from controller.sandbox.base import RunResult, Runtime, SandboxSpec
 from controller.sandbox.docker import SANDBOX_UID, DockerSandbox, container_config, pids_limit
+from controller.sandbox.labels import OWNER, OWNER_FILTER, OWNER_VALUE, current_identity, new_job_id
 from tests.conftest import SandboxFactory
 
 pytestmark = pytest.mark.docker

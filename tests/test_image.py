@@ -11,13 +11,13 @@ from pathlib import Path
 import docker
 import pytest
 
-from controller import image as image_mod
-from controller.image import LOCAL_BASE_REPO, ImageBuilder, context_digest, recipe_hash
-from controller.labels import current_identity, new_job_id
-from controller.limits import Limits
+from controller.config.limits import Limits
 from controller.paths import patchbox_home, sandbox_image_dir
+from controller.sandbox import image as image_mod
 from controller.sandbox.base import SandboxSpec
 from controller.sandbox.docker import DockerSandbox
+from controller.sandbox.image import LOCAL_BASE_REPO, ImageBuilder, context_digest, recipe_hash
+from controller.sandbox.labels import current_identity, new_job_id
 
 
 def test_context_digest_follows_the_agent_sources(tmp_path: Path) -> None:

@@ -11,10 +11,10 @@ from typing import Any
 import docker
 import pytest
 
-from controller import cli
-from controller.jobs import JobStore
-from controller.labels import JOB
+from controller.cli import main as cli
+from controller.jobs.records import JobStore
 from controller.paths import patchbox_home
+from controller.sandbox.labels import JOB
 from tests.test_engine import EDIT, GREET, call, check_call, make_repo
 
 SECRET = "sk-crash-9f8e7d6c5b4a3210"  # noqa: S105 - a planted fake key
@@ -31,12 +31,12 @@ def boom(*_args: Any, **_kwargs: Any) -> Any:
 
 
 STAGES = {
-    "preparing": "controller.engine.prepare",
-    "running": "controller.engine.ToolExecutor.execute",
-    "collecting": "controller.engine.collect",
-    "validating": "controller.engine.validate_changeset",
-    "checking": "controller.engine.run_required_checks",
-    "deciding": "controller.engine.Job._decide",
+    "preparing": "controller.jobs.engine.prepare",
+    "running": "controller.jobs.engine.ToolExecutor.execute",
+    "collecting": "controller.jobs.engine.collect",
+    "validating": "controller.jobs.engine.validate_changeset",
+    "checking": "controller.jobs.engine.run_required_checks",
+    "deciding": "controller.jobs.engine.Job._decide",
 }
 
 
@@ -110,7 +110,7 @@ def test_a_fault_at_each_stage_gives_internal_error(
 def test_a_fault_while_writing_the_evidence_gives_internal_error(
     job_args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr("controller.engine.write_evidence", boom)
+    monkeypatch.setattr("controller.jobs.engine.write_evidence", boom)
     assert cli.main(job_args) == 70
     data = json.loads(capsys.readouterr().out)
     assert data["error"]["code"] == "INTERNAL_ERROR"
@@ -122,8 +122,8 @@ def test_a_fault_in_any_command_gives_internal_error(
 ) -> None:
     """Outside a job (here ``jobs``, with no daemon needed): the error object, exit 70."""
     monkeypatch.setenv("PATCHBOX_TEST_API_KEY", SECRET)
-    monkeypatch.setattr("controller.cli._settle", lambda: None)
-    monkeypatch.setattr("controller.commands.JobStore.all", boom)
+    monkeypatch.setattr("controller.cli.main._settle", lambda: None)
+    monkeypatch.setattr("controller.cli.commands.JobStore.all", boom)
     code = cli.main(["jobs", "--json"])
     out, err = capsys.readouterr()
     assert code == 70

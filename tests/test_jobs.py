@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from controller.errors import ErrorCode, PatchboxError, UsageError
-from controller.jobs import (
+from controller.jobs.records import (
     FINAL,
     TRANSITIONS,
     InvalidTransitionError,

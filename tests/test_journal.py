@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from controller.apply import (
+from controller.changes.apply import (
     ApplyConflictError,
     RevertConflictError,
     apply_changeset,
@@ -30,9 +30,7 @@ from controller.apply import (
     recover,
     revert_changeset,
 )
-from controller.baseline import build_baseline
-from controller.errors import UsageError
-from controller.journal import (
+from controller.changes.journal import (
     FAULT_ENV,
     ApplyRecord,
     Journal,
@@ -41,6 +39,8 @@ from controller.journal import (
     Side,
     contents_digest,
 )
+from controller.errors import UsageError
+from controller.repo.baseline import build_baseline
 from tests.applyrepo import Snapshot, git, make_diff, make_repo, snapshot, status
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,9 +48,9 @@ ROOT = Path(__file__).resolve().parent.parent
 CHILD = """
 import json, sys
 from pathlib import Path
-from controller.apply import apply_changeset, recover, revert_changeset
-from controller.baseline import Baseline
-from controller.journal import Journal
+from controller.changes.apply import apply_changeset, recover, revert_changeset
+from controller.repo.baseline import Baseline
+from controller.changes.journal import Journal
 
 op, root, spec = sys.argv[1:4]
 journal = Journal(Path(root))
@@ -372,7 +372,7 @@ def test_job_ids_are_plain_names(tmp_path: Path, job_id: str) -> None:
 
 def test_the_fault_point_kills_only_at_its_step(tmp_path: Path) -> None:
     code = (
-        "from controller.journal import fault_point\n"
+        "from controller.changes.journal import fault_point\n"
         "fault_point('a'); print('alive', flush=True); fault_point('b'); print('not reached')"
     )
     env = {

@@ -26,13 +26,20 @@ import docker
 import docker.errors
 import pytest
 
-from controller.jobs import JobRecord, JobStore
-from controller.labels import HOME, JOB, KIND, ControllerIdentity, current_identity, new_job_id
-from controller.limits import Limits
+from controller.config.limits import Limits
+from controller.jobs.records import JobRecord, JobStore
 from controller.paths import patchbox_home
-from controller.prepare import BaselineCache, SparePool, pool_key, prepare
-from controller.reaper import reap
 from controller.sandbox.base import Runtime, SandboxSpec
+from controller.sandbox.labels import (
+    HOME,
+    JOB,
+    KIND,
+    ControllerIdentity,
+    current_identity,
+    new_job_id,
+)
+from controller.sandbox.prepare import BaselineCache, SparePool, pool_key, prepare
+from controller.sandbox.reaper import reap
 from tests.test_engine import EDIT, GREET, call, check_call, make_repo
 
 pytestmark = pytest.mark.docker
@@ -326,7 +333,7 @@ def env_reap(home: Path) -> None:
 
 
 def _home_id(home: Path) -> str:
-    from controller.labels import home_id
+    from controller.sandbox.labels import home_id
 
     return home_id(home)
 

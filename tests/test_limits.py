@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from controller.labels import ControllerIdentity, controller_alive
-from controller.limits import HEADROOM_MB, SHM_MB, Limits
+from controller.config.limits import HEADROOM_MB, SHM_MB, Limits
 from controller.sandbox.base import SandboxSpec
 from controller.sandbox.docker import container_config
+from controller.sandbox.labels import ControllerIdentity, controller_alive
 
 
 def test_defaults_match_the_spec() -> None:

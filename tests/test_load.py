@@ -21,7 +21,7 @@ import docker
 import docker.errors
 import pytest
 
-from controller.labels import HOME, JOB, KIND, home_id
+from controller.sandbox.labels import HOME, JOB, KIND, home_id
 from tests.test_engine import EDIT, GREET, call, check_call, make_repo
 
 pytestmark = pytest.mark.docker
@@ -76,7 +76,7 @@ def remove_spares(client: docker.DockerClient, homes: list[Path]) -> None:
     for c in client.containers.list(all=True, filters={"label": f"{KIND}=spare"}, sparse=True):
         if c.attrs["Labels"].get(HOME) in ids:
             try:
-                client.api.remove_container(c.id, force=True)
+                client.api.remove_container(c.id or "", force=True)
             except docker.errors.NotFound:
                 pass
 

@@ -17,14 +17,14 @@ import docker
 import docker.errors
 import pytest
 
-from controller.baseline import SnapshotLimits
+from controller.config.limits import Limits
 from controller.errors import ErrorCode, PatchboxError, SandboxError
-from controller.labels import KIND, ControllerIdentity, current_identity, new_job_id
-from controller.limits import Limits
-from controller.prepare import POOL_KEY, BaselineCache, SparePool, pool_key, prepare
-from controller.reaper import reap
+from controller.repo.baseline import SnapshotLimits
 from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.docker import DockerSandbox
+from controller.sandbox.labels import KIND, ControllerIdentity, current_identity, new_job_id
+from controller.sandbox.prepare import POOL_KEY, BaselineCache, SparePool, pool_key, prepare
+from controller.sandbox.reaper import reap
 from tests.test_channel import TcpProxy
 
 GIT_ENV = {
@@ -232,7 +232,7 @@ def test_remote_daemon_gets_the_baseline_through_the_channel(
 ) -> None:
     proxy = TcpProxy()
     monkeypatch.setenv("DOCKER_HOST", f"tcp://127.0.0.1:{proxy.port}")
-    from controller.dockerclient import connect
+    from controller.sandbox.dockerclient import connect
 
     client = connect()
     try:

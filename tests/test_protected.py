@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from controller import policy
 from controller.errors import ErrorCode, ToolError
-from controller.executor import ToolExecutor
 from controller.sandbox.local import LocalSandbox
+from controller.tools import policy
+from controller.tools.executor import ToolExecutor
 from patchbox_agent import jail, protected
 from tests.conftest import SandboxFactory, _require_runsc
 from tests.harness import AgentWorkspace

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from controller.errors import ProtocolError
-from controller.protocol import (
+from controller.sandbox.protocol import (
     HEADER,
     KIND_BINARY,
     KIND_JSON,

@@ -34,7 +34,7 @@ from controller.providers import (
     open_provider,
 )
 from controller.providers.openai import retry_after_seconds, sse_events
-from controller.tools import ReadFileArgs, parse_arguments, tool_schemas
+from controller.tools.schemas import ReadFileArgs, parse_arguments, tool_schemas
 from tests.loopback import (
     LoopbackServer,
     Responder,

@@ -22,7 +22,7 @@ from controller.providers import (
 )
 from controller.providers import scripted as scripted_module
 from controller.providers.base import ModelTurn
-from controller.tools import ReplaceTextArgs, SearchTextArgs, parse_arguments
+from controller.tools.schemas import ReplaceTextArgs, SearchTextArgs, parse_arguments
 
 SPEC_EXAMPLE: dict[str, Any] = {
     "turns": [

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from controller.errors import ErrorCode, ToolError
-from controller.executor import ToolExecutor
 from controller.sandbox.docker import DockerSandbox
 from controller.sandbox.local import LocalSandbox
+from controller.tools.executor import ToolExecutor
 from tests.conftest import SandboxFactory
 from tests.harness import AgentWorkspace
 

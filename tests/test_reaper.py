@@ -11,18 +11,18 @@ from pathlib import Path
 import docker
 import pytest
 
-from controller.labels import JOB
 from controller.paths import patchbox_home
-from controller.reaper import reap
+from controller.sandbox.labels import JOB
+from controller.sandbox.reaper import reap
 from tests.conftest import SandboxFactory
 
 pytestmark = pytest.mark.docker
 
 CRASHING_CONTROLLER = """
 import sys
-from controller.dockerclient import connect
-from controller.labels import current_identity
-from controller.limits import Limits
+from controller.sandbox.dockerclient import connect
+from controller.sandbox.labels import current_identity
+from controller.config.limits import Limits
 from controller.paths import owned_temp_dir
 from controller.sandbox.base import SandboxSpec
 from controller.sandbox.docker import DockerSandbox

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from controller import commands, inputfile
+from controller.cli import commands
+from controller.config import inputfile
 from controller.errors import ErrorCode, UsageError
 from controller.providers import scripted
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from controller.errors import ErrorCode, ToolError
-from controller.tools import (
+from controller.tools.schemas import (
     MAX_ARGUMENT_BYTES,
     ApplyPatchArgs,
     ArgumentsNotAnObjectError,

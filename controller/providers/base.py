@@ -59,7 +59,7 @@ class ToolCall(_Event):
     """The tool name, not yet checked against the six tools."""
     arguments: str
     """The raw JSON text of the arguments. It may be invalid JSON: the loop validates it
-    with :func:`controller.tools.parse_arguments` and tells the model what was wrong."""
+    with :func:`controller.tools.schemas.parse_arguments` and tells the model what was wrong."""
 
 
 class ModelTurn(_Event):

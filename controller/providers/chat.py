@@ -25,7 +25,7 @@ from controller.providers.openai import (
     sse_events,
     usage_counts,
 )
-from controller.tools import tool_schemas
+from controller.tools.schemas import tool_schemas
 
 MAX_TOOL_CALLS = 1024
 """The highest tool-call index accepted in a stream, plus one."""

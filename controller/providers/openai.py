@@ -58,7 +58,7 @@ from controller.providers.base import (
     loads_strict,
 )
 from controller.providers.config import ProviderConfig
-from controller.text import strip_control
+from controller.tools.text import strip_control
 
 log = structlog.get_logger(__name__)
 

@@ -26,7 +26,7 @@ from controller.providers.openai import (
     token,
     usage_counts,
 )
-from controller.tools import tool_schemas
+from controller.tools.schemas import tool_schemas
 
 _USAGE_NAMES = {
     "input_tokens": "input_tokens",

@@ -15,8 +15,8 @@ from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from controller.config.inputfile import read_input_file
 from controller.errors import UsageError
-from controller.inputfile import read_input_file
 from controller.providers.base import (
     CallId,
     CancelledError,
@@ -98,7 +98,7 @@ def parse_calls(data: bytes | str) -> CallsFile:
 def load_calls(path: Path | str) -> ScriptedProvider:
     """Reads and parses a calls file; :class:`UsageError` if it is missing, not a regular
     file, unreadable, too large or invalid."""
-    # The task file's rule too (controller.inputfile): a FIFO or a device never blocks.
+    # The task file's rule too (controller.config.inputfile): a FIFO or a device never blocks.
     data = read_input_file(path, "calls file", MAX_CALLS_FILE_BYTES)
     return ScriptedProvider(parse_calls(data))
 

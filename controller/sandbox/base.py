@@ -7,7 +7,7 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from controller.limits import Limits
+from controller.config.limits import Limits
 
 Runtime = Literal["runc", "runsc"]
 

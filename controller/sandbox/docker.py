@@ -21,12 +21,12 @@ import docker.errors
 import structlog
 from docker.types import LogConfig, Mount, Ulimit
 
+from controller.config.limits import SHM_MB
 from controller.errors import LimitExceededError, ProtocolError, SandboxError
-from controller.labels import ControllerIdentity
-from controller.limits import SHM_MB
-from controller.protocol import MAX_RESPONSE_FRAME
 from controller.sandbox.base import PRELOAD_TARGET, HelloResult, RunResult, SandboxSpec
 from controller.sandbox.calls import ARCHIVE_TIMEOUT, DEFAULT_CALL_TIMEOUT, AgentCalls
+from controller.sandbox.labels import ControllerIdentity
+from controller.sandbox.protocol import MAX_RESPONSE_FRAME
 from controller.sandbox.session import AgentSession
 
 if TYPE_CHECKING:

@@ -11,7 +11,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from controller.errors import ErrorCode, ProtocolError, SandboxError, ToolError
-from controller.protocol import (
+from controller.sandbox.base import Channel, HelloResult
+from controller.sandbox.protocol import (
     BINARY_CHUNK,
     HEADER_SIZE,
     KIND_BINARY,
@@ -24,7 +25,6 @@ from controller.protocol import (
     encode_request,
     parse_header,
 )
-from controller.sandbox.base import Channel, HelloResult
 
 _AGENT_ERROR_CODES = frozenset(
     {

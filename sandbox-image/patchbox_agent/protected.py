@@ -1,7 +1,7 @@
 """The workspace paths no tool may read, list, search or write: the repository and credentials.
 
 One list, the only one: the agent's jail hides and refuses these paths, and the controller's
-write policy (``controller/policy.py``) imports these very objects to refuse them in a diff,
+write policy (``controller/tools/policy.py``) imports these very objects to refuse them in a diff,
 so the two sides can never disagree. docs/architecture.md ("Protected paths") gives the
 reason for each entry.
 

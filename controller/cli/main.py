@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from controller.errors import InternalError, NotReadyError, PatchboxError, UsageError
 
 if TYPE_CHECKING:
-    from controller.baseline import HealthReport
+    from controller.repo.baseline import HealthReport
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -94,7 +94,7 @@ def _emit(data: dict[str, Any], *, as_json: bool, text: str) -> None:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from controller.doctor import diagnose
+    from controller.cli.doctor import diagnose
 
     report = diagnose()
     lines = [f"ready: {'yes' if report['ready'] else 'no'}"]
@@ -131,7 +131,7 @@ def _doctor(args: argparse.Namespace) -> int:
 def _repo_health(args: argparse.Namespace) -> HealthReport:
     from pathlib import Path
 
-    from controller.baseline import SnapshotLimits, check_health
+    from controller.repo.baseline import SnapshotLimits, check_health
 
     fields = {
         k: v
@@ -160,8 +160,8 @@ def _health_lines(health: HealthReport) -> list[str]:
 
 
 def _image_build(args: argparse.Namespace) -> int:
-    from controller.dockerclient import connect
-    from controller.image import ImageBuilder
+    from controller.sandbox.dockerclient import connect
+    from controller.sandbox.image import ImageBuilder
 
     info = ImageBuilder(connect(), _progress).ensure(args.base)
     data = {
@@ -180,7 +180,7 @@ def _image_build(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from controller.demo.run import run_demo
+    from controller.cli.demo.run import run_demo
 
     result = run_demo(_progress, runtime=args.runtime)
     lines = [f"job {result['job_id']}: {result['status']} ({result['runtime']})"]
@@ -199,9 +199,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _settle() -> None:
     """Cleans up after controllers that are gone before any job command (see
-    :func:`controller.commands.settle`); without a daemon only the job records are settled."""
-    from controller import commands
-    from controller.dockerclient import connect
+    :func:`controller.cli.commands.settle`); without a daemon only the job records are settled."""
+    from controller.cli import commands
+    from controller.sandbox.dockerclient import connect
 
     try:
         client = connect(timeout=30.0)
@@ -215,7 +215,7 @@ def _settle() -> None:
 
 
 def _job_command(args: argparse.Namespace) -> int:
-    from controller import commands
+    from controller.cli import commands
 
     _settle()
     if args.command == "run":
@@ -283,7 +283,7 @@ def _report_error(
 ) -> None:
     """The error contract: ``{"error": {code, message}}`` on stdout with ``--json``, one
     line on stderr always; messages scrubbed of the repository's path and secrets."""
-    from controller.evidence import Scrubber
+    from controller.jobs.evidence import Scrubber
 
     message = Scrubber(_repo_root(args)).text(message)
     with contextlib.suppress(OSError):

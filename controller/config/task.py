@@ -7,7 +7,7 @@ from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from controller.limits import Limits
+from controller.config.limits import Limits
 
 CheckId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")

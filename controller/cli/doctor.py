@@ -9,9 +9,9 @@ from typing import Any
 import docker
 import docker.errors
 
-from controller.dockerclient import connect
 from controller.errors import NotReadyError
-from controller.image import ImageBuilder
+from controller.sandbox.dockerclient import connect
+from controller.sandbox.image import ImageBuilder
 
 
 def _git_version() -> str | None:

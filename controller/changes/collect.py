@@ -14,9 +14,9 @@ import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from controller.baseline import Baseline, private_repo_of
 from controller.errors import ErrorCode, PatchboxError
 from controller.paths import owned_temp_dir
+from controller.repo.baseline import Baseline, private_repo_of
 from controller.sandbox.base import Sandbox
 from patchbox_agent import diffs, jail
 

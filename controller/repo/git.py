@@ -7,7 +7,7 @@ external diff and textconv, and every transport. Commands run with the controlle
 folder as working directory, never in a tree the sandbox wrote.
 
 Commands that look at a user's work tree do so through a *private* git dir (see
-:mod:`controller.baseline`): git then never reads the repository's own configuration, so
+:mod:`controller.repo.baseline`): git then never reads the repository's own configuration, so
 ``core.fsmonitor``, ``core.hooksPath``, filter, diff and merge drivers of a hostile
 ``.git/config`` are simply unknown to it.
 """

@@ -36,7 +36,9 @@ import docker
 import docker.errors
 import structlog
 
-from controller.baseline import (
+from controller.errors import SandboxError
+from controller.paths import MOUNT_PREFIX, mount_staging_root, owned_temp_dir, patchbox_home
+from controller.repo.baseline import (
     Baseline,
     HealthReport,
     Mode,
@@ -45,8 +47,9 @@ from controller.baseline import (
     build_baseline,
     grow_pipe,
 )
-from controller.errors import SandboxError
-from controller.labels import (
+from controller.sandbox.base import SandboxSpec
+from controller.sandbox.docker import DockerSandbox
+from controller.sandbox.labels import (
     HOME,
     KIND,
     ControllerIdentity,
@@ -54,9 +57,6 @@ from controller.labels import (
     home_id,
     labels_of,
 )
-from controller.paths import MOUNT_PREFIX, mount_staging_root, owned_temp_dir, patchbox_home
-from controller.sandbox.base import SandboxSpec
-from controller.sandbox.docker import DockerSandbox
 
 if TYPE_CHECKING:
     from docker.models.containers import Container

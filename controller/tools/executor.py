@@ -15,12 +15,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.config.task import CheckSpec
 from controller.errors import ErrorCode, PatchboxError, ToolError
-from controller.policy import write_denial
 from controller.sandbox.base import RunResult, Sandbox
-from controller.task import CheckSpec
-from controller.text import strip_control
-from controller.tools import (
+from controller.tools.policy import write_denial
+from controller.tools.schemas import (
     ApplyPatchArgs,
     ArgumentsNotAnObjectError,
     ListFilesArgs,
@@ -30,6 +29,7 @@ from controller.tools import (
     SearchTextArgs,
     parse_arguments,
 )
+from controller.tools.text import strip_control
 from patchbox_agent import diffs
 
 OUTPUT_TAIL = 8 * 1024

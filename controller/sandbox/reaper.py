@@ -12,7 +12,8 @@ import docker
 import docker.errors
 import structlog
 
-from controller.labels import (
+from controller.paths import MOUNT_PREFIX, mount_staging_root
+from controller.sandbox.labels import (
     CONTROLLER,
     HOME,
     HOST,
@@ -22,10 +23,9 @@ from controller.labels import (
     labels_of,
     status_of,
 )
-from controller.paths import MOUNT_PREFIX, mount_staging_root
 
 if TYPE_CHECKING:
-    from controller.prepare import SparePool
+    from controller.sandbox.prepare import SparePool
 
 log = structlog.get_logger(__name__)
 
@@ -57,7 +57,7 @@ def _spare_orphaned(pool: SparePool, labels: dict[str, str], cid: str, running: 
 
 
 def _reap_containers(client: docker.DockerClient, everything: bool, report: ReapReport) -> None:
-    from controller.prepare import SparePool  # prepare imports the sandbox: import late
+    from controller.sandbox.prepare import SparePool  # prepare imports the sandbox: import late
 
     pool = SparePool(client)
     try:
@@ -143,7 +143,7 @@ def reap(
     """
     report = ReapReport()
     _reap_containers(client, everything, report)
-    from controller.prepare import SparePool  # prepare imports the sandbox: import late
+    from controller.sandbox.prepare import SparePool  # prepare imports the sandbox: import late
 
     SparePool(client).sweep()
     _reap_volumes(client, everything, report)

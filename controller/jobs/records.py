@@ -28,8 +28,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from controller.errors import ErrorCode, PatchboxError, UsageError
-from controller.labels import controller_alive
 from controller.paths import patchbox_home
+from controller.sandbox.labels import controller_alive
 
 JobState = Literal[
     "created",
@@ -108,7 +108,7 @@ class JobRecord(BaseModel):
     timings_ms: dict[str, int] = Field(default_factory=dict)
     final_message: str | None = None
     controller: str = ""
-    """The token of the controller process running the job (see :mod:`controller.labels`)."""
+    """The token of the controller running the job (see :mod:`controller.sandbox.labels`)."""
     controller_host: str = ""
 
     def move(self, new: JobState) -> None:

@@ -20,14 +20,14 @@ import docker
 import docker.errors
 import requests
 
-from controller.baseline import Baseline
+from controller.config.task import CheckSpec
 from controller.errors import ErrorCode, PatchboxError, SandboxError, ToolError
-from controller.labels import ControllerIdentity
-from controller.prepare import BaselineCache, start_with_baseline
+from controller.repo.baseline import Baseline
 from controller.sandbox.base import SandboxSpec
 from controller.sandbox.docker import SANDBOX_UID, DockerSandbox
-from controller.task import CheckSpec
-from controller.text import strip_control
+from controller.sandbox.labels import ControllerIdentity
+from controller.sandbox.prepare import BaselineCache, start_with_baseline
+from controller.tools.text import strip_control
 
 OUTPUT_TAIL = 8192
 TIMEOUT_EXIT = 137

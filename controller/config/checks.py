@@ -16,8 +16,8 @@ from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
+from controller.config.task import CheckId, CheckSpec
 from controller.errors import UsageError
-from controller.task import CheckId, CheckSpec
 
 REPO_CHECKS_FILE = ".patchbox/checks.json"
 MAX_REPO_CHECKS_BYTES = 64 * 1024

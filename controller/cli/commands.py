@@ -1,6 +1,6 @@
 """The job commands of the CLI: run, jobs, show, apply, revert, discard.
 
-Each returns ``(exit code, JSON-able data, text)``; :mod:`controller.cli` prints them.
+Each returns ``(exit code, JSON-able data, text)``; :mod:`controller.cli.main` prints them.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from controller.cli.signals import cancel_on_signals
 from controller.errors import InternalError, PatchboxError, UsageError
-from controller.evidence import Scrubber, relative_to_home, write_evidence
-from controller.jobs import ACTIVE, JobRecord, JobStore, mark_interrupted, write_lock
-from controller.signals import cancel_on_signals
+from controller.jobs.evidence import Scrubber, relative_to_home, write_evidence
+from controller.jobs.records import ACTIVE, JobRecord, JobStore, mark_interrupted, write_lock
 
 if TYPE_CHECKING:
     import argparse
@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 
     import docker
 
+    from controller.config.task import TaskSpec
     from controller.providers.base import Provider
-    from controller.task import TaskSpec
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -38,10 +38,10 @@ MAX_TASK_FILE_BYTES = 1024 * 1024
 
 def load_task(path: Path) -> TaskSpec:
     """Reads and validates the task file. :class:`UsageError` (exit 2) when it is missing,
-    not a regular file (a FIFO or a device never blocks: :mod:`controller.inputfile`, the
+    not a regular file (a FIFO or a device never blocks: :mod:`controller.config.inputfile`, the
     calls file's rule), larger than :data:`MAX_TASK_FILE_BYTES`, or invalid."""
-    from controller.inputfile import read_input_file
-    from controller.task import TaskSpec
+    from controller.config.inputfile import read_input_file
+    from controller.config.task import TaskSpec
 
     raw = read_input_file(path, "task file", MAX_TASK_FILE_BYTES)
     try:
@@ -131,9 +131,9 @@ def _summary(record: JobRecord) -> str:
 
 
 def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcome:
-    from controller.config import load_config
-    from controller.dockerclient import connect
-    from controller.engine import Job, JobRequest
+    from controller.config.host import load_config
+    from controller.jobs.engine import Job, JobRequest
+    from controller.sandbox.dockerclient import connect
 
     config = load_config(Path(args.config) if args.config else None)
     task = load_task(Path(args.task))
@@ -192,7 +192,7 @@ def settle(client: docker.DockerClient | None, store: JobStore | None = None) ->
             with contextlib.suppress(OSError, ValueError, PatchboxError):
                 mark_interrupted(store, record)
     if client is not None:
-        from controller.reaper import reap
+        from controller.sandbox.reaper import reap
 
         reap(client, patchbox_home() / "tmp")
 
@@ -246,7 +246,7 @@ def cmd_show(args: argparse.Namespace) -> Outcome:
 
 
 def _baseline(record: JobRecord) -> Any:
-    from controller.baseline import Baseline
+    from controller.repo.baseline import Baseline
 
     if record.baseline is None:
         msg = f"job {record.job_id} has no baseline"
@@ -256,7 +256,7 @@ def _baseline(record: JobRecord) -> Any:
 
 def _sync_with_journal(store: JobStore, record: JobRecord) -> JobRecord:
     """After a crash the journal knows better than the record: settle it, then agree."""
-    from controller.apply import recover_job
+    from controller.changes.apply import recover_job
 
     recovery = recover_job(record.job_id)
     if recovery.state == "applied" and record.state == "awaiting_review":
@@ -272,8 +272,8 @@ def _sync_with_journal(store: JobStore, record: JobRecord) -> JobRecord:
 
 
 def cmd_apply(args: argparse.Namespace) -> Outcome:
-    from controller.apply import apply_changeset
-    from controller.config import load_config
+    from controller.changes.apply import apply_changeset
+    from controller.config.host import load_config
 
     store = JobStore()
     record = _sync_with_journal(store, store.load(args.job))
@@ -308,7 +308,7 @@ def cmd_apply(args: argparse.Namespace) -> Outcome:
 
 
 def cmd_revert(args: argparse.Namespace) -> Outcome:
-    from controller.apply import revert_changeset
+    from controller.changes.apply import revert_changeset
 
     store = JobStore()
     record = _sync_with_journal(store, store.load(args.job))

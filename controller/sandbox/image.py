@@ -25,8 +25,8 @@ import docker
 import docker.errors
 
 from controller.errors import NotReadyError, PatchboxError
-from controller.labels import KIND, OWNER, OWNER_VALUE, RECIPE
 from controller.paths import owned_temp_dir, patchbox_home, sandbox_image_dir
+from controller.sandbox.labels import KIND, OWNER, OWNER_VALUE, RECIPE
 
 DEFAULT_BASE = "python:3.12-slim"
 LOCAL_BASE_REPO = "patchbox-base"

@@ -16,17 +16,17 @@ from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from controller.jobs import JobRecord, JobStore, write_atomic
+from controller.jobs.records import JobRecord, JobStore, write_atomic
 from controller.logs import REDACTED, private_roots, secret_values
 from controller.paths import patchbox_home
-from controller.text import strip_control
+from controller.tools.text import strip_control
 
 EVIDENCE_VERSION = 1
 
 
 class Scrubber:
     """Makes every string of a JSON-like value safe to show and store: control and bidi
-    characters removed (:func:`controller.text.strip_control`), secrets and host paths
+    characters removed (:func:`controller.tools.text.strip_control`), secrets and host paths
     replaced. Keys are scrubbed like values.
 
     The repository's parents are host paths too (an error may name the work tree a folder
@@ -46,8 +46,9 @@ class Scrubber:
         ]
 
     def text(self, value: str) -> str:
-        """``value`` without control or bidi characters (:func:`controller.text.strip_control`,
-        first, so a control cannot split a secret out of reach), secrets or host paths."""
+        """``value`` without control or bidi characters (first, so a control cannot split a
+        secret out of reach; :func:`controller.tools.text.strip_control`), secrets or host
+        paths."""
         value = strip_control(value)
         for secret in self.secrets:
             value = value.replace(secret, REDACTED)

@@ -40,9 +40,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from controller.errors import ErrorCode, PatchboxError
-from controller.git import FIXED_DATE, GIT_TIMEOUT, GitContext, GitError, git_argv, run_git
 from controller.paths import owned_temp_dir, patchbox_home
-from controller.repo import (
+from controller.repo.git import FIXED_DATE, GIT_TIMEOUT, GitContext, GitError, git_argv, run_git
+from controller.repo.layout import (
     BareRepositoryError,
     Reason,
     RepoBlockedError,

@@ -19,24 +19,24 @@ from typing import Any
 import docker
 import structlog
 
-from controller.baseline import Baseline
-from controller.changeset import ChangeSet, validate_changeset
-from controller.checks import resolve_checks
-from controller.collect import Collected, baseline_sha256, collect
-from controller.config import HostConfig
+from controller.changes.collect import Collected, baseline_sha256, collect
+from controller.changes.validate import ChangeSet, validate_changeset
+from controller.config.checks import resolve_checks
+from controller.config.host import HostConfig
+from controller.config.task import CheckSpec, TaskSpec
 from controller.crash import internal_message, write_report
 from controller.errors import ErrorCode, InternalError, LimitExceededError, PatchboxError
-from controller.evidence import write_evidence
-from controller.executor import ToolExecutor, ToolOutcome
-from controller.image import ImageBuilder
-from controller.jobs import ACTIVE, JobRecord, JobState, JobStore, write_lock
-from controller.labels import ControllerIdentity, current_identity, new_job_id
-from controller.prepare import BaselineCache, Prepared, SparePool, prepare
+from controller.jobs.evidence import write_evidence
+from controller.jobs.records import ACTIVE, JobRecord, JobState, JobStore, write_lock
+from controller.jobs.required import run_required_checks
 from controller.providers.base import CancelledError, ModelTurn, Provider, ToolResult
-from controller.required import run_required_checks
+from controller.repo.baseline import Baseline
 from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.docker import DockerSandbox
-from controller.task import CheckSpec, TaskSpec
+from controller.sandbox.image import ImageBuilder
+from controller.sandbox.labels import ControllerIdentity, current_identity, new_job_id
+from controller.sandbox.prepare import BaselineCache, Prepared, SparePool, prepare
+from controller.tools.executor import ToolExecutor, ToolOutcome
 
 log = structlog.get_logger(__name__)
 
@@ -572,7 +572,7 @@ class Job:
     def _auto_gates(
         self, baseline: Baseline, changeset: ChangeSet, failed_required: list[str]
     ) -> dict[str, bool]:
-        from controller.policy import write_denial
+        from controller.tools.policy import write_denial
 
         paths = [f.path for f in changeset.files] + [
             f.old_path for f in changeset.files if f.old_path
@@ -589,7 +589,7 @@ class Job:
         }
 
     def _apply(self, baseline: Baseline, decision: dict[str, Any]) -> bool:
-        from controller.apply import ApplyConflictError, apply_changeset
+        from controller.changes.apply import ApplyConflictError, apply_changeset
 
         try:
             apply_changeset(
@@ -610,7 +610,7 @@ def baseline_unchanged(baseline: Baseline, changeset: ChangeSet) -> bool:
     (other paths may differ). A diagnosis only: apply re-checks under its own lock."""
     import hashlib
 
-    from controller.repo import locate, operations_in_progress, resolve_head
+    from controller.repo.layout import locate, operations_in_progress, resolve_head
 
     try:
         layout = locate(Path(baseline.repo))

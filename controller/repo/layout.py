@@ -4,7 +4,7 @@ from it.
 :func:`locate` finds the git dir of a work tree by reading files (``.git`` folder, a
 ``gitdir:`` file, a linked worktree's ``commondir``); :func:`resolve_head` reads refs the
 same way. Neither runs git in the user's repository. The health answer itself comes from
-:mod:`controller.baseline`, which looks at the work tree through a private git dir.
+:mod:`controller.repo.baseline`, which looks at the work tree through a private git dir.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from controller.errors import ErrorCode, PatchboxError
-from controller.git import GitContext, run_git
 from controller.paths import patchbox_home
+from controller.repo.git import GitContext, run_git
 
 _OID = re.compile(rb"^([0-9a-f]{40}|[0-9a-f]{64})$")
 _MAX_SYMREF_DEPTH = 5

@@ -30,10 +30,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from controller.config.limits import Limits
+from controller.config.task import CheckId, CheckSpec
 from controller.errors import UsageError
-from controller.limits import Limits
 from controller.paths import patchbox_home
-from controller.task import CheckId, CheckSpec
 
 
 class HostConfig(BaseModel):

@@ -11,7 +11,7 @@ One folder per job::
     journal/<job_id>/revert.done   the revert finished
     journal/.locks/<key>           flocks: one per job, one per work tree
 
-The markers give the :data:`Phase` of a job; :mod:`controller.apply` acts on it. Every
+The markers give the :data:`Phase` of a job; :mod:`controller.changes.apply` acts on it. Every
 marker is created or removed durably (the folder is fsync'd) before the next step.
 
 Fault injection: :func:`fault_point` is called after every durable step; when the

@@ -1,11 +1,11 @@
 """Apply and revert of a validated change set on the user's work tree.
 
 No git command runs in the user's repository: HEAD and operations in progress are read as
-files (:mod:`controller.repo`), baseline contents come from the controller's private git
+files (:mod:`controller.repo.layout`), baseline contents come from the controller's private git
 dir, and the work tree is reached only through folder descriptors opened without following
 symlinks. The index is never opened.
 
-:func:`apply_changeset` validates the diff again (:func:`controller.changeset
+:func:`apply_changeset` validates the diff again (:func:`controller.changes.validate
 .prepare_changeset`: rules, patch check, every new content computed in memory), then checks
 the work tree: HEAD is the baseline's, no git operation is in progress, and every touched path
 has its baseline content (by SHA-256), else ``APPLY_CONFLICT`` with nothing written. With
@@ -41,18 +41,7 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from controller.baseline import Baseline
-from controller.changeset import (
-    MODE_EXEC,
-    ChangeSet,
-    ChangesetLimits,
-    PathChange,
-    Prepared,
-    prepare_changeset,
-)
-from controller.errors import ErrorCode, PatchboxError
-from controller.git import GitContext, run_git
-from controller.journal import (
+from controller.changes.journal import (
     ApplyRecord,
     Journal,
     JournalCorruptError,
@@ -64,8 +53,19 @@ from controller.journal import (
     fault_point,
     new_nonce,
 )
+from controller.changes.validate import (
+    MODE_EXEC,
+    ChangeSet,
+    ChangesetLimits,
+    PathChange,
+    Prepared,
+    prepare_changeset,
+)
+from controller.errors import ErrorCode, PatchboxError
 from controller.paths import owned_temp_dir
-from controller.repo import RepoLayout, locate, operations_in_progress, resolve_head
+from controller.repo.baseline import Baseline
+from controller.repo.git import GitContext, run_git
+from controller.repo.layout import RepoLayout, locate, operations_in_progress, resolve_head
 
 ConflictCode = Literal[
     "head_moved",
@@ -728,7 +728,7 @@ def apply_changeset(  # noqa: PLR0913 - the change set and keyword-only job inpu
 ) -> ApplyResult:
     """Applies a job's diff to the user's work tree, all or nothing.
 
-    Raises :class:`~controller.changeset.ChangesetInvalidError` when the diff fails
+    Raises :class:`~controller.changes.validate.ChangesetInvalidError` when the diff fails
     validation, :class:`ApplyConflictError` when the work tree is not as expected (also for
     a job already applied); in both cases nothing was written. A job that was rolled back
     or reverted may be applied again."""

@@ -19,7 +19,7 @@ Reason codes are those of :data:`patchbox_agent.diffs.REASONS` (the parser and a
 every rule on names: the agent refuses the same names for the same reasons) and:
 
 - ``protected_path``, ``config_path``, ``not_allowed``: the protected paths via
-  :func:`controller.policy.write_denial` (a config path needs ``allowed_paths`` to name it);
+  :func:`controller.tools.policy.write_denial` (a config path needs ``allowed_paths`` to name it);
 - ``submodule``: ``.gitmodules``, or a path at or inside a submodule of the baseline;
   ``symlink_path``: a path at or through a symlink of the baseline;
 - ``mode_mismatch``: a stated old mode that is not the baseline's; ``mode_escalation``: an
@@ -47,11 +47,11 @@ from typing import IO, Annotated, Final, Literal, NamedTuple, Protocol, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from controller import policy
-from controller.baseline import Baseline
 from controller.errors import ErrorCode, PatchboxError
-from controller.git import GitContext, GitError, git_argv, run_git
 from controller.paths import owned_temp_dir
+from controller.repo.baseline import Baseline
+from controller.repo.git import GitContext, GitError, git_argv, run_git
+from controller.tools import policy
 from patchbox_agent import diffs
 from patchbox_agent.globs import Glob
 
@@ -319,8 +319,9 @@ def _inside(path: str, allowed: Iterable[str]) -> bool:
 def policy_reason(
     path: str, allowed_paths: Sequence[str] | None, extra_protected: Sequence[str] = ()
 ) -> ChangesetReason | None:
-    """The protected-path verdict on writing ``path`` (:func:`controller.policy.write_denial`),
-    named by a reason code; ``.gitmodules`` is refused whatever the task allows."""
+    """The protected-path verdict on writing ``path``
+    (:func:`controller.tools.policy.write_denial`), named by a reason code; ``.gitmodules`` is
+    refused whatever the task allows."""
     if policy.fold(path).rsplit("/", 1)[-1] == ".gitmodules":
         return _reason("submodule", path, ".gitmodules defines submodules")
     allowed = list(allowed_paths) if allowed_paths is not None else None

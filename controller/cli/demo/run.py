@@ -15,19 +15,19 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from controller.commands import settle
-from controller.config import HostConfig
-from controller.dockerclient import connect
-from controller.engine import Job, JobRequest
-from controller.evidence import relative_to_home
-from controller.git import GitContext, run_git
-from controller.image import Progress
-from controller.jobs import JobStore
+from controller.cli.commands import settle
+from controller.cli.signals import cancel_on_signals
+from controller.config.host import HostConfig
+from controller.config.task import TaskSpec
+from controller.jobs.engine import Job, JobRequest
+from controller.jobs.evidence import relative_to_home
+from controller.jobs.records import JobStore
 from controller.paths import patchbox_home
 from controller.providers import ScriptedProvider, parse_calls
+from controller.repo.git import GitContext, run_git
 from controller.sandbox.base import Runtime
-from controller.signals import cancel_on_signals
-from controller.task import TaskSpec
+from controller.sandbox.dockerclient import connect
+from controller.sandbox.image import Progress
 
 EXAMPLE = Path(__file__).resolve().parent / "example"
 

@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 from controller.errors import ErrorCode, ProtocolError, ToolError
-from controller.protocol import decode_json
+from controller.sandbox.protocol import decode_json
 
 MAX_ARGUMENT_BYTES = 8 * 1024 * 1024 + 4096
 """The largest arguments object accepted (an 8 MiB patch plus its envelope)."""

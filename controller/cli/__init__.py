@@ -1,0 +1,1 @@
+"""The ``patchbox`` command line: argument parsing, the commands, doctor, the demo."""

@@ -1,0 +1,1 @@
+"""What the operator says: the host configuration, the task file, limits, checks."""

@@ -1,0 +1,1 @@
+"""The six tools a model may call: their schemas, the write policy, the executor, text cleaning."""
