@@ -57,7 +57,10 @@ def pids_limit(spec: SandboxSpec) -> int:
 def container_config(spec: SandboxSpec, labels: dict[str, str]) -> dict[str, Any]:
     """The keyword arguments of ``containers.create`` for a sandbox (pure)."""
     lim = spec.limits
-    tmpfs_opts = f"rw,nosuid,nodev,uid={SANDBOX_UID},gid={SANDBOX_UID}"
+    # exec: Docker mounts a tmpfs noexec unless told otherwise, which stops nothing that
+    # ``sh file`` or ``python3 file`` does not already do and breaks ``./gradlew``, ``bin/test``,
+    # ``node_modules/.bin/*`` and every binary a test build makes.
+    tmpfs_opts = f"rw,exec,nosuid,nodev,uid={SANDBOX_UID},gid={SANDBOX_UID}"
     config: dict[str, Any] = {
         "image": spec.image,
         "entrypoint": list(spec.agent_argv),
