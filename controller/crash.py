@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Iterable
 from importlib import metadata
 
-from controller.jobs.evidence import Scrubber
+from controller.logs import Scrubber
 from controller.paths import patchbox_home
 
 _VERSIONED = ("patchbox", "docker", "pydantic", "httpx", "structlog")

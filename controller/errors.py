@@ -1,23 +1,60 @@
-"""The one exception root of patchbox, with stable error codes.
+"""The one exception root of patchbox, with stable error codes, and the one translation of
+third-party errors into it.
 
 ::
 
-    PatchboxError                 every error the controller raises on purpose
-     +-- NotReadyError            the environment is not ready (no daemon, no image): exit 3
-     +-- UsageError               bad input from the operator: exit 2
-     +-- SandboxError             SANDBOX_FAILED: the container or its channel broke
-     |    +-- ProtocolError       a malformed, oversized or late frame from the container
-     +-- LimitExceededError       LIMIT_EXCEEDED: memory, wall clock, pids, ...
-     +-- InternalError            INTERNAL_ERROR: a bug; exit 70 with a crash report
+    PatchboxError                     every error the controller raises on purpose
+     +-- NotReadyError                ENVIRONMENT_NOT_READY: no daemon, no image: exit 3
+     +-- UsageError                   USAGE_ERROR: bad input from the operator: exit 2
+     +-- InvalidTransitionError       USAGE_ERROR: a job cannot move to the state asked for
+     +-- NotARepositoryError          NOT_A_REPOSITORY
+     |    +-- BareRepositoryError     a bare repository: no work tree to start from
+     +-- RepoBlockedError             REPO_BLOCKED (or another code): ``reasons`` says why
+     +-- GitError                     a git command the controller ran failed
+     +-- SandboxError                 SANDBOX_FAILED: the container or its channel broke
+     |    +-- ProtocolError           a malformed, oversized or late frame from the container
+     +-- LimitExceededError           LIMIT_EXCEEDED: memory, wall clock, pids, ...
+     +-- ToolError                    a tool call failed; the model may see it and retry
+     |    +-- ArgumentsNotAnObjectError   arguments not an object or too large: the job ends
+     +-- CheckChangedFilesError       CHECK_FAILED: a check not declared ``mutates`` wrote
+     +-- ProviderError                PROVIDER_ERROR: the model endpoint failed or broke the rules
+     |    +-- TransientProviderError  worth another attempt (timeout, connect, 429, 5xx)
+     |    +-- DuplicateToolCallIdError    two tool calls of one turn share an id
+     +-- CancelledError               CANCELLED: cancelled while a model turn was pending
+     +-- InternalError                INTERNAL_ERROR: a bug; exit 70 with a crash report
 
-Third-party errors (docker, httpx, git) are translated at the edge with
-``raise Ours(...) from exc``. Errors that cross the container boundary are data
-(``{"code", "message"}``), never exception classes.
+The error codes are :class:`ErrorCode`; the process exit statuses are :class:`ExitCode`.
+
+Third-party errors are translated in one place: :func:`map_error` for docker-py (and the
+``requests`` transport errors docker-py lets through) and httpx, :func:`map_git_error` for a
+git process that could not run. Callers write ``raise map_error(exc, "doing what") from exc``.
+A pydantic ``ValidationError`` becomes a message with :func:`describe_validation`, which
+names fields and problems but never echoes a value. Errors that cross the container boundary
+are data (``{"code", "message"}``), never exception classes.
 """
 
 from __future__ import annotations
 
-from enum import StrEnum
+import subprocess
+from collections.abc import Callable, Mapping
+from enum import IntEnum, StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+    from controller.repo.layout import Reason
+
+
+class ExitCode(IntEnum):
+    """The exit statuses of the ``patchbox`` command (signals add 128 + the number)."""
+
+    OK = 0
+    FAILED = 1
+    """A job or a check failed, or a repository is not healthy."""
+    USAGE = 2
+    NOT_READY = 3
+    INTERNAL = 70
 
 
 class ErrorCode(StrEnum):
@@ -82,6 +119,74 @@ class ToolError(PatchboxError):
     """A tool call failed in a way the model may see and retry (path denied, bad args)."""
 
 
+class InvalidTransitionError(PatchboxError):
+    """A job cannot move from its state to the one asked for (e.g. revert of a discarded
+    job); the record is unchanged. Its code is ``USAGE_ERROR``, its exit status 1."""
+
+    code = ErrorCode.USAGE_ERROR
+
+
+class NotARepositoryError(PatchboxError):
+    code = ErrorCode.NOT_A_REPOSITORY
+
+
+class BareRepositoryError(NotARepositoryError):
+    """A bare repository: it has no work tree to start from."""
+
+
+class RepoBlockedError(PatchboxError):
+    """The repository is in a state no job may start from; ``reasons`` says which."""
+
+    code = ErrorCode.REPO_BLOCKED
+
+    def __init__(
+        self, message: str, reasons: list[Reason], *, code: ErrorCode | None = None
+    ) -> None:
+        super().__init__(message, code=code)
+        self.reasons = reasons
+
+
+class GitError(PatchboxError):
+    """A git command the controller ran failed (its stderr is kept short)."""
+
+
+class ArgumentsNotAnObjectError(ToolError):
+    """The arguments are not a JSON object or are too large: the job ends."""
+
+
+class CheckChangedFilesError(PatchboxError):
+    """A check not declared ``mutates`` changed files: the job fails."""
+
+    code = ErrorCode.CHECK_FAILED
+
+
+class ProviderError(PatchboxError):
+    """The provider failed (transport, HTTP status, malformed answer, deadline).
+
+    The message never contains the API key or a response body verbatim.
+    """
+
+    code = ErrorCode.PROVIDER_ERROR
+
+
+class TransientProviderError(ProviderError):
+    """A failure worth another attempt, with the server's ``Retry-After`` if it gave one."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class DuplicateToolCallIdError(ProviderError):
+    """One turn holds two tool calls with the same id."""
+
+
+class CancelledError(PatchboxError):
+    """The provider was cancelled; raised by ``next_turn`` during or after ``cancel``."""
+
+    code = ErrorCode.CANCELLED
+
+
 class InternalError(PatchboxError):
     """An unexpected exception (a bug, or a third-party error nobody translated), turned into
     the normal error contract; ``report`` names the crash report under ``$PATCHBOX_HOME``."""
@@ -91,3 +196,101 @@ class InternalError(PatchboxError):
     def __init__(self, message: str, *, report: str | None = None) -> None:
         super().__init__(message)
         self.report = report
+
+
+_THIRD_PARTY: tuple[tuple[str, type[PatchboxError]], ...] = (
+    ("httpx.TimeoutException", TransientProviderError),
+    ("httpx.ConnectError", TransientProviderError),
+    ("httpx.HTTPError", ProviderError),
+    ("httpx.InvalidURL", ProviderError),
+    ("httpx.CookieConflict", ProviderError),
+    ("httpx.StreamError", ProviderError),
+    ("docker.errors.DockerException", SandboxError),
+    ("docker.errors.StreamParseError", SandboxError),
+    ("requests.exceptions.RequestException", SandboxError),
+)
+"""Third-party roots, by qualified class name (so this module imports neither library), and
+the class of ours each becomes. The first entry on an exception's class chain wins."""
+
+
+def _qualified(cls: type) -> str:
+    module = cls.__module__
+    # httpx defines its errors in a private module and exports them from the package.
+    if module.startswith("httpx."):
+        module = "httpx"
+    return f"{module}.{cls.__qualname__}"
+
+
+def mapped_class(exc: BaseException) -> type[PatchboxError] | None:
+    """The class of ours a third-party exception becomes, or None when it is not known."""
+    names = [_qualified(cls) for cls in type(exc).__mro__]
+    for name, ours in _THIRD_PARTY:
+        if name in names:
+            return ours
+    return None
+
+
+def _detail(exc: BaseException, scrub: Callable[[str], str]) -> str:
+    """What may be said about a third-party error: Docker's explanation or a build log line,
+    the cause of a failed connection, otherwise only the class name."""
+    name = _qualified(type(exc))
+    if name.startswith("docker.errors."):
+        text = getattr(exc, "explanation", None) or getattr(exc, "msg", None)
+        return str(text) if text else type(exc).__name__
+    if name.startswith("httpx.") and isinstance(exc, Exception):
+        if mapped_class(exc) is TransientProviderError and "Timeout" not in type(exc).__name__:
+            return f"cannot connect ({scrub(str(exc))[:120]})"
+        kind = "timed out" if "Timeout" in type(exc).__name__ else "transport failed"
+        return f"{kind} ({type(exc).__name__})"
+    return type(exc).__name__
+
+
+def map_error(
+    exc: BaseException, doing: str = "", *, scrub: Callable[[str], str] = str
+) -> PatchboxError:
+    """The error of ours for ``exc``: itself when it is already ours, the mapped class for a
+    docker-py, ``requests`` (under docker-py) or httpx error, :class:`InternalError` for
+    anything else (a bug: nobody expected it). The message is ``doing: detail``; ``scrub``
+    cleans any text taken from the exception (a secret may be in a URL) before it is cut.
+    Never raises; the caller writes ``raise map_error(exc, ...) from exc``."""
+    if isinstance(exc, PatchboxError):
+        return exc
+    ours = mapped_class(exc)
+    detail = _detail(exc, scrub)
+    message = f"{doing}: {detail}" if doing else detail
+    if ours is None:
+        return InternalError(message)
+    return ours(message)
+
+
+def map_git_error(exc: OSError | subprocess.SubprocessError, command: str) -> GitError:
+    """The :class:`GitError` for a git process that could not run or finish."""
+    if isinstance(exc, subprocess.TimeoutExpired):
+        return GitError(f"git {command} did not finish in {exc.timeout:g} s")
+    if isinstance(exc, FileNotFoundError):
+        return GitError("git is not installed on this machine")
+    return GitError(f"git {command} could not run ({type(exc).__name__})")
+
+
+def describe_validation(
+    error: ValidationError,
+    *,
+    subject: str,
+    max_items: int = 5,
+    max_chars: int = 500,
+    names: Mapping[str, str] | None = None,
+) -> str:
+    """``where: problem; ...`` for the first ``max_items`` problems of a pydantic
+    ``ValidationError``, cut at ``max_chars``. ``where`` is the dotted field path (``subject``
+    for the whole value); with ``names`` only the top field is named, as ``names`` says (a
+    setting's environment variable, say). Never echoes an input value."""
+    parts = []
+    for item in error.errors()[:max_items]:
+        loc = item["loc"]
+        if names is not None:
+            field = str(loc[0]) if loc else ""
+            where = names.get(field, field or subject)
+        else:
+            where = ".".join(str(p) for p in loc)[:100] or subject
+        parts.append(f"{where}: {item['msg']}")
+    return "; ".join(parts)[:max_chars]

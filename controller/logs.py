@@ -1,9 +1,11 @@
-"""structlog set-up (entry points only) and the redaction processor.
+"""Redaction, and the structlog set-up (entry points only).
 
-Every log line passes :func:`redact`: values of secret-looking keys are dropped, control and
-bidi characters are removed from every string (:func:`controller.tools.text.strip_control`), and any
-string that contains an absolute host path under a known private root or the value of a
-secret-looking environment variable is masked.
+One rule says which names are secret (:data:`SECRET_NAME`: an environment variable, a log
+field, a task's ``env`` entry) and one :class:`Scrubber` makes text safe to show or store:
+the log processor :func:`redact`, the evidence, crash reports and the CLI's error lines all
+use it. Every log line passes :func:`redact`: values of secret-named keys are dropped, and
+every string loses its control and bidi characters, the values of secret-named environment
+variables and absolute host paths under a known private root.
 """
 
 from __future__ import annotations
@@ -13,20 +15,23 @@ import logging
 import os
 import re
 import sys
-from collections.abc import MutableMapping
-from pathlib import Path
+from collections.abc import Iterable, MutableMapping
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import structlog
 
 from controller.tools.text import strip_control
 
-_SECRET_KEY = re.compile(r"(?i)(key|token|secret|password|passwd|authorization|cookie|credential)")
+SECRET_NAME = re.compile(r"(?i)(key|token|secret|password|passwd|credential|auth|cookie)")
+"""A name that looks like it holds a secret (``auth`` covers ``authorization``)."""
 REDACTED = "[redacted]"
 
 
 def secret_values() -> list[str]:
-    return [v for k, v in os.environ.items() if _SECRET_KEY.search(k) and len(v) >= 6]
+    """Values of this process's secret-named environment variables (six characters or more:
+    shorter ones would mask ordinary words)."""
+    return [v for k, v in os.environ.items() if SECRET_NAME.search(k) and len(v) >= 6]
 
 
 def private_roots() -> list[str]:
@@ -37,28 +42,72 @@ def private_roots() -> list[str]:
     return sorted({r for r in roots if r not in ("", "/")}, key=len, reverse=True)
 
 
-def _scrub(text: str, secrets: list[str], roots: list[str]) -> str:
-    # Controls first: a log line is read on a terminal, and an escape or bidi character
-    # could split a secret out of reach of the replacement below.
-    text = strip_control(text)
-    for value in secrets:
-        if value in text:
-            text = text.replace(value, REDACTED)
-    for root in roots:
-        if root in text:
-            text = text.replace(root, "<path>")
-    return text
+class Scrubber:
+    """Makes every string of a JSON-like value safe to show and store: control and bidi
+    characters removed (:func:`controller.tools.text.strip_control`), secrets and host paths
+    replaced. Keys are scrubbed like values.
+
+    The repository's parents are host paths too (an error may name the work tree a folder
+    is inside): each one of two or more components becomes ``<repo>/..``, ``<repo>/../..``
+    and so on. A path is replaced only where its name ends (``/a/b`` not in ``/a/bc``)."""
+
+    def __init__(self, repo: str, secrets: Iterable[str] = ()) -> None:
+        self.secrets = sorted(
+            {s for s in [*secret_values(), *secrets] if s and len(s) >= 6},
+            key=len,
+            reverse=True,
+        )
+        roots = _repo_roots(repo) + [(r, "<path>") for r in private_roots()]
+        self.roots = [
+            (re.compile(re.escape(root) + r"(?![\w-]|\.[\w.-])"), mark)
+            for root, mark in sorted(roots, key=lambda item: len(item[0]), reverse=True)
+        ]
+
+    def text(self, value: str) -> str:
+        """``value`` without control or bidi characters (first, so a control cannot split a
+        secret out of reach; :func:`controller.tools.text.strip_control`), secrets or host
+        paths."""
+        value = strip_control(value)
+        for secret in self.secrets:
+            value = value.replace(secret, REDACTED)
+        for pattern, mark in self.roots:
+            value = pattern.sub(mark, value)  # marks hold no backslash
+        return value
+
+    def value(self, data: Any) -> Any:
+        if isinstance(data, str):
+            return self.text(data)
+        if isinstance(data, dict):
+            return {self.text(str(k)): self.value(v) for k, v in data.items()}
+        if isinstance(data, (list, tuple)):
+            return [self.value(v) for v in data]
+        return data
+
+
+def _repo_roots(repo: str) -> list[tuple[str, str]]:
+    path = PurePosixPath(repo)
+    if len(path.parts) < 2 or not path.is_absolute():
+        return []
+    roots = [(repo.rstrip("/"), "<repo>")]
+    mark = "<repo>"
+    for parent in path.parents:
+        mark += "/.."
+        if len(parent.parts) < 3:  # "/" and "/tmp" name nobody
+            break
+        roots.append((str(parent), mark))
+    return roots
 
 
 def redact(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    secrets = secret_values()
-    roots = private_roots()
+    """The structlog processor: a secret-named field becomes :data:`REDACTED`, every other
+    string field is scrubbed by a :class:`Scrubber` that knows no repository."""
+    scrub = Scrubber("")
     for key in list(event):
         value = event[key]
-        if _SECRET_KEY.search(key):
+        if SECRET_NAME.search(key):
             event[key] = REDACTED
         elif isinstance(value, str):
-            event[key] = _scrub(value, secrets, roots)
+            event[key] = scrub.text(value)
     return event
 
 

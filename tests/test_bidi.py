@@ -17,9 +17,9 @@ from typing import Any
 import docker
 import pytest
 
-from controller.jobs.evidence import Scrubber, junit
-from controller.jobs.records import JobRecord, JobStore
-from controller.logs import redact
+from controller.jobs.evidence import junit
+from controller.jobs.records import CheckResult, JobRecord, JobStore
+from controller.logs import Scrubber, redact
 from controller.tools.text import BIDI_CONTROLS, strip_control
 from tests.test_engine import EDIT, GREET, call, check_call, make_repo
 
@@ -70,14 +70,27 @@ def test_a_bidi_control_cannot_hide_a_secret(monkeypatch: pytest.MonkeyPatch) ->
 def test_junit_xml_holds_none(tmp_path: Path) -> None:
     record = JobRecord(job_id="j1", repo=str(tmp_path), state="failed")
     record.checks = [
-        {
-            "id": "c\u202e1",
-            "status": "failed",
-            "exit_code": 1,
-            "duration_ms": 5,
-            "output_tail": f"out{ALL_BIDI}put\n",
-        },
-        {"id": "c2", "status": "skipped", "reason": "not \u2067run"},
+        CheckResult(
+            id="c\u202e1",
+            status="failed",
+            exit_code=1,
+            duration_ms=5,
+            output_tail=f"out{ALL_BIDI}put\n",
+            diff_sha256="",
+            required=True,
+            source="docker-exec",
+        ),
+        CheckResult(
+            id="c2",
+            status="skipped",
+            exit_code=None,
+            duration_ms=0,
+            output_tail="",
+            reason="not \u2067run",
+            diff_sha256="",
+            required=True,
+            source="none",
+        ),
     ]
     data = junit(record, Scrubber(str(tmp_path))).decode()
     assert no_bidi(data)

@@ -11,11 +11,10 @@ import pytest
 from pydantic import ValidationError
 
 from controller.config.task import CheckSpec, TaskSpec
-from controller.errors import ErrorCode
+from controller.errors import ArgumentsNotAnObjectError, CheckChangedFilesError, ErrorCode
 from controller.sandbox.local import LocalSandbox
-from controller.tools.executor import CheckChangedFilesError, ToolExecutor
+from controller.tools.executor import ToolExecutor
 from controller.tools.policy import write_denial
-from controller.tools.schemas import ArgumentsNotAnObjectError
 from controller.tools.text import strip_control
 
 PY = sys.executable

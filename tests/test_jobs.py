@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from controller.errors import ErrorCode, PatchboxError, UsageError
+from controller.errors import ErrorCode, InvalidTransitionError, PatchboxError, UsageError
 from controller.jobs.records import (
     FINAL,
     TRANSITIONS,
-    InvalidTransitionError,
     JobRecord,
     JobStore,
     check_transition,

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from controller.errors import ErrorCode, PatchboxError
+from controller.errors import ErrorCode, NotARepositoryError, PatchboxError, RepoBlockedError
 from controller.repo.baseline import (
     HealthReport,
     SnapshotLimits,
     build_baseline,
     check_health,
 )
-from controller.repo.layout import NotARepositoryError, RepoBlockedError, locate
+from controller.repo.layout import locate
 from tests.gitrepo import Repo, archive_files, init, isolate, leftovers, work_tree_files
 
 BASE: dict[str, bytes | str] = {

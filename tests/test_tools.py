@@ -7,11 +7,10 @@ from typing import Any
 
 import pytest
 
-from controller.errors import ErrorCode, ToolError
+from controller.errors import ArgumentsNotAnObjectError, ErrorCode, ToolError
 from controller.tools.schemas import (
     MAX_ARGUMENT_BYTES,
     ApplyPatchArgs,
-    ArgumentsNotAnObjectError,
     ReadFileArgs,
     ReplaceTextArgs,
     parse_arguments,

@@ -2,24 +2,23 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from typing import Any
 
 import docker
 import docker.errors
 
-from controller.errors import NotReadyError
+from controller.errors import GitError, NotReadyError
+from controller.repo.git import git_version
 from controller.sandbox.dockerclient import connect
 from controller.sandbox.image import ImageBuilder
 
 
 def _git_version() -> str | None:
-    git = shutil.which("git")
-    if git is None:
+    """The host git's version (run by the controller's hardened runner), None without git."""
+    try:
+        return git_version().removeprefix("git version ") or None
+    except GitError:
         return None
-    out = subprocess.run([git, "--version"], capture_output=True, text=True, check=False)
-    return out.stdout.strip().removeprefix("git version ") or None
 
 
 def runsc_works(client: docker.DockerClient, image: str) -> tuple[bool, str]:

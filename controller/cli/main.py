@@ -15,16 +15,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from controller.errors import InternalError, NotReadyError, PatchboxError, UsageError
+from controller.errors import ExitCode, InternalError, NotReadyError, PatchboxError, UsageError
 
 if TYPE_CHECKING:
     from controller.repo.baseline import HealthReport
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_NOT_READY = 3
-EXIT_INTERNAL = 70
 
 
 def _progress(message: str) -> None:
@@ -124,8 +118,8 @@ def _doctor(args: argparse.Namespace) -> int:
         lines += _health_lines(health)
     _emit(report, as_json=args.json, text="\n".join(lines))
     if not report["ready"]:
-        return EXIT_NOT_READY
-    return EXIT_OK if repo_ok else EXIT_FAILED
+        return ExitCode.NOT_READY
+    return ExitCode.OK if repo_ok else ExitCode.FAILED
 
 
 def _repo_health(args: argparse.Namespace) -> HealthReport:
@@ -176,7 +170,7 @@ def _image_build(args: argparse.Namespace) -> int:
     _emit(
         data, as_json=args.json, text=f"{info.tag} {state} (base {info.base}, {info.base_source})"
     )
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -194,7 +188,7 @@ def _demo(args: argparse.Namespace) -> int:
     lines.append("next: " + "; ".join(result["next"]))
     lines.append(f"evidence: {result['evidence']}")
     _emit(result, as_json=args.json, text="\n".join(lines))
-    return EXIT_OK if result["status"] == "awaiting_review" else EXIT_FAILED
+    return ExitCode.OK if result["status"] == "awaiting_review" else ExitCode.FAILED
 
 
 def _settle() -> None:
@@ -236,12 +230,12 @@ def _job_command(args: argparse.Namespace) -> int:
 def exit_code_of(exc: PatchboxError) -> int:
     """The process exit code for an error that ends a command."""
     if isinstance(exc, UsageError):
-        return EXIT_USAGE
+        return ExitCode.USAGE
     if isinstance(exc, NotReadyError):
-        return EXIT_NOT_READY
+        return ExitCode.NOT_READY
     if isinstance(exc, InternalError):
-        return EXIT_INTERNAL
-    return EXIT_FAILED
+        return ExitCode.INTERNAL
+    return ExitCode.FAILED
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -270,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             exc, context=f"command {getattr(args, 'command', None)}", repo=_repo_root(args)
         )
         _report_error("INTERNAL_ERROR", internal_message(exc, report), args, as_json=as_json)
-        return EXIT_INTERNAL
+        return ExitCode.INTERNAL
 
 
 def _repo_root(args: argparse.Namespace | None) -> str:
@@ -283,7 +277,7 @@ def _report_error(
 ) -> None:
     """The error contract: ``{"error": {code, message}}`` on stdout with ``--json``, one
     line on stderr always; messages scrubbed of the repository's path and secrets."""
-    from controller.jobs.evidence import Scrubber
+    from controller.logs import Scrubber
 
     message = Scrubber(_repo_root(args)).text(message)
     with contextlib.suppress(OSError):

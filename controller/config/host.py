@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from controller.config.limits import Limits
 from controller.config.task import CheckId, CheckSpec
-from controller.errors import UsageError
+from controller.errors import UsageError, describe_validation
 from controller.paths import patchbox_home
 
 
@@ -72,6 +72,5 @@ def load_config(path: Path | None = None) -> HostConfig:
         msg = "the configuration file is not valid TOML"
         raise UsageError(msg) from exc
     except ValidationError as exc:
-        fields = ", ".join(".".join(str(p) for p in e["loc"]) for e in exc.errors()[:5])
-        msg = f"the configuration file has invalid fields: {fields}"
+        msg = f"the configuration file has invalid fields: {describe_validation(exc, subject='')}"
         raise UsageError(msg) from exc

@@ -8,10 +8,10 @@ from typing import Annotated, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from controller.config.limits import Limits
+from controller.logs import SECRET_NAME
 
 CheckId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
-_SECRET_NAME = re.compile(r"(?i)(key|token|secret|password|passwd|credential|auth)")
 _PROXY_NAME = re.compile(r"(?i)_proxy$")
 
 CHECK_ENV = {
@@ -48,7 +48,7 @@ class CheckSpec(BaseModel):
             if not _ENV_NAME.match(name):
                 msg = f"environment name {name[:64]!r} is not allowed"
                 raise ValueError(msg)
-            if _SECRET_NAME.search(name) or _PROXY_NAME.search(name):
+            if SECRET_NAME.search(name) or _PROXY_NAME.search(name):
                 msg = f"environment variable {name} looks like a secret or a proxy and is refused"
                 raise ValueError(msg)
             if "\x00" in value:

@@ -2,15 +2,8 @@
 
 from __future__ import annotations
 
-from controller.providers.base import (
-    CancelledError,
-    DuplicateToolCallIdError,
-    ModelTurn,
-    Provider,
-    ProviderError,
-    ToolCall,
-    ToolResult,
-)
+from controller.errors import CancelledError, DuplicateToolCallIdError, ProviderError
+from controller.providers.base import ModelTurn, Provider, ToolCall, ToolResult
 from controller.providers.chat import ChatCompletionsProvider
 from controller.providers.config import ProviderConfig
 from controller.providers.openai import SYSTEM_PROMPT, OpenAIProvider

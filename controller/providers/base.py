@@ -1,11 +1,7 @@
 """The model edge: the events every provider produces and the Protocol the loop drives.
 
-::
-
-    PatchboxError
-     +-- ProviderError                PROVIDER_ERROR: the endpoint failed or broke the protocol
-     |    +-- DuplicateToolCallIdError    two tool calls of one turn share an id
-     +-- CancelledError               CANCELLED: cancelled while a turn was pending
+Its errors (:class:`~controller.errors.ProviderError`, ``DuplicateToolCallIdError``,
+``CancelledError``) live with all the others in :mod:`controller.errors`.
 
 A duplicate tool-call id within one turn is a :class:`ProviderError` (the job ends), not
 ``TOOL_ARGUMENTS_INVALID``: the loop could not tell the model which of the two calls a
@@ -15,35 +11,15 @@ turns is accepted.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
-from typing import Annotated, Any, Protocol, Self
+from typing import Annotated, Protocol, Self
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from controller.errors import ErrorCode, PatchboxError
+from controller.errors import DuplicateToolCallIdError
 
 CallId = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 ToolNameText = Annotated[str, StringConstraints(min_length=1, max_length=128)]
-
-
-class ProviderError(PatchboxError):
-    """The provider failed (transport, HTTP status, malformed answer, deadline).
-
-    The message never contains the API key or a response body verbatim.
-    """
-
-    code = ErrorCode.PROVIDER_ERROR
-
-
-class DuplicateToolCallIdError(ProviderError):
-    """One turn holds two tool calls with the same id."""
-
-
-class CancelledError(PatchboxError):
-    """The provider was cancelled; raised by ``next_turn`` during or after :meth:`cancel`."""
-
-    code = ErrorCode.CANCELLED
 
 
 class _Event(BaseModel):
@@ -123,76 +99,7 @@ def check_results(previous: ModelTurn | None, results: Sequence[ToolResult]) -> 
 
 
 MAX_JSON_DEPTH = 64
-MAX_JSON_NUMBER_CHARS = 40
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            msg = "duplicate key"
-            raise ValueError(msg)
-        out[key] = value
-    return out
-
-
-def _no_constant(_name: str) -> Any:
-    msg = "non-finite number"
-    raise ValueError(msg)
-
-
-def _bounded_int(text: str) -> int:
-    if len(text) > MAX_JSON_NUMBER_CHARS:
-        msg = "number too long"
-        raise ValueError(msg)
-    return int(text)
-
-
-def _bounded_float(text: str) -> float:
-    if len(text) > MAX_JSON_NUMBER_CHARS:
-        msg = "number too long"
-        raise ValueError(msg)
-    value = float(text)
-    if value in (float("inf"), float("-inf")):
-        msg = "non-finite number"
-        raise ValueError(msg)
-    return value
-
-
-def _depth(value: Any) -> int:
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, level = stack.pop()
-        deepest = max(deepest, level)
-        if deepest > MAX_JSON_DEPTH:
-            break
-        if isinstance(item, dict):
-            stack.extend((v, level + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, level + 1) for v in item)
-    return deepest
-
-
-def loads_strict(data: bytes | str) -> Any:
-    """Decodes untrusted JSON; ``ValueError`` for invalid UTF-8 or JSON, a duplicate key,
-    NaN or Infinity, an overlong number, or nesting deeper than :data:`MAX_JSON_DEPTH`."""
-    try:
-        text = data.decode("utf-8") if isinstance(data, bytes) else data
-        value = json.loads(
-            text,
-            object_pairs_hook=_no_duplicates,
-            parse_constant=_no_constant,
-            parse_int=_bounded_int,
-            parse_float=_bounded_float,
-        )
-    except RecursionError as exc:
-        msg = "nested too deeply"
-        raise ValueError(msg) from exc
-    if _depth(value) > MAX_JSON_DEPTH:
-        msg = "nested too deeply"
-        raise ValueError(msg)
-    return value
+"""How deep a model's JSON (an answer, a stream event, tool arguments) may nest."""
 
 
 class Provider(Protocol):

@@ -24,7 +24,7 @@ from pydantic import (
     field_validator,
 )
 
-from controller.errors import UsageError
+from controller.errors import UsageError, describe_validation
 
 ProviderApi = Literal["chat", "responses"]
 """``chat``: ``POST {base}/chat/completions``; ``responses``: ``POST {base}/responses``."""
@@ -175,9 +175,5 @@ def _build(values: Mapping[str, Any], names: Mapping[str, str], source: str) -> 
     try:
         return ProviderConfig.model_validate(values)
     except ValidationError as exc:
-        parts = []
-        for item in exc.errors()[:5]:
-            field = str(item["loc"][0]) if item["loc"] else ""
-            where = names.get(field, field or "provider")
-            parts.append(f"{where}: {item['msg']}")
-        raise UsageError(f"provider settings from the {source}: {'; '.join(parts)}") from None
+        detail = describe_validation(exc, subject="provider", names=names, max_chars=10_000)
+        raise UsageError(f"provider settings from the {source}: {detail}") from None

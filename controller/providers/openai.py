@@ -48,16 +48,22 @@ from tenacity import (
     wait_exponential,
 )
 
-from controller.errors import PatchboxError
-from controller.providers.base import (
+from controller.errors import (
     CancelledError,
-    ModelTurn,
+    PatchboxError,
     ProviderError,
+    TransientProviderError,
+    describe_validation,
+    map_error,
+)
+from controller.providers.base import (
+    MAX_JSON_DEPTH,
+    ModelTurn,
     ToolResult,
     check_results,
-    loads_strict,
 )
 from controller.providers.config import ProviderConfig
+from controller.strictjson import loads
 from controller.tools.text import strip_control
 
 log = structlog.get_logger(__name__)
@@ -79,14 +85,6 @@ MAX_ERROR_BODY_BYTES = 64 * 1024
 
 _TOKEN = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 _USER_AGENT = "patchbox/0.1"
-
-
-class _TransientError(ProviderError):
-    """A failure worth another attempt, with the server's ``Retry-After`` if it gave one."""
-
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
 
 
 class _AbortedError(Exception):
@@ -181,19 +179,10 @@ class Wire(BaseModel):
 _M = TypeVar("_M", bound=BaseModel)
 
 
-def describe(error: ValidationError) -> str:
-    """Where the answer's shape is wrong, naming fields but no values."""
-    parts = []
-    for item in error.errors()[:3]:
-        where = ".".join(str(p) for p in item["loc"])[:100] or "answer"
-        parts.append(f"{where}: {item['msg']}")
-    return "; ".join(parts)
-
-
 def decode_json(body: bytes, what: str) -> Any:
     """Strictly decoded JSON, or :class:`ProviderError` naming ``what`` was malformed."""
     try:
-        return loads_strict(body)
+        return loads(body, max_depth=MAX_JSON_DEPTH)
     except ValueError:
         raise ProviderError(f"{what} is not valid JSON") from None
 
@@ -238,7 +227,7 @@ def token(value: Any) -> str | None:
 def error_code(body: bytes) -> str | None:
     """The server's error code or type when it is a plain token (never its message)."""
     try:
-        value = loads_strict(body)
+        value = loads(body, max_depth=MAX_JSON_DEPTH)
     except ValueError:
         return None
     error = value.get("error") if isinstance(value, dict) else None
@@ -382,20 +371,20 @@ class OpenAIProvider(ABC):
         retrying = Retrying(
             stop=stop_after_attempt(self._config.max_attempts),
             wait=self._wait,
-            retry=retry_if_exception_type(_TransientError),
+            retry=retry_if_exception_type(TransientProviderError),
             sleep=self._sleep,
             before_sleep=self._log_retry,
             reraise=True,
         )
         try:
             return retrying(self._attempt, payload)
-        except _TransientError as exc:
+        except TransientProviderError as exc:
             attempts = self._config.max_attempts
             raise self._fail(f"{exc.message}; gave up after {attempts} attempts") from exc
 
     def _wait(self, state: RetryCallState) -> float:
         error = state.outcome.exception() if state.outcome is not None else None
-        if isinstance(error, _TransientError) and error.retry_after is not None:
+        if isinstance(error, TransientProviderError) and error.retry_after is not None:
             return error.retry_after
         backoff = wait_exponential(
             multiplier=self._config.backoff_seconds, max=self._config.max_backoff_seconds
@@ -442,7 +431,7 @@ class OpenAIProvider(ABC):
                     f"{detail}; the server asks to wait {wait:.0f} s, more than the "
                     f"{self._config.max_retry_after_seconds:.0f} s allowed"
                 )
-            raise _TransientError(self._clean(detail), wait)
+            raise TransientProviderError(self._clean(detail), wait)
         raise self._fail(detail)
 
     def _exchange(self, payload: bytes) -> tuple[int, httpx.Headers, bytes]:
@@ -480,14 +469,14 @@ class OpenAIProvider(ABC):
         return request.reply
 
     def _translate(self, error: BaseException) -> PatchboxError:
+        """:func:`~controller.errors.map_error`, with this provider's name on a final error."""
         if isinstance(error, PatchboxError):
             return error
-        if isinstance(error, httpx.TimeoutException):
-            return _TransientError(f"timed out ({type(error).__name__})")
-        if isinstance(error, httpx.ConnectError):
-            return _TransientError(f"cannot connect ({self._clean(str(error))[:120]})")
-        if isinstance(error, httpx.HTTPError):
-            return self._fail(f"transport failed ({type(error).__name__})")
+        mapped = map_error(error, scrub=self._clean)
+        if isinstance(mapped, TransientProviderError):
+            return mapped
+        if isinstance(mapped, ProviderError):
+            return self._fail(mapped.message)
         return self._fail(f"request failed ({type(error).__name__})")
 
     def _run(self, request: _Request, payload: bytes) -> None:
@@ -540,4 +529,5 @@ def parse_with(model: type[_M], value: Any, what: str) -> _M:
     try:
         return model.model_validate(value)
     except ValidationError as exc:
-        raise ProviderError(f"{what} has an unexpected shape: {describe(exc)}") from None
+        detail = describe_validation(exc, subject="answer", max_items=3, max_chars=10_000)
+        raise ProviderError(f"{what} has an unexpected shape: {detail}") from None

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from controller.providers.base import ModelTurn, ProviderError, ToolCall, ToolResult, new_turn
+from controller.errors import ProviderError
+from controller.providers.base import ModelTurn, ToolCall, ToolResult, new_turn
 from controller.providers.config import ProviderConfig
 from controller.providers.openai import (
     SYSTEM_PROMPT,

@@ -16,19 +16,18 @@ from typing import Annotated, Any, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from controller.config.inputfile import read_input_file
-from controller.errors import UsageError
+from controller.errors import CancelledError, ProviderError, UsageError, describe_validation
 from controller.providers.base import (
+    MAX_JSON_DEPTH,
     CallId,
-    CancelledError,
     ModelTurn,
-    ProviderError,
     ToolCall,
     ToolNameText,
     ToolResult,
     check_results,
     duplicate_id,
-    loads_strict,
 )
+from controller.strictjson import loads
 
 MAX_CALLS_FILE_BYTES = 64 * 1024 * 1024
 """The largest calls file read (room for a few 8 MiB patches)."""
@@ -70,21 +69,13 @@ class CallsFile(_Strict):
         return self
 
 
-def _describe(error: ValidationError) -> str:
-    parts = []
-    for item in error.errors()[:5]:
-        where = ".".join(str(p) for p in item["loc"]) or "calls file"
-        parts.append(f"{where}: {item['msg']}")
-    return "; ".join(parts)[:500]
-
-
 def parse_calls(data: bytes | str) -> CallsFile:
     """Parses calls-file text; raises :class:`UsageError` naming what is wrong."""
     size = len(data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data)
     if size > MAX_CALLS_FILE_BYTES:
         raise UsageError(f"calls file larger than {MAX_CALLS_FILE_BYTES} bytes")
     try:
-        value = loads_strict(data)
+        value = loads(data, max_depth=MAX_JSON_DEPTH)
     except ValueError as exc:
         raise UsageError(f"calls file is not valid JSON ({str(exc)[:100]})") from None
     if not isinstance(value, dict):
@@ -92,7 +83,8 @@ def parse_calls(data: bytes | str) -> CallsFile:
     try:
         return CallsFile.model_validate(value)
     except ValidationError as exc:
-        raise UsageError(f"invalid calls file: {_describe(exc)}") from None
+        detail = describe_validation(exc, subject="calls file")
+        raise UsageError(f"invalid calls file: {detail}") from None
 
 
 def load_calls(path: Path | str) -> ScriptedProvider:

@@ -39,13 +39,17 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from controller.errors import ErrorCode, PatchboxError
-from controller.paths import owned_temp_dir, patchbox_home
-from controller.repo.git import FIXED_DATE, GIT_TIMEOUT, GitContext, GitError, git_argv, run_git
-from controller.repo.layout import (
+from controller.errors import (
     BareRepositoryError,
-    Reason,
+    ErrorCode,
+    GitError,
+    PatchboxError,
     RepoBlockedError,
+)
+from controller.paths import owned_temp_dir, patchbox_home
+from controller.repo.git import FIXED_DATE, GIT_TIMEOUT, GitContext, git_argv, run_git
+from controller.repo.layout import (
+    Reason,
     RepoLayout,
     environment_attributes,
     environment_excludes,

@@ -14,12 +14,15 @@ Commands that look at a user's work tree do so through a *private* git dir (see
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
-from controller.errors import PatchboxError
+from controller.errors import GitError, map_git_error
 
 GIT_TIMEOUT = 600.0
 
@@ -50,10 +53,6 @@ HARDENED_CONFIG: tuple[tuple[str, str], ...] = (
 
 FIXED_DATE = "1700000000 +0000"
 """Author and committer date of the controller's private commits: same tree, same id."""
-
-
-class GitError(PatchboxError):
-    """A git command the controller ran failed (its stderr is kept short)."""
 
 
 def git_env(home: Path) -> dict[str, str]:
@@ -100,6 +99,8 @@ class GitContext:
     home: Path | None = None
     object_dir: Path | None = None
     """Where new objects go; with it, the git dir's alternates are not read."""
+    literal_pathspecs: bool = False
+    """Paths on the command line are names, never patterns or ``:(magic)``."""
 
     def env(self) -> dict[str, str]:
         env = git_env(self.home or self.cwd)
@@ -111,6 +112,8 @@ class GitContext:
             env["GIT_INDEX_FILE"] = str(self.index_file)
         if self.object_dir is not None:
             env["GIT_OBJECT_DIRECTORY"] = str(self.object_dir)
+        if self.literal_pathspecs:
+            env["GIT_LITERAL_PATHSPECS"] = "1"
         return env
 
 
@@ -127,27 +130,47 @@ def run_git(
     stdin: bytes | None = None,
     check: bool = True,
     timeout: float = GIT_TIMEOUT,
+    spool: bool = False,
 ) -> subprocess.CompletedProcess[bytes]:
     """Runs one hardened git command and returns its bytes; ``GitError`` when it fails and
-    ``check`` is set. Raises ``GitError`` too when git is missing or too slow."""
-    try:
-        proc = subprocess.run(
-            git_argv(*args),
-            cwd=ctx.cwd,
-            env=ctx.env(),
-            input=stdin,
-            capture_output=True,
-            timeout=timeout,
-            check=False,
-        )
-    except FileNotFoundError as exc:
-        raise GitError("git is not installed on this machine") from exc
-    except subprocess.TimeoutExpired as exc:
-        raise GitError(f"git {args[0]} did not finish in {timeout:g} s") from exc
+    ``check`` is set. Raises ``GitError`` too when git is missing or too slow.
+
+    With ``spool``, its input and output go through anonymous temp files instead of pipes:
+    the calling thread then only waits for the process, so git never stalls on a full pipe
+    while another thread holds the interpreter."""
+    source: IO[bytes] | None = None
+    sink: IO[bytes] | None = None
+    errors: IO[bytes] | None = None
+    with contextlib.ExitStack() as files:
+        if spool:
+            source, sink, errors = (files.enter_context(tempfile.TemporaryFile()) for _ in range(3))
+            source.write(stdin or b"")
+            source.seek(0)
+        try:
+            proc = subprocess.run(
+                git_argv(*args),
+                cwd=ctx.cwd,
+                env=ctx.env(),
+                input=None if spool else stdin,
+                stdin=source,
+                stdout=sink or subprocess.PIPE,
+                stderr=errors or subprocess.PIPE,
+                timeout=timeout,
+                check=False,
+            )
+        except (FileNotFoundError, subprocess.TimeoutExpired) as exc:
+            raise map_git_error(exc, args[0]) from exc
+        if sink is not None and errors is not None:
+            proc.stdout, proc.stderr = _read_back(sink), _read_back(errors)
     if check and proc.returncode != 0:
         detail = proc.stderr.decode("utf-8", "replace").strip().splitlines()
         raise GitError(f"git {args[0]} failed: {(detail[-1] if detail else '')[:300]}")
     return proc
+
+
+def _read_back(file: IO[bytes]) -> bytes:
+    file.seek(0)
+    return file.read()
 
 
 def git_version() -> str:

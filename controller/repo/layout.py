@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from controller.errors import ErrorCode, PatchboxError
+from controller.errors import BareRepositoryError, NotARepositoryError, RepoBlockedError
 from controller.paths import patchbox_home
 from controller.repo.git import GitContext, run_git
 
@@ -64,26 +64,6 @@ class RepoLayout(BaseModel):
     git_dir: Path
     common_dir: Path
     kind: Literal["repository", "gitdir-file", "linked-worktree"]
-
-
-class NotARepositoryError(PatchboxError):
-    code = ErrorCode.NOT_A_REPOSITORY
-
-
-class BareRepositoryError(NotARepositoryError):
-    """A bare repository: it has no work tree to start from."""
-
-
-class RepoBlockedError(PatchboxError):
-    """The repository is in a state no job may start from; ``reasons`` says which."""
-
-    code = ErrorCode.REPO_BLOCKED
-
-    def __init__(
-        self, message: str, reasons: list[Reason], *, code: ErrorCode | None = None
-    ) -> None:
-        super().__init__(message, code=code)
-        self.reasons = reasons
 
 
 def _read_gitfile(dotgit: Path) -> Path:

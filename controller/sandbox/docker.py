@@ -22,7 +22,7 @@ import structlog
 from docker.types import LogConfig, Mount, Ulimit
 
 from controller.config.limits import SHM_MB
-from controller.errors import LimitExceededError, ProtocolError, SandboxError
+from controller.errors import LimitExceededError, ProtocolError, SandboxError, map_error
 from controller.sandbox.base import PRELOAD_TARGET, HelloResult, RunResult, SandboxSpec
 from controller.sandbox.calls import ARCHIVE_TIMEOUT, DEFAULT_CALL_TIMEOUT, AgentCalls
 from controller.sandbox.labels import ControllerIdentity
@@ -260,7 +260,7 @@ class DockerSandbox(AgentCalls):
                 f"sandbox image {spec.image!r} not found: run 'patchbox image build'"
             ) from exc
         except docker.errors.APIError as exc:
-            raise SandboxError(f"cannot create the sandbox: {exc.explanation}") from exc
+            raise map_error(exc, "cannot create the sandbox") from exc
         sandbox = cls(client, spec, container)
         try:
             sandbox._boot()
@@ -292,7 +292,7 @@ class DockerSandbox(AgentCalls):
             container = client.containers.create(**container_config(spec, labels))
             container.start()
         except docker.errors.APIError as exc:
-            raise SandboxError(f"cannot start a spare sandbox: {exc.explanation}") from exc
+            raise map_error(exc, "cannot start a spare sandbox") from exc
         return container
 
     def _boot(self, *, start: bool = True) -> None:
@@ -306,7 +306,7 @@ class DockerSandbox(AgentCalls):
             if start:
                 self.container.start()
         except docker.errors.APIError as exc:
-            raise SandboxError(f"cannot start the sandbox: {exc.explanation}") from exc
+            raise map_error(exc, "cannot start the sandbox") from exc
         timeout = self.spec.ready_timeout + (ARCHIVE_TIMEOUT if self.spec.preload else 0.0)
         try:
             self._hello = self._session.hello(timeout, self.spec.protected)

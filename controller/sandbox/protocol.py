@@ -14,6 +14,7 @@ import json
 import struct
 from typing import Any
 
+from controller import strictjson
 from controller.errors import ProtocolError
 
 PROTOCOL_VERSION = 1
@@ -75,61 +76,17 @@ class FrameVerifier:
         return body
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ProtocolError("duplicate key in a frame from the sandbox")
-        out[key] = value
-    return out
-
-
-def _no_constant(name: str) -> Any:
-    raise ProtocolError(f"non-finite number {name} in a frame from the sandbox")
-
-
-def _bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > MAX_INT_DIGITS:
-        raise ProtocolError("number too large in a frame from the sandbox")
-    return int(text)
-
-
-def _bounded_float(text: str) -> float:
-    if len(text) > 40:
-        raise ProtocolError("number too long in a frame from the sandbox")
-    value = float(text)
-    if value in (float("inf"), float("-inf")):
-        raise ProtocolError("non-finite number in a frame from the sandbox")
-    return value
-
-
-def _depth_ok(value: Any, depth: int = 0) -> bool:
-    if depth > MAX_DEPTH:
-        return False
-    if isinstance(value, dict):
-        return all(_depth_ok(v, depth + 1) for v in value.values())
-    if isinstance(value, list):
-        return all(_depth_ok(v, depth + 1) for v in value)
-    return True
-
-
 def decode_json(payload: bytes) -> dict[str, Any]:
-    """Strictly decodes one JSON object payload from the container."""
+    """Strictly decodes one JSON object payload from the container
+    (:func:`controller.strictjson.loads` with this protocol's limits)."""
     try:
-        text = payload.decode("utf-8")
-        value = json.loads(
-            text,
-            object_pairs_hook=_no_duplicates,
-            parse_constant=_no_constant,
-            parse_int=_bounded_int,
-            parse_float=_bounded_float,
+        value = strictjson.loads(
+            payload, max_depth=MAX_DEPTH, max_int_digits=MAX_INT_DIGITS, max_number_chars=40
         )
-    except ProtocolError:
-        raise
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+    except strictjson.StrictJSONError as exc:
+        raise ProtocolError(f"{exc} in a frame from the sandbox") from exc
+    except ValueError as exc:
         raise ProtocolError("undecodable frame from the sandbox") from exc
     if not isinstance(value, dict):
         raise ProtocolError("a frame from the sandbox is not a JSON object")
-    if not _depth_ok(value):
-        raise ProtocolError("a frame from the sandbox is nested too deeply")
     return value

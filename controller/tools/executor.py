@@ -16,12 +16,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.config.task import CheckSpec
-from controller.errors import ErrorCode, PatchboxError, ToolError
+from controller.errors import (
+    ArgumentsNotAnObjectError,
+    CheckChangedFilesError,
+    ErrorCode,
+    ToolError,
+)
 from controller.sandbox.base import RunResult, Sandbox
 from controller.tools.policy import write_denial
 from controller.tools.schemas import (
     ApplyPatchArgs,
-    ArgumentsNotAnObjectError,
     ListFilesArgs,
     ReadFileArgs,
     ReplaceTextArgs,
@@ -33,12 +37,6 @@ from controller.tools.text import strip_control
 from patchbox_agent import diffs
 
 OUTPUT_TAIL = 8 * 1024
-
-
-class CheckChangedFilesError(PatchboxError):
-    """A check not declared ``mutates`` changed files: the job fails."""
-
-    code = ErrorCode.CHECK_FAILED
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ or are larger than :data:`MAX_ARGUMENT_BYTES`, end the job.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Self
 
 from pydantic import (
     BaseModel,
@@ -20,15 +20,17 @@ from pydantic import (
     model_validator,
 )
 
-from controller.errors import ErrorCode, ProtocolError, ToolError
+from controller.errors import (
+    ArgumentsNotAnObjectError,
+    ErrorCode,
+    ProtocolError,
+    ToolError,
+    describe_validation,
+)
 from controller.sandbox.protocol import decode_json
 
 MAX_ARGUMENT_BYTES = 8 * 1024 * 1024 + 4096
 """The largest arguments object accepted (an 8 MiB patch plus its envelope)."""
-
-ToolName = Literal[
-    "list_files", "search_text", "read_file", "replace_text", "apply_patch", "run_check"
-]
 
 WorkspacePath = Annotated[str, StringConstraints(min_length=1, max_length=4096)]
 Glob = Annotated[str, StringConstraints(min_length=1, max_length=512)]
@@ -122,22 +124,6 @@ ARGUMENT_MODELS: dict[str, type[_Args]] = {
     "run_check": RunCheckArgs,
 }
 
-WRITE_TOOLS = frozenset({"replace_text", "apply_patch"})
-"""Tools with a side effect on the workspace (run_check may have one when declared)."""
-
-
-class ArgumentsNotAnObjectError(ToolError):
-    """The arguments are not a JSON object or are too large: the job ends."""
-
-
-def _describe(error: ValidationError) -> str:
-    """A short, bounded description that names fields and problems but echoes no values."""
-    parts = []
-    for item in error.errors()[:5]:
-        where = ".".join(str(p) for p in item["loc"]) or "arguments"
-        parts.append(f"{where}: {item['msg']}")
-    return "; ".join(parts)[:500]
-
 
 def parse_arguments(tool: str, raw: str | dict[str, Any]) -> _Args:
     """Validates one tool call's arguments (a JSON text or an already decoded object)."""
@@ -172,7 +158,8 @@ def parse_arguments(tool: str, raw: str | dict[str, Any]) -> _Args:
     try:
         return model.model_validate(value)
     except ValidationError as exc:
-        raise ToolError(f"{tool}: {_describe(exc)}", code=ErrorCode.TOOL_ARGUMENTS_INVALID) from exc
+        detail = describe_validation(exc, subject="arguments")
+        raise ToolError(f"{tool}: {detail}", code=ErrorCode.TOOL_ARGUMENTS_INVALID) from exc
 
 
 def tool_schemas() -> list[dict[str, Any]]:

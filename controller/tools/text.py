@@ -3,7 +3,7 @@
 Everything that came from the sandbox, the model or a provider and is then shown (CLI
 output, ``run --json``, ``show``, error messages, logs) or stored (the job record, the
 evidence, the JUnit XML) passes :func:`strip_control`, directly or through
-:class:`controller.jobs.evidence.Scrubber`. See docs/architecture.md.
+:class:`controller.logs.Scrubber`. See docs/architecture.md.
 """
 
 from __future__ import annotations
