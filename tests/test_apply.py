@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import controller.changes.apply as apply_module
+from controller.changes import transaction, worktree
 from controller.changes.apply import (
     ApplyConflictError,
     RevertConflictError,
@@ -345,7 +346,7 @@ def test_a_path_changed_during_the_write_rolls_the_apply_back(
         if step == "apply.write.2":
             (repo / "src" / "m.py").write_bytes(b"typed during the apply\n")
 
-    monkeypatch.setattr(apply_module, "fault_point", user_edits)
+    monkeypatch.setattr(transaction, "fault_point", user_edits)
     with pytest.raises(ApplyConflictError) as info:
         apply_changeset(baseline, diff, job_id="j", journal=journal)
     assert [(c.code, c.path) for c in info.value.conflicts] == [("changed", "src/m.py")]
@@ -405,15 +406,15 @@ def test_a_failed_write_rolls_the_apply_back(
 ) -> None:
     original = snapshot(repo)
     renames: list[str] = []
-    real_replace = apply_module.WorkTree.replace
+    real_replace = worktree.WorkTree.replace
 
-    def replace_until_disk_full(self: apply_module.WorkTree, path: str, temp: str) -> None:
+    def replace_until_disk_full(self: worktree.WorkTree, path: str, temp: str) -> None:
         renames.append(path)
         if len(renames) == 4:  # the fourth rename of the apply; the undo's go through
             raise OSError(errno.ENOSPC, "No space left on device")
         real_replace(self, path, temp)
 
-    monkeypatch.setattr(apply_module.WorkTree, "replace", replace_until_disk_full)
+    monkeypatch.setattr(worktree.WorkTree, "replace", replace_until_disk_full)
     with pytest.raises(ApplyConflictError) as info:
         apply_changeset(baseline, diff, job_id="j", journal=journal)
     assert [c.code for c in info.value.conflicts] == ["write_failed"]
@@ -434,7 +435,7 @@ def test_a_temp_file_that_cannot_be_written_writes_nothing(
     def no_permission(folder_fd: int, temp: str, data: bytes, mode: int) -> None:
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(apply_module, "_write_temp", no_permission)
+    monkeypatch.setattr(worktree, "_write_temp", no_permission)
     with pytest.raises(ApplyConflictError) as info:
         apply_changeset(baseline, diff, job_id="j", journal=journal)
     assert [c.code for c in info.value.conflicts] == ["write_failed"]

@@ -17,7 +17,8 @@ from typing import Any
 import docker
 import pytest
 
-from controller.changes.validate import ChangesetInvalidError, MemoryTree, check_diff
+from controller.changes.tree import MemoryTree
+from controller.changes.validate import ChangesetInvalidError, check_diff
 from controller.errors import ErrorCode, ToolError
 from controller.sandbox.base import Runtime
 from controller.sandbox.local import LocalSandbox

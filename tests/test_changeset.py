@@ -15,17 +15,15 @@ from typing import Any
 
 import pytest
 
+from controller.changes.gittree import git_patch_check
+from controller.changes.tree import CheckOutcome, IndexEntry, MemoryTree
 from controller.changes.validate import (
     REASONS,
     ChangesetInvalidError,
     ChangesetLimits,
     ChangesetReason,
-    CheckOutcome,
-    IndexEntry,
-    MemoryTree,
     Prepared,
     check_diff,
-    git_patch_check,
     policy_reason,
     prepare_changeset,
     validate_changeset,

@@ -2,16 +2,17 @@
 
 The rules are in docs/architecture.md ("The job").
 
-:func:`check_diff` is the whole rule set over a :class:`BaselineTree` (a Protocol; the
-in-memory :class:`MemoryTree` ships for tests): it parses the diff with the strict parser of
-:mod:`patchbox_agent.diffs`, applies the path rules, compares every touched path with the
-baseline, computes every new file content in memory and checks that the stats of the diff
-match the patched tree. :func:`prepare_changeset` runs it against a job's baseline in the
-controller's private git dir (:class:`GitTree`, one ``git cat-file --batch``) and adds the
-patch check of ``git apply --check --cached`` on a private temporary index holding the
-baseline entries of the touched paths (``git apply --cached`` consults nothing else), with
-no work tree. git's own reading of the diff (``--numstat``) must give the same files and line
-counts as ours.
+:func:`check_diff` is the whole rule set over a
+:class:`~controller.changes.tree.BaselineTree` (a Protocol; the in-memory
+:class:`~controller.changes.tree.MemoryTree` ships for tests): it parses the diff with the
+strict parser of :mod:`patchbox_agent.diffs`, applies the path rules, compares every touched
+path with the baseline, computes every new file content in memory and checks that the stats
+of the diff match the patched tree. :func:`prepare_changeset` runs it against a job's
+baseline in the controller's private git dir (:class:`~controller.changes.gittree.GitTree`,
+one ``git cat-file --batch``) and adds the patch check of ``git apply --check --cached`` on a
+private temporary index holding the baseline entries of the touched paths (``git apply
+--cached`` consults nothing else), with no work tree. git's own reading of the diff
+(``--numstat``) must give the same files and line counts as ours.
 
 Any failure raises :class:`ChangesetInvalidError` (``CHANGESET_INVALID``) with every reason
 found (a stable ``code`` and the path when it is known); a failing file fails the whole set.
@@ -35,22 +36,30 @@ from __future__ import annotations
 
 import hashlib
 import re
-import shutil
-import subprocess
-import tempfile
-import threading
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Annotated, Final, Literal, NamedTuple, Protocol, Self
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from controller.changes.gittree import GitTree, git_patch_check
+from controller.changes.tree import (
+    MESSAGE_LIMIT,
+    MODE_EXEC,
+    MODE_FILE,
+    MODE_GITLINK,
+    MODE_SYMLINK,
+    MODE_TREE,
+    BaselineTree,
+    CheckOutcome,
+    IndexEntry,
+    Lookup,
+    PatchCheck,
+    TreeEntry,
+)
 from controller.errors import ErrorCode, PatchboxError
-from controller.paths import owned_temp_dir
 from controller.repo.baseline import Baseline
-from controller.repo.git import GitContext, GitError, git_argv, run_git
 from controller.tools import policy
 from patchbox_agent import diffs
 from patchbox_agent.globs import Glob
@@ -72,15 +81,9 @@ OWN_REASONS = frozenset(
 REASONS = diffs.REASONS | OWN_REASONS
 """Every reason code a refusal may carry (closed set)."""
 
-MODE_FILE: Final = "100644"
-MODE_EXEC: Final = "100755"
-MODE_SYMLINK = "120000"
-MODE_GITLINK = "160000"
-MODE_TREE = "040000"
 FileMode = Literal["100644", "100755"]
 Kind = Literal["create", "modify", "delete", "rename"]
-
-_MESSAGE_LIMIT = 300
+_DIFF_GIT_A = "diff --git a/"
 
 
 def _known(code: str) -> str:
@@ -186,125 +189,11 @@ class Prepared:
 
 
 # ---------------------------------------------------------------------------------------
-# The baseline as the validator sees it
-
-
-class TreeEntry(NamedTuple):
-    mode: str
-    """``100644``, ``100755``, ``120000`` (symlink), ``160000`` (submodule), ``040000``."""
-    oid: str
-
-
-class Lookup(NamedTuple):
-    entry: TreeEntry | None
-    """The entry at the path, None when there is none."""
-    blocker: tuple[str, TreeEntry] | None
-    """The first ancestor that is not a folder (a file, symlink or submodule)."""
-
-
-class BaselineTree(Protocol):
-    """Read access to one baseline tree."""
-
-    @property
-    def object_format(self) -> str: ...
-
-    def lookup(self, path: str) -> Lookup: ...
-
-    def names(self, folder: str) -> Collection[str]:
-        """Entry names of a folder (``""`` is the root); empty when it is not a folder."""
-        ...
-
-    def read(self, entry: TreeEntry) -> bytes: ...
-
-    def prefetch(self, paths: Sequence[str]) -> None:
-        """A hint that these paths may be looked up and read (they may be wrong: only what
-        :meth:`lookup` then returns counts)."""
-        ...
-
-    def read_all(self, entries: Sequence[TreeEntry]) -> list[bytes]: ...
-
-
-class IndexEntry(NamedTuple):
-    mode: str
-    oid: str
-    path: str
-
-
-class CheckOutcome(NamedTuple):
-    ok: bool
-    message: str
-    numstat: list[tuple[str, int, int]]
-    """(path, added, removed) per file as git read the diff (the new name of a rename)."""
-
-
-PatchCheck = Callable[[bytes, Sequence[IndexEntry]], Callable[[], CheckOutcome]]
-"""Starts a patch check of the diff on an index of the given baseline entries and returns
-the function that waits for its outcome (the check may run while the caller works)."""
-
-
-def _parents(path: str) -> list[str]:
-    parts = path.split("/")
-    return ["/".join(parts[:i]) for i in range(1, len(parts))]
-
-
-class MemoryTree:
-    """A baseline tree in memory (for tests and callers without git). ``files`` maps a path
-    to its content (mode ``100644``) or to ``(mode, content)``; a symlink's content is its
-    target."""
-
-    def __init__(
-        self, files: Mapping[str, bytes | tuple[str, bytes]], object_format: str = "sha1"
-    ) -> None:
-        self._format = object_format
-        self._files: dict[str, TreeEntry] = {}
-        self._blobs: dict[str, bytes] = {}
-        self._folders: dict[str, list[str]] = {"": []}
-        for path, value in sorted(files.items()):
-            mode, data = value if isinstance(value, tuple) else (MODE_FILE, value)
-            entry = TreeEntry(mode, diffs.blob_id(data, object_format))
-            self._files[path] = entry
-            self._blobs[entry.oid] = data
-            parts = path.split("/")
-            for i, name in enumerate(parts):
-                siblings = self._folders.setdefault("/".join(parts[:i]), [])
-                if name not in siblings:
-                    siblings.append(name)
-
-    @property
-    def object_format(self) -> str:
-        return self._format
-
-    def lookup(self, path: str) -> Lookup:
-        for parent in _parents(path):
-            if parent in self._files:
-                return Lookup(None, (parent, self._files[parent]))
-            if parent not in self._folders:
-                return Lookup(None, None)
-        if path in self._files:
-            return Lookup(self._files[path], None)
-        if path in self._folders:
-            return Lookup(TreeEntry(MODE_TREE, ""), None)
-        return Lookup(None, None)
-
-    def names(self, folder: str) -> Collection[str]:
-        return self._folders.get(folder, [])
-
-    def read(self, entry: TreeEntry) -> bytes:
-        return self._blobs[entry.oid]
-
-    def prefetch(self, paths: Sequence[str]) -> None:
-        pass
-
-    def read_all(self, entries: Sequence[TreeEntry]) -> list[bytes]:
-        return [self._blobs[e.oid] for e in entries]
-
-
-# ---------------------------------------------------------------------------------------
 # Pure rules
 
 
 def _reason(code: str, path: str | None, message: str) -> ChangesetReason:
-    return ChangesetReason(code=code, path=path, message=message[:_MESSAGE_LIMIT])
+    return ChangesetReason(code=code, path=path, message=message[:MESSAGE_LIMIT])
 
 
 def _inside(path: str, allowed: Iterable[str]) -> bool:
@@ -647,353 +536,6 @@ def check_diff(  # noqa: PLR0913 - the diff, the tree and keyword-only rule inpu
         baseline_tree=baseline_tree,
     )
     return Prepared(changeset=changeset, changes=tuple(changes), diff=raw)
-
-
-# ---------------------------------------------------------------------------------------
-# Against the private git dir
-
-_TREE_ENTRY = re.compile(rb"([0-7]{5,6}) ([^\x00]*)\x00", re.DOTALL)
-_ARGV_BUDGET = 64 * 1024
-_DIFF_GIT_A = "diff --git a/"
-
-
-class GitTree:
-    """A baseline tree read in the private git dir: the entries of known paths from one
-    ``git ls-tree`` (:meth:`prefetch`), blobs from one ``git cat-file --batch`` per batch
-    (:meth:`read_all`), and any other folder through an interactive ``git cat-file
-    --batch`` started when first needed. Use as a context manager; :meth:`close` ends it."""
-
-    def __init__(self, git_dir: Path, tree: str) -> None:
-        self._tree = tree
-        self._format = "sha256" if len(tree) == 64 else "sha1"
-        self._oid_len = 32 if self._format == "sha256" else 20
-        self._ctx = GitContext(cwd=git_dir.parent, git_dir=git_dir, home=git_dir.parent)
-        self._folders: dict[str, dict[str, TreeEntry] | None] = {}
-        self._entries: dict[str, TreeEntry] = {}
-        self._fetched: dict[str, TreeEntry] = {}
-        self._contents: dict[str, bytes] = {}
-        self._prefetch: threading.Thread | None = None
-        self._failure: BaseException | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        if self._prefetch is not None:
-            self._prefetch.join()
-            self._prefetch = None
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        if proc.stdin is not None:
-            try:
-                proc.stdin.close()
-            except OSError:
-                pass
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
-
-    @property
-    def object_format(self) -> str:
-        return self._format
-
-    def prefetch(self, paths: Sequence[str]) -> None:
-        """Starts looking ``paths`` up on a thread: their entries from ``git ls-tree`` and
-        the content of those that are blobs from ``git cat-file --batch``. Lookups wait for
-        it; a path it did not find as a file, symlink or submodule is looked up folder by
-        folder."""
-        if self._prefetch is None and paths:
-            self._prefetch = threading.Thread(target=self._fetch, args=(list(paths),))
-            self._prefetch.start()
-
-    def _fetch(self, paths: list[str]) -> None:
-        try:
-            wanted = set(paths)
-            batch: list[str] = []
-            size = 0
-            for path in sorted(wanted):
-                batch.append(path)
-                size += len(path) + 1
-                if size > _ARGV_BUDGET:
-                    self._ls_tree(batch, wanted)
-                    batch, size = [], 0
-            if batch:
-                self._ls_tree(batch, wanted)
-            blobs = sorted({e for e in self._fetched.values() if e.mode in (MODE_FILE, MODE_EXEC)})
-            self._contents.update(zip((e.oid for e in blobs), self._cat(blobs), strict=True))
-        except BaseException as exc:  # re-raised by the thread that waits for it
-            self._failure = exc
-
-    def _wait(self) -> None:
-        thread, self._prefetch = self._prefetch, None
-        if thread is not None:
-            thread.join()
-            self._entries.update(self._fetched)
-        if self._failure is not None:
-            failure, self._failure = self._failure, None
-            raise failure
-
-    def _ls_tree(self, paths: list[str], wanted: set[str]) -> None:
-        args = ["ls-tree", "-z", "--full-tree", self._tree, "--", *paths]
-        out = _git_to_file(self._ctx, ["--literal-pathspecs", *args], b"")
-        for record in out.split(b"\0"):
-            meta, _, name = record.partition(b"\t")
-            fields = meta.split(b" ")
-            path = name.decode("utf-8", "surrogateescape")
-            if len(fields) == 3 and path in wanted and fields[1] != b"tree":
-                self._fetched[path] = TreeEntry(fields[0].decode(), fields[2].decode())
-
-    def read_all(self, entries: Sequence[TreeEntry]) -> list[bytes]:
-        """The contents of the blobs, in order (those not prefetched from one ``git cat-file
-        --batch``)."""
-        self._wait()
-        missing = sorted({e for e in entries if e.oid not in self._contents})
-        self._contents.update(zip((e.oid for e in missing), self._cat(missing), strict=True))
-        return [self._contents[e.oid] for e in entries]
-
-    def _cat(self, entries: Sequence[TreeEntry]) -> list[bytes]:
-        if not entries:
-            return []
-        requests = b"".join(e.oid.encode() + b"\n" for e in entries)
-        out, pos, blobs = _git_to_file(self._ctx, ["cat-file", "--batch"], requests), 0, []
-        for entry in entries:
-            end = out.find(b"\n", pos)
-            header = out[pos:end].split() if end >= 0 else []
-            if len(header) != 3 or header[1] != b"blob" or header[0] != entry.oid.encode():
-                raise GitError(f"git cat-file: {entry.oid} is not a blob")
-            size = int(header[2])
-            blobs.append(out[end + 1 : end + 1 + size])
-            pos = end + 2 + size
-        return blobs
-
-    def _process(self) -> subprocess.Popen[bytes]:
-        if self._proc is None:
-            self._proc = subprocess.Popen(
-                git_argv("cat-file", "--batch"),
-                cwd=self._ctx.cwd,
-                env=self._ctx.env(),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-            )
-        return self._proc
-
-    def _object(self, oid: str, kind: str) -> bytes:
-        proc = self._process()
-        stdin, stdout = proc.stdin, proc.stdout
-        if stdin is None or stdout is None:  # pragma: no cover - Popen contract
-            raise GitError("git cat-file is not running")
-        try:
-            stdin.write(oid.encode() + b"\n")
-            stdin.flush()
-            header = stdout.readline().split()
-            if len(header) != 3 or header[1] != kind.encode():
-                raise GitError(f"git cat-file: {oid} is not a {kind}")
-            size = int(header[2])
-            data = _read_exactly(stdout, size + 1)
-        except (OSError, ValueError) as exc:
-            raise GitError("git cat-file failed") from exc
-        return data[:size]
-
-    def _folder(self, path: str) -> dict[str, TreeEntry] | None:
-        if path in self._folders:
-            return self._folders[path]
-        if path:
-            parent, _, name = path.rpartition("/")
-            listing = self._folder(parent)
-            entry = listing.get(name) if listing is not None else None
-            oid = entry.oid if entry is not None and entry.mode == MODE_TREE else None
-        else:
-            oid = self._tree
-        folder = None if oid is None else self._parse_tree(self._object(oid, "tree"))
-        self._folders[path] = folder
-        return folder
-
-    def _parse_tree(self, raw: bytes) -> dict[str, TreeEntry]:
-        out: dict[str, TreeEntry] = {}
-        pos, n = 0, self._oid_len
-        while pos < len(raw):
-            m = _TREE_ENTRY.match(raw, pos)
-            if m is None or m.end() + n > len(raw):
-                raise GitError("git cat-file: a malformed tree object")
-            mode = m.group(1).decode().rjust(6, "0")
-            name = m.group(2).decode("utf-8", "surrogateescape")
-            out[name] = TreeEntry(mode, raw[m.end() : m.end() + n].hex())
-            pos = m.end() + n
-        return out
-
-    def lookup(self, path: str) -> Lookup:
-        self._wait()
-        known = self._entries.get(path)
-        if known is not None:
-            return Lookup(known, None)
-        folder = ""
-        for parent in _parents(path):
-            listing = self._folder(folder)
-            entry = listing.get(parent.rsplit("/", 1)[-1]) if listing is not None else None
-            if entry is None:
-                return Lookup(None, None)
-            if entry.mode != MODE_TREE:
-                return Lookup(None, (parent, entry))
-            folder = parent
-        listing = self._folder(folder)
-        return Lookup(listing.get(path.rsplit("/", 1)[-1]) if listing else None, None)
-
-    def names(self, folder: str) -> Collection[str]:
-        listing = self._folder(folder)
-        return listing.keys() if listing is not None else ()
-
-    def read(self, entry: TreeEntry) -> bytes:
-        self._wait()
-        known = self._contents.get(entry.oid)
-        return known if known is not None else self._object(entry.oid, "blob")
-
-
-def _git_to_file(ctx: GitContext, args: list[str], stdin: bytes) -> bytes:
-    """Runs git with its input and output in anonymous temp files: the calling thread only
-    waits for the process (no pipe to serve while another thread holds the interpreter)."""
-    with tempfile.TemporaryFile() as source, tempfile.TemporaryFile() as sink:
-        source.write(stdin)
-        source.seek(0)
-        try:
-            proc = subprocess.run(
-                git_argv(*args),
-                cwd=ctx.cwd,
-                env=ctx.env(),
-                stdin=source,
-                stdout=sink,
-                stderr=subprocess.DEVNULL,
-                check=False,
-                timeout=600,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise GitError(f"git {_command(args)} did not finish") from exc
-        if proc.returncode != 0:
-            raise GitError(f"git {_command(args)} failed with exit {proc.returncode}")
-        sink.seek(0)
-        return sink.read()
-
-
-def _command(args: Sequence[str]) -> str:
-    return next((a for a in args if not a.startswith("-")), "")
-
-
-def _read_exactly(stream: IO[bytes], size: int) -> bytes:
-    data = stream.read(size)
-    if data is None or len(data) != size:
-        raise GitError("git cat-file ended early")
-    return data
-
-
-def _parse_numstat(out: bytes) -> list[tuple[str, int, int]]:
-    """``git apply --numstat -z``: ``A\\tR\\tPATH\\0``, or ``A\\tR\\t\\0OLD\\0NEW\\0`` for a
-    rename; binary files count ``-``."""
-    fields = out.split(b"\0")
-    stats: list[tuple[str, int, int]] = []
-    i = 0
-    while i < len(fields) and fields[i]:
-        added, removed, name = fields[i].split(b"\t", 2)
-        if not name:
-            name = fields[i + 2]
-            i += 2
-        count = [int(v) if v.isdigit() else -1 for v in (added, removed)]
-        stats.append((name.decode("utf-8", "surrogateescape"), count[0], count[1]))
-        i += 1
-    return stats
-
-
-def git_patch_check(git_dir: Path) -> PatchCheck:
-    """The patch check on the private git dir: a temporary index (in a controller-owned
-    folder) holding the baseline entries of the touched paths, then ``git apply --check
-    --cached --numstat`` of the diff on it. Nothing of the user's repository is written."""
-
-    def start(diff: bytes, entries: Sequence[IndexEntry]) -> Callable[[], CheckOutcome]:
-        scratch = owned_temp_dir("check-")
-        ctx = GitContext(cwd=scratch, git_dir=git_dir, index_file=scratch / "index", home=scratch)
-        try:
-            if entries:
-                lines = b"".join(
-                    f"{e.mode} blob {e.oid}\t{e.path}".encode("utf-8", "surrogateescape") + b"\0"
-                    for e in entries
-                )
-                run_git(ctx, "update-index", "-z", "--index-info", stdin=lines)
-            proc = subprocess.Popen(
-                git_argv(
-                    "apply",
-                    "--check",
-                    "--cached",
-                    "--numstat",
-                    "-z",
-                    "-p1",
-                    "--whitespace=nowarn",
-                    "-",
-                ),
-                cwd=ctx.cwd,
-                env=ctx.env(),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
-        except BaseException:
-            shutil.rmtree(scratch, ignore_errors=True)
-            raise
-        feeder = _Feeder(proc, diff)
-
-        def finish() -> CheckOutcome:
-            try:
-                out, err = feeder.wait()
-            finally:
-                shutil.rmtree(scratch, ignore_errors=True)
-            if proc.returncode != 0:
-                lines = err.decode("utf-8", "replace").strip().splitlines()
-                detail = printable(lines[0] if lines else f"exit {proc.returncode}")
-                return CheckOutcome(ok=False, message=f"git apply --check: {detail}", numstat=[])
-            return CheckOutcome(ok=True, message="", numstat=_parse_numstat(out))
-
-        return finish
-
-    return start
-
-
-def printable(text: str) -> str:
-    """A line of git's output made safe to show: control characters dropped, bounded."""
-    return "".join(ch for ch in text if ch.isprintable())[:_MESSAGE_LIMIT]
-
-
-class _Feeder:
-    """Writes the diff to a child's stdin on a thread and collects its output."""
-
-    def __init__(self, proc: subprocess.Popen[bytes], data: bytes) -> None:
-        self._proc = proc
-        self._out = b""
-        self._err = b""
-        self._thread = threading.Thread(target=self._run, args=(data,), daemon=True)
-        self._thread.start()
-
-    def _run(self, data: bytes) -> None:
-        try:
-            self._out, self._err = self._proc.communicate(data, timeout=600)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._out, self._err = self._proc.communicate()
-
-    def wait(self) -> tuple[bytes, bytes]:
-        self._thread.join()
-        return self._out, self._err
 
 
 def prepare_changeset(
