@@ -4,6 +4,12 @@ Pure and standard-library only (python >= 3.9): used by the in-container agent f
 ``apply_patch`` and by the host controller to validate the final change set. No I/O: the
 diff is a ``str``, file contents are ``bytes`` given by a ``read`` callable.
 
+This module holds the parser and the data it builds, and exports the whole family: the
+name rules live in :mod:`patchbox_agent.names` and the applier in
+:mod:`patchbox_agent.patching`, and callers import their public names from here. It stays
+a little over 600 lines because the parser is one grammar (sections, headers, hunks)
+checked in one pass, and the list of reason codes below is its contract.
+
 ``parse(text)`` returns one ``FilePatch`` per ``diff --git`` section or raises
 ``DiffError(reason, message)``. ``apply(patches, read)`` returns the new content of every
 touched path (``None`` = deleted), all or nothing; by default it also checks the ``index``
@@ -11,7 +17,7 @@ line's blob ids against the old and new content. ``stats(patches)`` counts lines
 ``check_path``, ``unquote``, ``fold`` and ``blob_id`` are the building blocks, public for
 callers that check names or contents themselves.
 
-The name rules here are the only ones: the agent's ``apply_patch``, the controller's check
+The name rules are the only ones: the agent's ``apply_patch``, the controller's check
 of a call's patch and its validation of the final change set all call :func:`check_path`
 (through :func:`parse`), so they refuse the same names for the same reason.
 
@@ -60,19 +66,51 @@ Reason codes (``DiffError.reason``), a closed set (``REASONS``):
 
 from __future__ import annotations
 
-import hashlib
 import re
-import unicodedata
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal, TypedDict
 
-from .jail import escape_name  # one spelling of a name in messages, the agent's too
+from .names import (
+    MAX_COMPONENTS,
+    MAX_PATH_BYTES,
+    DiffError,
+    check_collisions,
+    check_path,
+    fold,
+    git_line_names,
+    label,
+    plain_name,
+    unquote,
+)
+from .patching import apply, blob_id, lines_before, patch_bytes
+
+__all__ = [
+    "MAX_BYTES",
+    "MAX_COMPONENTS",
+    "MAX_FILES",
+    "MAX_PATH_BYTES",
+    "MODE_EXEC",
+    "MODE_FILE",
+    "REASONS",
+    "DiffError",
+    "FilePatch",
+    "FileStats",
+    "Hunk",
+    "Kind",
+    "apply",
+    "blob_id",
+    "check_collisions",
+    "check_path",
+    "fold",
+    "parse",
+    "patch_bytes",
+    "stats",
+    "unquote",
+]
 
 MAX_BYTES = 8 * 1024 * 1024
 MAX_FILES = 200
-MAX_PATH_BYTES = 4096
-MAX_COMPONENTS = 128
 
 MODE_FILE = "100644"
 MODE_EXEC = "100755"
@@ -80,59 +118,21 @@ MODE_EXEC = "100755"
 Kind = Literal["modify", "create", "delete", "rename"]
 Op = Literal[" ", "-", "+"]
 
+# Grouped as in the module docstring.
 REASONS = frozenset(
     {
-        "empty",
-        "too_large",
-        "too_many_files",
-        "not_text",
-        "nul",
-        "truncated",
-        "garbage",
-        "fence",
-        "begin_patch",
-        "bad_header",
-        "header_mismatch",
-        "crlf_header",
-        "bad_quote",
-        "absolute_path",
-        "dotdot",
-        "bad_path",
-        "backslash",
-        "control_char",
-        "percent_escape",
-        "git_dir",
-        "lookalike",
-        "trailing_dot_space",
-        "duplicate_file",
-        "case_collision",
-        "binary",
-        "symlink_mode",
-        "gitlink",
-        "bad_mode",
-        "mode_change",
-        "copy",
-        "dissimilarity",
-        "bad_hunk",
-        "hunk_count_mismatch",
-        "missing",
-        "exists",
-        "context_mismatch",
-        "index_mismatch",
-        "path_conflict",
+        *("empty", "too_large", "too_many_files", "not_text", "nul", "truncated"),
+        *("garbage", "fence", "begin_patch"),
+        *("bad_header", "header_mismatch", "crlf_header", "bad_quote"),
+        *("absolute_path", "dotdot", "bad_path", "backslash", "control_char"),
+        *("percent_escape", "git_dir", "lookalike", "trailing_dot_space"),
+        *("duplicate_file", "case_collision"),
+        *("binary", "symlink_mode", "gitlink", "bad_mode", "mode_change", "copy"),
+        *("dissimilarity", "bad_hunk", "hunk_count_mismatch"),
+        *("missing", "exists", "context_mismatch", "index_mismatch", "path_conflict"),
         "line_ending",
     }
 )
-
-
-class DiffError(Exception):
-    """A refused diff. ``reason`` is a stable code from ``REASONS``; ``message`` names a line
-    number or a validated path, never an unvalidated name."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(f"{reason}: {message}")
-        self.reason = reason
-        self.message = message
 
 
 @dataclass(frozen=True)
@@ -197,197 +197,6 @@ class FileStats(TypedDict):
     kind: str
     added: int
     removed: int
-
-
-# ---------------------------------------------------------------------------------------
-# names
-
-_ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
-_OCTAL = "01234567"
-_PERCENT_RE = re.compile(r"%[0-9A-Fa-f]{2}")
-_BAD_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
-# Look-alikes of "/" and "." that NFKC leaves alone (those it maps to "/", "." or "\\", such
-# as the fullwidth forms and the one dot leader, are found through NFKC).
-_SLASH_LOOKALIKES = frozenset(
-    "\u2215\u2044\u29f8\u29f5\u29f9\u2216\u2571\u2572\u27cb\u27cd\u1735\u3033\u2cc6\u2f03"
-)
-_DOT_LOOKALIKES = frozenset("\u3002\uff61\u06d4\u0701\u0702\ua4f8\u2e3c\u0589\u2e33")
-_ASCII_PUNCT = frozenset("./\\")
-
-
-def fold(name: str) -> str:
-    """The comparison key of a name: Unicode NFC and case folding."""
-    return unicodedata.normalize("NFC", unicodedata.normalize("NFC", name).casefold())
-
-
-def _unescape(text: str, i: int, end: int) -> tuple[int, int]:
-    """The byte of the escape after the backslash at ``i - 1`` and the index after it."""
-    ch = text[i]
-    if ch in _ESCAPES:
-        return _ESCAPES[ch], i + 1
-    digits = text[i : i + 3]
-    if i + 3 <= end and ch in "0123" and all(d in _OCTAL for d in digits):
-        return int(digits, 8), i + 3
-    raise DiffError("bad_quote", "invalid escape in a quoted name")
-
-
-def unquote(text: str) -> str:
-    """Git's C-style quoted name (``"a/\\303\\251"``) to a str; the whole text must be one
-    quoted string whose bytes are UTF-8."""
-    if len(text) < 2 or text[0] != '"' or text[-1] != '"':
-        raise DiffError("bad_quote", "not a quoted name")
-    out = bytearray()
-    i, end = 1, len(text) - 1
-    while i < end:
-        ch = text[i]
-        if ch == '"':
-            raise DiffError("bad_quote", "unescaped quote in a quoted name")
-        if ch != "\\":
-            out += ch.encode("utf-8")
-            i += 1
-            continue
-        if i + 1 >= end:
-            raise DiffError("bad_quote", "dangling backslash in a quoted name")
-        byte, i = _unescape(text, i + 1, end)
-        out.append(byte)
-    try:
-        return out.decode("utf-8")
-    except UnicodeDecodeError:
-        name = escape_name(bytes(out))
-        raise DiffError("not_text", f"a quoted name is not UTF-8: {name[:200]}") from None
-
-
-def _quoted_end(text: str) -> int:
-    """The index after the closing quote of the quoted string that starts ``text``."""
-    i = 1
-    while i < len(text):
-        if text[i] == "\\":
-            i += 2
-            continue
-        if text[i] == '"':
-            return i + 1
-        i += 1
-    raise DiffError("bad_quote", "unterminated quoted name")
-
-
-def _check_chars(path: str) -> None:
-    if "\x00" in path:
-        raise DiffError("nul", "NUL in a path")
-    if any(unicodedata.category(ch) in _BAD_CATEGORIES for ch in path):
-        raise DiffError("control_char", "control character in a path")
-    if "\\" in path:
-        raise DiffError("backslash", "backslash in a path")
-    if path.startswith("/"):
-        raise DiffError("absolute_path", "absolute path")
-    if _PERCENT_RE.search(path):
-        raise DiffError("percent_escape", "percent-escape in a path")
-    if len(path.encode("utf-8")) > MAX_PATH_BYTES:
-        raise DiffError("bad_path", "path too long")
-    if path.count("/") >= MAX_COMPONENTS:
-        raise DiffError("bad_path", f"more than {MAX_COMPONENTS} components in a path")
-
-
-def _is_git_dir(part: str) -> bool:
-    """Whether a component names ``.git`` to git or to some file system: after NFKC (so
-    fullwidth and small dots and letters count) and case folding, and with the trailing dots
-    and spaces Windows drops, or as its 8.3 short name."""
-    key = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", part).casefold())
-    return key.rstrip(". ") == ".git" or key == "git~1"
-
-
-def _lookalike(ch: str) -> bool:
-    if ch in _SLASH_LOOKALIKES or ch in _DOT_LOOKALIKES:
-        return True
-    return ch not in _ASCII_PUNCT and bool(_ASCII_PUNCT & set(unicodedata.normalize("NFKC", ch)))
-
-
-def check_path(path: str) -> None:
-    """Refuses a name that is not a plain relative path inside the tree, or touches ``.git``.
-
-    The checks run in a fixed order and the first failing one names the reason: characters
-    of the whole path (``nul``, ``control_char``, ``backslash``, ``absolute_path``,
-    ``percent_escape``, ``bad_path`` for the length), then per component ``dotdot``,
-    ``bad_path``, ``git_dir``, ``lookalike``, ``trailing_dot_space``."""
-    if not path:
-        raise DiffError("bad_path", "empty path")
-    _check_chars(path)
-    for part in path.split("/"):
-        if part == "..":
-            raise DiffError("dotdot", "'..' component in a path")
-        if part in ("", "."):
-            raise DiffError("bad_path", "empty or '.' component in a path")
-        if _is_git_dir(part):
-            raise DiffError("git_dir", "path inside .git")
-        if not part.isascii() and any(_lookalike(ch) for ch in part):
-            raise DiffError("lookalike", "a look-alike of '.', '/' or '\\' in a name")
-        if part.endswith((".", " ")):
-            raise DiffError("trailing_dot_space", "a name ends in a dot or a space")
-
-
-def _label(value: str, prefix: str, lineno: int) -> str | None:
-    """The path of a ``---``/``+++`` label (None for /dev/null); git appends a tab to a
-    label that contains a space."""
-    if value.endswith("\t"):
-        value = value[:-1]
-        if " " not in value:
-            raise DiffError("bad_header", f"tab after a file name on line {lineno}")
-    if value == "/dev/null":
-        return None
-    name = unquote(value) if value.startswith('"') else value
-    if name.startswith("/"):
-        check_path(name)  # refused as an absolute path, not as a missing prefix
-    if not name.startswith(prefix):
-        raise DiffError("header_mismatch", f"file name without '{prefix}' on line {lineno}")
-    name = name[len(prefix) :]
-    check_path(name)
-    return name
-
-
-def _plain_name(value: str) -> str:
-    name = unquote(value) if value.startswith('"') else value
-    check_path(name)
-    return name
-
-
-def _git_line_sides(rest: str, lineno: int) -> tuple[str, str] | None:
-    """The two names of a ``diff --git`` line when quoting makes the split unambiguous;
-    None when both are unquoted (they then contain no quote, since git would quote it)."""
-    if rest.startswith('"'):
-        end = _quoted_end(rest)
-        first, tail = unquote(rest[:end]), rest[end:]
-    elif '"' in rest:
-        q = rest.index('"')
-        first, tail = rest[: q - 1], rest[q - 1 :]
-    else:
-        return None
-    if not tail.startswith(" "):
-        raise DiffError("bad_header", f"malformed diff --git line {lineno}")
-    second = tail[1:]
-    return first, unquote(second) if second.startswith('"') else second
-
-
-def _git_line_names(rest: str, expected: tuple[str, str] | None, lineno: int) -> tuple[str, str]:
-    """The (old, new) names of a ``diff --git a/P b/Q`` line, which must equal ``expected``
-    when other headers name the files, and must name one file twice otherwise."""
-    sides = _git_line_sides(rest, lineno)
-    if sides is None and expected is not None:
-        if rest != f"a/{expected[0]} b/{expected[1]}":
-            raise DiffError("header_mismatch", f"diff --git names disagree on line {lineno}")
-        return expected
-    if sides is None:
-        half = (len(rest) - 5) // 2
-        sides = (rest[: half + 2], rest[half + 3 :])
-        if rest != f"{sides[0]} {sides[1]}" or sides[0][2:] != sides[1][2:]:
-            raise DiffError("header_mismatch", f"diff --git names disagree on line {lineno}")
-    first, second = sides
-    if not (first.startswith("a/") and second.startswith("b/")):
-        if first.startswith("/") or second.startswith("/"):
-            raise DiffError("absolute_path", f"absolute path on line {lineno}")
-        raise DiffError("header_mismatch", f"diff --git names lack a/ b/ on line {lineno}")
-    names = (first[2:], second[2:])
-    if expected is not None and names != expected:
-        raise DiffError("header_mismatch", f"diff --git names disagree on line {lineno}")
-    return names
 
 
 # ---------------------------------------------------------------------------------------
@@ -585,25 +394,20 @@ def _read_hunk(sec: list[str], i: int, base: int) -> tuple[Hunk, int]:
     return hunk, i
 
 
-def _before(start: int, length: int) -> int:
-    """How many lines of the file precede the hunk on that side."""
-    return start - 1 if length else start
-
-
 def _read_hunks(sec: list[str], i: int, base: int) -> tuple[list[Hunk], int]:
     hunks: list[Hunk] = []
     delta = 0
     while i < len(sec) and sec[i].startswith("@@"):
         lineno = base + i
         hunk, i = _read_hunk(sec, i, base)
-        pos = _before(hunk.old_start, hunk.old_len)
+        pos = lines_before(hunk.old_start, hunk.old_len)
         if hunks:
             last = hunks[-1]
             if last.old_no_eol or last.new_no_eol:
                 raise DiffError("bad_hunk", f"hunk after the end of the file on line {lineno}")
-            if pos <= _before(last.old_start, last.old_len) + last.old_len:
+            if pos <= lines_before(last.old_start, last.old_len) + last.old_len:
                 raise DiffError("bad_hunk", f"hunk out of order or overlapping on line {lineno}")
-        if _before(hunk.new_start, hunk.new_len) != pos + delta:
+        if lines_before(hunk.new_start, hunk.new_len) != pos + delta:
             raise DiffError("bad_hunk", f"inconsistent new position on line {lineno}")
         delta += hunk.new_len - hunk.old_len
         hunks.append(hunk)
@@ -652,8 +456,8 @@ def _read_labels(sec: list[str], i: int, base: int, head: _Head) -> int:
         raise DiffError("bad_header", f"'---' without '+++' on line {base + i}")
     _no_cr(sec[i + 1], base + i + 1)
     head.labelled = True
-    head.minus = _label(sec[i][4:], "a/", base + i)
-    head.plus = _label(sec[i + 1][4:], "b/", base + i + 1)
+    head.minus = label(sec[i][4:], "a/", base + i)
+    head.plus = label(sec[i + 1][4:], "b/", base + i + 1)
     if i + 2 >= len(sec) or not sec[i + 2].startswith("@@"):
         raise DiffError("bad_hunk", f"file names without hunks on line {base + i}")
     return i + 2
@@ -752,8 +556,8 @@ def _names(head: _Head, kind: Kind) -> tuple[str | None, str | None]:
     expected: tuple[str, str] | None = None
     if kind == "rename":
         expected = (
-            _plain_name(head.fields["rename_from"]),
-            _plain_name(head.fields["rename_to"]),
+            plain_name(head.fields["rename_from"]),
+            plain_name(head.fields["rename_to"]),
         )
         if head.labelled and (head.minus, head.plus) != expected:
             raise DiffError("header_mismatch", f"rename names disagree in {head.lineno}")
@@ -762,7 +566,7 @@ def _names(head: _Head, kind: Kind) -> tuple[str | None, str | None]:
     elif head.labelled:
         name = _label_name(head, kind)
         expected = (name, name)
-    old, new = _git_line_names(head.rest, expected, head.lineno)
+    old, new = git_line_names(head.rest, expected, head.lineno)
     check_path(old)
     check_path(new)
     if kind != "rename" and old != new:
@@ -808,27 +612,6 @@ def _parse_section(sec: list[str], base: int) -> FilePatch:
     return patch
 
 
-def _touched(patch: FilePatch) -> list[str]:
-    return sorted({p for p in (patch.old_path, patch.new_path) if p is not None})
-
-
-def check_collisions(patches: Iterable[FilePatch]) -> None:
-    """No path in two sections, and no two different names that fold to one."""
-    seen: dict[str, str] = {}
-    for patch in patches:
-        local: dict[str, str] = {}
-        for name in _touched(patch):
-            if local.setdefault(fold(name), name) != name:
-                raise DiffError("case_collision", f"{name!r} collides with another name")
-        for key, name in local.items():
-            other = seen.get(key)
-            if other == name:
-                raise DiffError("duplicate_file", f"{name!r} in two sections")
-            if other is not None:
-                raise DiffError("case_collision", f"{name!r} collides with {other!r}")
-        seen.update(local)
-
-
 def parse(text: str, *, max_files: int = MAX_FILES, max_bytes: int = MAX_BYTES) -> list[FilePatch]:
     """Parses a canonical git diff; raises DiffError for anything else."""
     _check_text(text, max_bytes)
@@ -842,201 +625,6 @@ def parse(text: str, *, max_files: int = MAX_FILES, max_bytes: int = MAX_BYTES) 
     patches = [_parse_section(lines[start:end], start + 1) for start, end in sections]
     check_collisions(patches)
     return patches
-
-
-# ---------------------------------------------------------------------------------------
-# apply
-
-
-def blob_id(data: bytes, object_format: str = "sha1") -> str:
-    """Git's blob id of ``data`` (``sha1`` or ``sha256`` object format)."""
-    header = b"blob %d\x00" % len(data)
-    return hashlib.new(object_format, header + data, usedforsecurity=False).hexdigest()
-
-
-def _text_lines(data: bytes, path: str) -> tuple[list[bytes], bool]:
-    """The lines of a file without their newlines, and whether it ends with one."""
-    if b"\x00" in data:
-        raise DiffError("not_text", f"{path} is binary")
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise DiffError("not_text", f"{path} is not UTF-8 text") from None
-    if not data:
-        return [], True
-    lines = data.split(b"\n")
-    if data.endswith(b"\n"):
-        lines.pop()
-        return lines, True
-    return lines, False
-
-
-def _side(hunk: Hunk, skip: str) -> list[bytes]:
-    return [text.encode("utf-8") for op, text in hunk.lines if op != skip]
-
-
-def _check_hunk(hunk: Hunk, lines: list[bytes], eol: bool, where: str) -> bool:
-    """Checks that the hunk matches exactly at its position; returns whether it reaches the
-    end of the file."""
-    pos = _before(hunk.old_start, hunk.old_len)
-    end = pos + hunk.old_len
-    at_end = end == len(lines)
-    if end > len(lines) or lines[pos:end] != _side(hunk, "+"):
-        raise DiffError("context_mismatch", f"{where} does not match at its position")
-    if (hunk.old_no_eol or hunk.new_no_eol) and not at_end:
-        raise DiffError("context_mismatch", f"{where}: no-newline marker before the end")
-    if at_end and lines and eol == hunk.old_no_eol:
-        raise DiffError("context_mismatch", f"{where}: newline at end of file differs")
-    return at_end
-
-
-def patch_bytes(data: bytes, hunks: Sequence[Hunk], path: str = "file") -> bytes:
-    """Applies the hunks of one file at exactly their stated positions."""
-    lines, eol = _text_lines(data, path)
-    out: list[bytes] = []
-    cursor = 0
-    for number, hunk in enumerate(hunks, 1):
-        pos = _before(hunk.old_start, hunk.old_len)
-        if pos < cursor:
-            raise DiffError("bad_hunk", f"{path} hunk {number} out of order")
-        if _check_hunk(hunk, lines, eol, f"{path} hunk {number}"):
-            eol = not hunk.new_no_eol
-        out.extend(lines[cursor:pos])
-        out.extend(_side(hunk, "-"))
-        cursor = pos + hunk.old_len
-    out.extend(lines[cursor:])
-    if not out:
-        return b""
-    return b"\n".join(out) + (b"\n" if eol else b"")
-
-
-def _check_blob(expected: str | None, data: bytes, path: str, object_format: str) -> None:
-    if expected is not None and not blob_id(data, object_format).startswith(expected):
-        raise DiffError("index_mismatch", f"{path} does not match the index line")
-
-
-def _old_content(patch: FilePatch, read: Callable[[str], bytes | None]) -> bytes:
-    if patch.kind == "create":
-        if read(patch.path) is not None:
-            raise DiffError("exists", f"{patch.path} already exists")
-        return b""
-    old_path = patch.old_path or patch.path
-    data = read(old_path)
-    if data is None:
-        raise DiffError("missing", f"{old_path} does not exist")
-    if patch.kind == "rename" and read(patch.path) is not None:
-        raise DiffError("exists", f"{patch.path} already exists")
-    return data
-
-
-def _added_lines(patch: FilePatch) -> list[str]:
-    """The added lines that end in a newline (a last line marked ``\\ No newline`` has no
-    line ending to check)."""
-    out: list[str] = []
-    for hunk in patch.hunks:
-        added = [text for op, text in hunk.lines if op == "+"]
-        if hunk.new_no_eol and hunk.lines and hunk.lines[-1][0] == "+":
-            added.pop()
-        out += added
-    return out
-
-
-def _check_endings(patch: FilePatch, old: bytes) -> None:
-    """Added lines end the way the file's lines do: CR LF only where the file has CR LF
-    lines, LF only where it has LF lines (a file with neither, such as a new one, takes
-    either, but not both). A canonical git diff of a CR LF file has a CR at the end of
-    every line, so it passes; a diff whose lines a mail client or editor wrapped in CR LF
-    does not patch an LF file into mixed endings."""
-    added = _added_lines(patch)
-    crlf = sum(1 for text in added if text.endswith("\r"))
-    if not added or patch.kind == "delete":
-        return
-    lines = old.count(b"\n")
-    old_crlf = old.count(b"\r\n")
-    has_crlf, has_lf = old_crlf > 0, lines > old_crlf
-    if not has_crlf and not has_lf:
-        if 0 < crlf < len(added):
-            raise DiffError("line_ending", f"{patch.path}: added lines end in CR LF and in LF")
-        return
-    if crlf and not has_crlf:
-        raise DiffError("line_ending", f"{patch.path}: added lines end in CR LF, the file's in LF")
-    if crlf < len(added) and not has_lf:
-        raise DiffError("line_ending", f"{patch.path}: added lines end in LF, the file's in CR LF")
-
-
-def _apply_one(
-    patch: FilePatch,
-    read: Callable[[str], bytes | None],
-    check_index: bool,
-    object_format: str,
-    same_endings: bool = False,
-) -> dict[str, bytes | None]:
-    old = _old_content(patch, read)
-    new = patch_bytes(old, patch.hunks, patch.path)
-    if same_endings:  # after the exact match: a context line in CR LF is a context_mismatch
-        _check_endings(patch, old)
-    if check_index:
-        _check_blob(patch.index_old, old, patch.old_path or patch.path, object_format)
-        _check_blob(patch.index_new, new, patch.path, object_format)
-    if patch.kind == "delete":
-        if new:
-            raise DiffError("context_mismatch", f"{patch.path} has more than the hunks remove")
-        return {patch.path: None}
-    if patch.kind == "rename" and patch.old_path is not None:
-        return {patch.old_path: None, patch.path: new}
-    return {patch.path: new}
-
-
-def _check_tree(patches: Sequence[FilePatch], tree_paths: Iterable[str]) -> set[str]:
-    """Untouched baseline paths (folded); a created name may not fold onto one of them."""
-    touched = {name for patch in patches for name in _touched(patch)}
-    untouched = {fold(p): p for p in tree_paths if p not in touched}
-    for patch in patches:
-        other = untouched.get(fold(patch.path))
-        if patch.kind not in ("create", "rename") or other is None:
-            continue
-        if other == patch.path:
-            raise DiffError("exists", f"{patch.path} already exists")
-        raise DiffError("case_collision", f"{patch.path} collides with {other}")
-    return set(untouched)
-
-
-def _check_layout(files: set[str], created: set[str]) -> None:
-    """No created file where a directory is needed, or the reverse (names folded)."""
-    for key in created:
-        parts = key.split("/")
-        if any("/".join(parts[:n]) in files for n in range(1, len(parts))):
-            raise DiffError("path_conflict", "a file stands where a directory is needed")
-    dirs = tuple(key + "/" for key in created)
-    if dirs and any(key.startswith(dirs) for key in files):
-        raise DiffError("path_conflict", "a created file stands where a directory is")
-
-
-def apply(  # noqa: PLR0913 - the patches, their reader and keyword-only options
-    patches: Iterable[FilePatch],
-    read: Callable[[str], bytes | None],
-    *,
-    tree_paths: Iterable[str] | None = None,
-    check_index: bool = True,
-    object_format: str = "sha1",
-    same_endings: bool = False,
-) -> dict[str, bytes | None]:
-    """New content per touched path (None = deleted), all or nothing. ``read(path)`` gives
-    the current bytes or None. ``tree_paths``, when given, lists the baseline's files for
-    case-collision and file/directory checks. ``check_index`` checks the ``index`` line's
-    blob ids against the old and new content. ``same_endings`` refuses added lines whose
-    ending (CR LF or LF) the file does not use (``line_ending``): the rule for a patch a
-    model sends, where mixed endings are a mangled diff; a change set made from the files
-    themselves (a check may rewrite endings) is taken as it is."""
-    items = list(patches)
-    check_collisions(items)
-    result: dict[str, bytes | None] = {}
-    for patch in items:
-        result.update(_apply_one(patch, read, check_index, object_format, same_endings))
-    remaining = set() if tree_paths is None else _check_tree(items, tree_paths)
-    created = {fold(p.path) for p in items if p.kind in ("create", "rename")}
-    _check_layout(remaining | {fold(p) for p, data in result.items() if data is not None}, created)
-    return result
 
 
 def stats(patches: Iterable[FilePatch]) -> list[FileStats]:

@@ -35,7 +35,7 @@ from . import jail, procs
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Optional, Tuple
+    from typing import Any, Dict, List, Optional, Tuple
 
     DirStat = Tuple[int, int, int]
 
@@ -497,6 +497,21 @@ class FileIndex:
             os.close(fd)
         self.git_filtered = True
         return found
+
+
+def snapshot_changes(before: Dict[str, Any], after: Dict[str, Any], limit: int) -> Dict[str, Any]:
+    """Visible files added, removed or modified from one :meth:`FileIndex.snapshot` to
+    another: sorted lists, each cut at ``limit`` (names that are not UTF-8 escaped), and
+    ``count``, the number of changed files in all."""
+    added = jail.reported(sorted(set(after) - set(before)))
+    removed = jail.reported(sorted(set(before) - set(after)))
+    modified = jail.reported(sorted(p for p in set(before) & set(after) if before[p] != after[p]))
+    return {
+        "added": added[:limit],
+        "removed": removed[:limit],
+        "modified": modified[:limit],
+        "count": len(added) + len(removed) + len(modified),
+    }
 
 
 def _chunks(paths: List[str]) -> List[List[str]]:

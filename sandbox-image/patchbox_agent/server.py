@@ -6,6 +6,11 @@ Requests are ``{"id": int, "op": str, "args": object}``; responses are
 The first request must be ``hello`` with the controller's protocol version.
 ``run`` executes in a worker thread so that ``cancel`` can reach it; every other
 operation runs inline, in order.
+
+This module is the request loop and the operations on files; the tar extraction behind
+``put_archive`` and the preload (:mod:`patchbox_agent.extract`) and the ``run`` operation's
+process handling (:mod:`patchbox_agent.runner`) live apart and load on first use. It stays
+a little over 600 lines because the agent's operations are one class sharing its state.
 """
 
 from __future__ import annotations
@@ -18,9 +23,9 @@ import time
 from _thread import allocate_lock
 
 from . import jail, procs, wire
-from .frames import KIND_BINARY, KIND_JSON, PROTOCOL_VERSION, FdReader, FrameError, Signer
+from .frames import KIND_JSON, PROTOCOL_VERSION, FdReader, FrameError, Signer, grow_pipe
 from .globs import Glob, GlobError
-from .index import FileIndex
+from .index import FileIndex, snapshot_changes
 
 # The start path imports as little as it can: a sandbox reads every module cold (under
 # gVisor through its gofer), so ``json``, ``re``, ``typing``, ``threading``, ``collections``
@@ -29,7 +34,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import signal as _signal
     import subprocess
-    import tarfile
     from collections.abc import Callable
     from typing import IO, Any
 else:
@@ -51,6 +55,7 @@ SEARCH_CACHE_ENTRIES = 64
 MAX_RUN_OUTPUT = 1024 * 1024
 MAX_RUN_SECONDS = 24 * 3600
 MAX_EXPORT_PATHS = 10000
+MAX_CHANGE_PATHS = 200
 RAW_CHUNK = 2 * 1024 * 1024
 WRITE_OPS = frozenset({"replace_text", "apply_patch", "run"})
 """Operations that may change the workspace: the first one marks the baseline state."""
@@ -74,123 +79,6 @@ def _int_arg(args: dict[str, Any], key: str, default: int, lo: int, hi: int) -> 
     return value
 
 
-class _Chunks:
-    """A read-only file over the binary frames that follow a put_archive request: exactly
-    ``size`` bytes, or (``size`` None) frames up to an empty one.
-
-    Reads are served from one buffer by offset (no copy of the rest per read), so many small
-    reads of a large frame stay linear."""
-
-    def __init__(self, reader: FdReader, size: int | None) -> None:
-        self._reader = reader
-        self._left = size
-        self._done = size == 0
-        self._buf = bytearray()
-        self._pos = 0
-        self.total = 0
-
-    def _more(self) -> None:
-        frame = self._reader.read()
-        if frame is None or frame[0] != KIND_BINARY:
-            raise FrameError("archive stream broken")
-        payload = frame[1]
-        if self._left is None:
-            if not payload:
-                self._done = True
-                return
-        else:
-            if len(payload) > self._left:
-                raise FrameError("archive stream broken")
-            self._left -= len(payload)
-            self._done = self._left == 0
-        self.total += len(payload)
-        if self._pos:
-            del self._buf[: self._pos]
-            self._pos = 0
-        self._buf += payload
-
-    def read(self, n: int = -1) -> bytes:
-        while (n < 0 or len(self._buf) - self._pos < n) and not self._done:
-            self._more()
-        end = len(self._buf) if n < 0 else min(len(self._buf), self._pos + n)
-        out = bytes(self._buf[self._pos : end])
-        self._pos = end
-        return out
-
-    def drain(self) -> None:
-        while not self._done:
-            self._more()
-            self._buf.clear()
-            self._pos = 0
-
-
-_TAR: list[str | None] = []
-
-
-def _gnu_tar() -> str | None:
-    """The path of GNU tar when the image has it (checked once), else None."""
-    if not _TAR:
-        if os.environ.get("PATCHBOX_AGENT_TAR") == "python":
-            _TAR.append(None)
-            return None
-        import shutil  # imported on first use
-        import subprocess
-
-        found = shutil.which("tar", path="/usr/bin:/bin")
-        if found is not None:
-            try:
-                out = procs.run([found, "--version"], timeout=10).stdout
-            except (OSError, subprocess.SubprocessError):
-                out = b""
-            if b"GNU tar" not in out:
-                found = None
-        _TAR.append(found)
-    return _TAR[0]
-
-
-def _workspace_full(path: str) -> bool:
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return False
-    return st.f_bavail * st.f_frsize < 64 * 1024
-
-
-def _grow_pipe(fd: int) -> None:
-    """Asks for a 1 MiB pipe buffer (fewer wake-ups on bulk transfers); harmless if refused."""
-    try:
-        import fcntl
-
-        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
-    except OSError:
-        pass
-
-
-def _count_lines(pipe: IO[bytes], out: list[int]) -> None:
-    while chunk := pipe.read(65536):
-        out[0] += chunk.count(b"\n")
-
-
-def _tail(pipe: IO[bytes], out: list[bytes]) -> None:
-    while chunk := pipe.read(4096):
-        out.append(chunk)
-        while len(out) > 4:
-            out.pop(0)
-
-
-class _FileStream:
-    """A tar source read from a file (the baseline mounted read-only into the container)."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.total = 0
-
-    def read(self, n: int = -1) -> bytes:
-        data = os.read(self.fd, n if n >= 0 else 1 << 20)
-        self.total += len(data)
-        return data
-
-
 class Agent:
     def __init__(
         self,
@@ -199,7 +87,7 @@ class Agent:
         workspace: str = WORKSPACE,
         wake: tuple[int, Callable[[], object]] | None = None,
     ) -> None:
-        _grow_pipe(in_fd)
+        grow_pipe(in_fd)
         self._reader = FdReader(in_fd, wake=wake)
         self._out_fd = out_fd
         self._write_lock = allocate_lock()
@@ -463,22 +351,9 @@ class Agent:
         if self._base is None:
             return {"added": [], "removed": [], "modified": [], "count": 0, "truncated": False}
         self.index.invalidate()  # a process left behind may have added files since
-        after = self.index.snapshot()
-        added = jail.reported(sorted(set(after) - set(self._base)))  # not UTF-8: escaped
-        removed = jail.reported(sorted(set(self._base) - set(after)))
-        common = set(self._base) & set(after)
-        modified = jail.reported(sorted(p for p in common if self._base[p] != after[p]))
-        count = len(added) + len(removed) + len(modified)
-        return {
-            "added": added[:MAX_EXPORT_PATHS],
-            "removed": removed[:MAX_EXPORT_PATHS],
-            "modified": modified[:MAX_EXPORT_PATHS],
-            "count": count,
-            "truncated": count
-            > len(added[:MAX_EXPORT_PATHS])
-            + len(removed[:MAX_EXPORT_PATHS])
-            + len(modified[:MAX_EXPORT_PATHS]),
-        }
+        found = snapshot_changes(self._base, self.index.snapshot(), MAX_EXPORT_PATHS)
+        listed = len(found["added"]) + len(found["removed"]) + len(found["modified"])
+        return dict(found, truncated=found["count"] > listed)
 
     def _read_raw(self, args: dict[str, Any]) -> dict[str, Any]:
         """Bytes of one workspace entry, base64, at most :data:`RAW_CHUNK` per call: a regular
@@ -534,20 +409,18 @@ class Agent:
         }
 
     def _put_archive(self, args: dict[str, Any]) -> dict[str, Any]:
-        """Unpacks a tar stream into the workspace; ``bytes`` is the archive size consumed.
+        """Unpacks a tar stream into the workspace (see :mod:`patchbox_agent.extract`);
+        ``bytes`` is the archive size consumed."""
+        from . import extract  # imported on first use: a faster start
 
-        GNU tar does the work where the image has it (a C extractor: about 7x faster than
-        ``tarfile`` on 100,000 small files); otherwise ``tarfile`` does, with the same rules:
-        no absolute or ``..`` names, no write through a symlink of the archive, regular files,
-        folders and symlinks only. (GNU tar keeps the archive's modes less the umask; git's
-        archives carry 0664/0775, which both paths turn into 0644/0755.)"""
         if args.get("stream") is True:
-            stream = _Chunks(self._reader, None)
+            stream = extract.Chunks(self._reader, None)
         else:
-            stream = _Chunks(self._reader, _int_arg(args, "size", 0, 0, 1 << 40))
+            stream = extract.Chunks(self._reader, _int_arg(args, "size", 0, 0, 1 << 40))
         try:
-            tar = _gnu_tar()
-            count = self._extract_gnu(tar, stream) if tar is not None else self._extract_py(stream)
+            count = extract.unpack(stream, self._workspace, self._root_fd)
+        except extract.ArchiveRefusedError as exc:
+            raise OpError("SANDBOX_FAILED", str(exc)) from exc
         finally:
             stream.drain()
             self._changed()
@@ -556,6 +429,8 @@ class Agent:
     def preload(self, path: str) -> None:
         """Unpacks the baseline archive at ``path`` (a file or FIFO the controller mounted
         read-only) before the first request; the result goes into the hello answer."""
+        from . import extract  # imported on first use: a faster start
+
         started = time.monotonic()
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
@@ -566,132 +441,19 @@ class Agent:
             root = os.open(self._workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             self._root_fd = root
             self._index = FileIndex(root, self._workspace)
-            stream = _FileStream(fd)
-            tar = _gnu_tar()
-            count = self._extract_gnu(tar, stream) if tar is not None else self._extract_py(stream)
+            stream = extract.FileStream(fd)
+            count = extract.unpack(stream, self._workspace, root)
             self._preload = {
                 "entries": count,
                 "bytes": stream.total,
                 "ms": int((time.monotonic() - started) * 1000),
             }
-        except OpError as exc:
-            self._preload = {"error": exc.message}
+        except extract.ArchiveRefusedError as exc:
+            self._preload = {"error": str(exc)}
         except (OSError, FrameError) as exc:
             self._preload = {"error": f"baseline archive unreadable: {exc}"}
         finally:
             os.close(fd)
-
-    def _extract_gnu(self, tar: str, stream: _Chunks | _FileStream) -> int:
-        """GNU tar reads a mounted archive itself; a channel stream is relayed to it."""
-        import subprocess  # imported on first use: a faster start
-        import threading
-
-        argv = [tar, "-x", "-v", "-f", "-", "-C", self._workspace, "--no-same-owner"]
-        argv += ["--no-same-permissions", "--no-overwrite-dir", "--totals"]
-        direct = isinstance(stream, _FileStream)
-        with procs.popen(
-            argv,
-            stdin=stream.fd if isinstance(stream, _FileStream) else subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            close_fds=True,
-            start_new_session=True,
-        ) as proc:
-            assert proc.stdout is not None  # noqa: S101 - Popen contract with PIPE
-            assert proc.stderr is not None  # noqa: S101
-            names: list[int] = [0]
-            errors: list[bytes] = []
-            readers = [
-                threading.Thread(target=_count_lines, args=(proc.stdout, names), daemon=True),
-                threading.Thread(target=_tail, args=(proc.stderr, errors), daemon=True),
-            ]
-            for thread in readers:
-                thread.start()
-            broken = False if direct else self._relay(stream, proc)
-            code = proc.wait()
-            for thread in readers:
-                thread.join()
-        detail = b"".join(errors).decode("utf-8", "replace")
-        if code != 0 or broken:
-            lines = [ln for ln in detail.splitlines() if not ln.startswith("Total bytes")]
-            text = "\n".join(lines).strip()[-500:]
-            if _workspace_full(self._workspace):
-                text = "No space left on device in the workspace; " + text
-            raise OpError("SANDBOX_FAILED", f"archive refused: {text or f'tar exit {code}'}")
-        if isinstance(stream, _FileStream):
-            import re  # imported on first use: a faster start
-
-            found = re.search(r"Total bytes read: (\d+)", detail)
-            stream.total = int(found.group(1)) if found else 0
-        return names[0]
-
-    @staticmethod
-    def _relay(stream: _Chunks | _FileStream, proc: subprocess.Popen[bytes]) -> bool:
-        assert proc.stdin is not None  # noqa: S101 - Popen contract with PIPE
-        _grow_pipe(proc.stdin.fileno())
-        broken = False
-        try:
-            while chunk := stream.read(1 << 20):
-                if not broken:
-                    try:
-                        proc.stdin.write(chunk)
-                    except BrokenPipeError:
-                        broken = True
-        finally:
-            try:
-                proc.stdin.close()
-            except BrokenPipeError:
-                broken = True
-        return broken
-
-    def _extract_py(self, stream: _Chunks | _FileStream) -> int:
-        import tarfile  # imported on first use: a faster start
-
-        count = 0
-        with tarfile.open(fileobj=stream, mode="r|") as tar:  # type: ignore[call-overload]
-            for member in tar:
-                count += 1
-                try:
-                    self._extract(tar, member)
-                except (jail.PathDeniedError, OSError) as exc:
-                    raise OpError("SANDBOX_FAILED", "archive refused: a path is denied") from exc
-        return count
-
-    def _extract(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> int:
-        parts = member.name.rstrip("/").split("/")
-        if (
-            not member.name
-            or member.name.startswith("/")
-            or any(p in ("", ".", "..") for p in parts)
-        ):
-            raise OpError("SANDBOX_FAILED", "archive member name refused")
-        dfd = jail.make_dirs(self._root_fd, parts[:-1])
-        try:
-            name = parts[-1]
-            if member.isdir():
-                try:
-                    os.mkdir(name, 0o755, dir_fd=dfd)
-                except FileExistsError:
-                    if not stat.S_ISDIR(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
-                        raise
-                return 0
-            if member.issym():
-                os.symlink(member.linkname, name, dir_fd=dfd)
-                return 0
-            if not member.isreg():
-                raise OpError("SANDBOX_FAILED", "archive member type refused")
-            mode = 0o755 if member.mode & 0o111 else 0o644
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(name, flags, mode, dir_fd=dfd)
-            src = tar.extractfile(member)
-            with os.fdopen(fd, "wb") as out:
-                if src is not None:
-                    while chunk := src.read(1 << 20):
-                        out.write(chunk)
-                os.fchmod(out.fileno(), mode)
-            return member.size
-        finally:
-            os.close(dfd)
 
     def _cancel(self, args: dict[str, Any]) -> dict[str, Any]:
         target = _int_arg(args, "target", 0, 0, 1 << 62)
@@ -700,7 +462,9 @@ class Agent:
             if proc is not None:
                 self._cancelled.add(target)
         if proc is not None:
-            _kill_group(proc)
+            from . import runner  # loaded already: the run started it
+
+            runner.kill_group(proc)
         return {"cancelled": proc is not None}
 
     def _run(self, rid: int, args: dict[str, Any]) -> dict[str, Any]:
@@ -711,33 +475,24 @@ class Agent:
         if track:
             with self._index_lock:
                 before = self.index.snapshot()
-        import subprocess  # imported on first use: a faster start
+        from . import runner  # imported on first use: a faster start
 
         started = time.monotonic()
         try:
-            proc = procs.popen(
-                argv,
-                cwd=self._workspace,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                close_fds=True,
-            )
+            proc = runner.spawn(argv, env, self._workspace)
         except OSError as exc:
-            return _run_result(started, spawn_error=exc.strerror or type(exc).__name__)
+            return runner.result(started, spawn_error=exc.strerror or type(exc).__name__)
         with self._state_lock:
             self._running[rid] = proc
         assert proc.stdout is not None  # noqa: S101 - Popen contract with stdout=PIPE
-        tail, total, timed_out = _collect(proc, proc.stdout, started + timeout, cap)
+        tail, total, timed_out = runner.collect(proc, proc.stdout, started + timeout, cap)
         self._changed()
         procs.reap_orphans()  # what the killed process group left behind
         with self._state_lock:
             self._running.pop(rid, None)
             cancelled = rid in self._cancelled
             self._cancelled.discard(rid)
-        result = _run_result(
+        result = runner.result(
             started,
             code=proc.returncode,
             timed_out=timed_out,
@@ -747,24 +502,10 @@ class Agent:
         )
         if track:
             with self._index_lock:
-                result["changes"] = _changes(before, self.index.snapshot())
+                result["changes"] = snapshot_changes(
+                    before, self.index.snapshot(), MAX_CHANGE_PATHS
+                )
         return result
-
-
-MAX_CHANGE_PATHS = 200
-
-
-def _changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """Visible files that a process added, removed or modified (bounded lists)."""
-    added = jail.reported(sorted(set(after) - set(before)))  # not UTF-8: escaped
-    removed = jail.reported(sorted(set(before) - set(after)))
-    modified = jail.reported(sorted(p for p in set(before) & set(after) if before[p] != after[p]))
-    return {
-        "added": added[:MAX_CHANGE_PATHS],
-        "removed": removed[:MAX_CHANGE_PATHS],
-        "modified": modified[:MAX_CHANGE_PATHS],
-        "count": len(added) + len(removed) + len(modified),
-    }
 
 
 def _run_args(args: dict[str, Any]) -> tuple[list[str], dict[str, str], float, int]:
@@ -787,29 +528,6 @@ def _run_args(args: dict[str, Any]) -> tuple[list[str], dict[str, str], float, i
         raise _bad("timeoutSeconds out of range")
     cap = _int_arg(args, "outputLimit", 64 * 1024, 0, MAX_RUN_OUTPUT)
     return argv, env, float(timeout), cap
-
-
-def _run_result(  # noqa: PLR0913 - one field per keyword of the wire result
-    started: float,
-    *,
-    code: int | None = None,
-    timed_out: bool = False,
-    cancelled: bool = False,
-    tail: bytes = b"",
-    total: int = 0,
-    spawn_error: str | None = None,
-) -> dict[str, Any]:
-    return {
-        "exitCode": code if code is not None and code >= 0 else None,
-        "signal": -code if code is not None and code < 0 else None,
-        "timedOut": timed_out,
-        "cancelled": cancelled,
-        "spawnError": spawn_error,
-        "output": tail.decode("utf-8", "replace"),
-        "outputBytes": total,
-        "truncated": total > len(tail),
-        "durationMs": int((time.monotonic() - started) * 1000),
-    }
 
 
 def _read_lines(fh: IO[bytes], start: int, end: int) -> tuple[list[str], int, bool]:
@@ -859,74 +577,6 @@ def _filter_dirs(by_dir: dict[str, list[str]], keep: Glob) -> dict[str, list[str
         if kept:
             out[directory] = kept
     return out
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, _signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-class _Tail:
-    """Keeps the last ``cap`` bytes of a stream and counts all of it."""
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self.data = bytearray()
-        self.total = 0
-
-    def add(self, chunk: bytes) -> None:
-        self.total += len(chunk)
-        self.data += chunk
-        if len(self.data) > self.cap:
-            del self.data[: len(self.data) - self.cap]
-
-
-def _read_ready(fd: int, wait: float) -> bytes | None:
-    """A chunk from ``fd`` if one is ready within ``wait`` seconds; b"" at end of stream."""
-    ready, _, _ = select.select([fd], [], [], wait)
-    if not ready:
-        return None
-    try:
-        return os.read(fd, 65536)
-    except BlockingIOError:
-        return None
-    except OSError:
-        return b""
-
-
-def _collect(
-    proc: subprocess.Popen[bytes], out: IO[bytes], deadline: float, cap: int
-) -> tuple[bytes, int, bool]:
-    """Reads the process output (keeping the last ``cap`` bytes) until exit or deadline.
-
-    When the process exits, or the deadline passes, its whole process group is killed, so
-    background children cannot keep the pipe open.
-    """
-    fd = out.fileno()
-    os.set_blocking(fd, False)
-    tail = _Tail(cap)
-    timed_out = False
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            timed_out = True
-            break
-        chunk = _read_ready(fd, min(remaining, 0.5))
-        if chunk == b"":
-            break
-        if chunk:
-            tail.add(chunk)
-        if proc.poll() is not None:
-            _kill_group(proc)
-    _kill_group(proc)
-    proc.wait()
-    # Drain what was written before the kill, without waiting on stragglers.
-    while chunk := _read_ready(fd, 0):
-        tail.add(chunk)
-    out.close()
-    return bytes(tail.data), tail.total, timed_out
 
 
 def _not_dumpable() -> None:
