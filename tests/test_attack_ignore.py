@@ -265,11 +265,11 @@ def test_a_file_the_model_created_after_a_hiding_check_is_in_the_diff(
     job = new_job(client, repo, task, provider, runtime=runtime)
     record = job.run()
     assert record.state == "awaiting_review", record.error
-    assert [(f["path"], f["kind"]) for f in record.files] == [
+    assert [(f.path, f.kind) for f in record.files] == [
         ("added.py", "create"),
         ("app.py", "modify"),
     ]
-    assert [f["sha256_after"] for f in record.files] == [sha256(ADDED), sha256(APP_AFTER)]
+    assert [f.sha256_after for f in record.files] == [sha256(ADDED), sha256(APP_AFTER)]
     assert "+++ b/added.py" in (job.diff or "")
 
 
@@ -305,4 +305,4 @@ def test_an_edit_undone_by_a_later_edit_is_no_missing_change(
     )
     record = new_job(client, repo, make_task(), provider, runtime=runtime).run()
     assert record.state == "awaiting_review", record.error
-    assert [f["path"] for f in record.files] == ["app.py"]
+    assert [f.path for f in record.files] == ["app.py"]

@@ -59,7 +59,7 @@ def test_a_name_that_is_not_utf8_fails_the_job_changeset_invalid(
     assert code_of(record) == "CHANGESET_INVALID", record.error
     assert record.error is not None
     assert "bad\\xff" in record.error["message"]
-    assert [c["ok"] for c in record.tool_calls] == [True, True, True, True]
+    assert [c.ok for c in record.tool_calls] == [True, True, True, True]
 
 
 def test_the_agent_answers_about_a_name_that_is_not_utf8(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from controller.config.host import HostConfig
 from controller.config.task import TaskSpec
 from controller.errors import ErrorCode, InternalError, PatchboxError
 from controller.jobs.engine import Job, JobRequest
-from controller.jobs.records import JobRecord, JobStore
+from controller.jobs.records import JobRecord, JobStore, LedgerEntry
 from controller.providers import (
     ModelTurn,
     ProviderConfig,
@@ -198,6 +198,12 @@ def code_of(record: JobRecord) -> str | None:
     return (record.error or {}).get("code")
 
 
+def stored(record: JobRecord) -> dict[str, Any]:
+    """The record as written to ``job.json``."""
+    data: dict[str, Any] = record.model_dump(mode="json")
+    return data
+
+
 def states(record: JobRecord) -> list[str]:
     return [s for s, _ in record.history]
 
@@ -257,14 +263,15 @@ def test_full_job_reaches_review_with_exact_diff_ledger_and_checks(
     assert record.diff_sha256 == sha256(diff)
     assert record.runtime == runtime
     assert record.final_message == "greeting capitalized"
-    assert record.tool_calls == [
+    data = stored(record)
+    assert data["tool_calls"] == [
         {"turn": 1, "id": "c1", "name": "search_text", "ok": True, "error_code": None},
         {"turn": 2, "id": "c2", "name": "read_file", "ok": True, "error_code": None},
         {"turn": 3, "id": "c3", "name": "replace_text", "ok": True, "error_code": None},
         {"turn": 4, "id": "c4", "name": "run_check", "ok": True, "error_code": None},
         {"turn": 5, "id": "c5", "name": "apply_patch", "ok": True, "error_code": None},
     ]
-    assert record.ledger == [
+    assert data["ledger"] == [
         {
             "turn": 3,
             "id": "c3",
@@ -293,7 +300,7 @@ def test_full_job_reaches_review_with_exact_diff_ledger_and_checks(
             "outcome": "done",
         },
     ]
-    assert record.files == [
+    assert data["files"] == [
         {
             "path": "README.md",
             "old_path": None,
@@ -315,7 +322,7 @@ def test_full_job_reaches_review_with_exact_diff_ledger_and_checks(
             "calls": ["c3"],
         },
     ]
-    [check] = record.checks
+    [check] = data["checks"]
     assert isinstance(check["duration_ms"], int)
     assert check["duration_ms"] >= 0
     assert check == {
@@ -328,7 +335,7 @@ def test_full_job_reaches_review_with_exact_diff_ledger_and_checks(
         "required": True,
         "source": "docker-exec",
     }
-    assert record.decision == {
+    assert data["decision"] == {
         "mode": "review",
         "applied": False,
         "gates": {},
@@ -353,7 +360,8 @@ def test_first_turn_without_tool_call_fails_and_leaves_nothing(
     assert record.state == "failed"
     assert code_of(record) == "MODEL_TOOL_CALL_UNSUPPORTED"
     assert states(record) == ["preparing", "running", "failed"]
-    assert (record.tool_calls, record.ledger, record.files, record.checks) == ([], [], [], [])
+    data = stored(record)
+    assert (data["tool_calls"], data["ledger"], data["files"], data["checks"]) == ([], [], [], [])
     assert job.diff is None
     assert containers_of(client, record.job_id) == []
     assert snapshot(repo) == before
@@ -393,8 +401,9 @@ def test_limits_end_the_job_with_diagnostics_kept(
     record = job.run()
     assert record.state == "failed"
     assert record.error == {"code": "LIMIT_EXCEEDED", "message": message}
-    assert [c["id"] for c in record.tool_calls] == kept
-    assert all(c["ok"] for c in record.tool_calls)
+    data = stored(record)
+    assert [c["id"] for c in data["tool_calls"]] == kept
+    assert all(c["ok"] for c in data["tool_calls"])
     assert [c["id"] for c in evidence_of(record.job_id)["tool_calls"]] == kept
     assert evidence_of(record.job_id)["status"] == "failed"
     assert containers_of(client, record.job_id) == []
@@ -465,15 +474,16 @@ def test_failing_check_fails_the_job_with_a_clean_tail_and_dockers_exit_code(
         "code": "CHECK_FAILED",
         "message": "required check(s) did not pass: noisy",
     }
-    by_id = {c["id"]: c for c in record.checks}
+    data = stored(record)
+    by_id = {c["id"]: c for c in data["checks"]}
     assert by_id["greet"]["status"] == "passed"
     noisy = by_id["noisy"]
     assert (noisy["status"], noisy["exit_code"], noisy["source"]) == ("failed", 3, "docker-exec")
     assert noisy["output_tail"] == "FAIL: boom\nline two\n"
     assert noisy["diff_sha256"] == record.diff_sha256
-    assert record.decision["gates"]["checks_passed"] is False
-    assert record.decision["applied"] is False
-    assert record.decision["failed_checks"] == ["noisy"]
+    assert data["decision"]["gates"]["checks_passed"] is False
+    assert data["decision"]["applied"] is False
+    assert data["decision"]["failed_checks"] == ["noisy"]
     assert snapshot(repo) == before
     assert containers_of(client, record.job_id) == []
 
@@ -485,7 +495,8 @@ def test_overrunning_check_is_timed_out(client: docker.DockerClient, repo: Path)
     assert time.monotonic() - started < 25
     assert record.state == "failed"
     assert code_of(record) == "CHECK_FAILED"
-    [check] = record.checks
+    data = stored(record)
+    [check] = data["checks"]
     assert (check["status"], check["exit_code"]) == ("timed_out", 137)
     assert 1000 <= check["duration_ms"] < 10000
     assert containers_of(client, record.job_id) == []
@@ -500,15 +511,16 @@ def test_auto_without_operator_enablement_falls_back_to_review(
     before = snapshot(repo)
     record = new_job(client, repo, make_task(mode="auto"), scripted([call("c1", EDIT)])).run()
     assert record.state == "awaiting_review", record.error
-    assert record.decision["gates"] == {
+    data = stored(record)
+    assert data["decision"]["gates"] == {
         "operator_enabled": False,
         "checks_passed": True,
         "no_deleted_file": True,
         "no_dependency_or_config_path": True,
         "baseline_unchanged": True,
     }
-    assert record.decision["applied"] is False
-    assert record.decision["reason"] == "auto fell back to review: operator_enabled"
+    assert data["decision"]["applied"] is False
+    assert data["decision"]["reason"] == "auto fell back to review: operator_enabled"
     assert snapshot(repo) == before
 
 
@@ -521,8 +533,9 @@ def test_auto_applies_when_every_gate_holds_and_reverts(
     record = job.run()
     assert record.state == "applied", record.error
     assert states(record)[-2:] == ["checking", "applied"]
-    assert all(record.decision["gates"].values())
-    assert record.decision["applied"] is True
+    data = stored(record)
+    assert all(data["decision"]["gates"].values())
+    assert data["decision"]["applied"] is True
     assert (repo / "app.py").read_text() == APP_AFTER
     assert git(repo, "status", "--porcelain") == " M app.py\n"
     assert git(repo, "diff", "--full-index") == job.diff
@@ -569,9 +582,10 @@ def test_auto_falls_back_when_a_gate_fails(
     )
     record = new_job(client, repo, task, scripted(calls), config=config).run()
     assert record.state == "awaiting_review", record.error
-    gates = record.decision["gates"]
+    data = stored(record)
+    gates = data["decision"]["gates"]
     assert {name for name, ok in gates.items() if not ok} == {gate}
-    assert record.decision["reason"] == f"auto fell back to review: {gate}"
+    assert data["decision"]["reason"] == f"auto fell back to review: {gate}"
     assert snapshot(repo) == before
 
 
@@ -593,7 +607,8 @@ def test_auto_falls_back_when_the_users_file_changed_during_the_job(
     )
     record = job.run()
     assert record.state == "awaiting_review", record.error
-    assert record.decision["gates"]["baseline_unchanged"] is False
+    data = stored(record)
+    assert data["decision"]["gates"]["baseline_unchanged"] is False
     assert (repo / "app.py").read_text() == APP + "# mine\n"
 
 
@@ -619,8 +634,9 @@ def test_auto_apply_conflict_is_reported_in_the_decision(
     )
     record = job.run()
     assert record.state == "awaiting_review", record.error
-    assert record.decision["applied"] is False
-    assert "app.py" in record.decision["apply_conflict"]
+    data = stored(record)
+    assert data["decision"]["applied"] is False
+    assert "app.py" in data["decision"]["apply_conflict"]
     assert (repo / "app.py").read_text() == APP + "# mine\n"
 
 
@@ -646,9 +662,10 @@ def test_trusted_auto_needs_enablement_and_consent(
         consent_trusted_auto=consent,
     ).run()
     assert record.state == "awaiting_review", record.error
-    assert record.decision["reason"] == reason
-    assert record.decision["applied"] is False
-    assert [(c["status"], c["source"]) for c in record.checks] == [("passed", "docker-exec")]
+    data = stored(record)
+    assert data["decision"]["reason"] == reason
+    assert data["decision"]["applied"] is False
+    assert [(c["status"], c["source"]) for c in data["checks"]] == [("passed", "docker-exec")]
     assert snapshot(repo) == before
 
 
@@ -665,7 +682,8 @@ def test_trusted_auto_fallback_with_a_failing_check_fails(
     ).run()
     assert record.state == "failed"
     assert code_of(record) == "CHECK_FAILED"
-    assert record.checks[0]["status"] == "failed"
+    data = stored(record)
+    assert data["checks"][0]["status"] == "failed"
 
 
 def test_trusted_auto_applies_and_never_claims_checks_passed(
@@ -679,12 +697,13 @@ def test_trusted_auto_applies_and_never_claims_checks_passed(
     ).run()
     assert record.state == "applied", record.error
     assert (repo / "app.py").read_text() == APP_AFTER
-    assert [(c["id"], c["status"], c["exit_code"], c["source"]) for c in record.checks] == [
+    data = stored(record)
+    assert [(c["id"], c["status"], c["exit_code"], c["source"]) for c in data["checks"]] == [
         ("greet", "skipped", None, "none"),
         ("bad", "skipped", None, "none"),
     ]
-    assert record.decision["checks"] == "skipped (trusted-auto): no claim that checks passed"
-    assert "passed" not in json.dumps(record.decision).replace("no claim that checks passed", "")
+    assert data["decision"]["checks"] == "skipped (trusted-auto): no claim that checks passed"
+    assert "passed" not in json.dumps(data["decision"]).replace("no claim that checks passed", "")
     assert "checks" not in record.timings_ms
     evidence = evidence_of(record.job_id)
     assert all(c["status"] == "skipped" for c in evidence["checks"])
@@ -737,10 +756,11 @@ def test_cancel_kills_a_check_running_in_the_loop(client: docker.DockerClient, r
     assert took < 5
     assert record.state == "cancelled"
     assert code_of(record) == "CANCELLED"
-    assert record.tool_calls == [
+    data = stored(record)
+    assert data["tool_calls"] == [
         {"turn": 1, "id": "c1", "name": "run_check", "ok": False, "error_code": "CANCELLED"}
     ]
-    assert [(e["id"], e["outcome"]) for e in record.ledger] == [("c1", "unknown")]
+    assert [(e["id"], e["outcome"]) for e in data["ledger"]] == [("c1", "unknown")]
     assert containers_of(client, record.job_id) == []
     assert git(repo, "status", "--porcelain") == ""
 
@@ -751,7 +771,8 @@ def test_cancel_kills_a_required_check(client: docker.DockerClient, repo: Path) 
     assert took < 5
     assert record.state == "cancelled"
     assert code_of(record) == "CANCELLED"
-    assert record.checks == []
+    data = stored(record)
+    assert data["checks"] == []
     assert containers_of(client, record.job_id) == []
 
 
@@ -849,12 +870,13 @@ def test_openai_compatible_endpoint_drives_the_job(
         "@@ -1,2 +1,2 @@\n def greet(name):\n"
         '-    return "hello " + name\n+    return "Hello " + name\n'
     )
-    assert [(c["id"], c["name"], c["ok"]) for c in record.tool_calls] == [
+    data = stored(record)
+    assert [(c["id"], c["name"], c["ok"]) for c in data["tool_calls"]] == [
         ("call_1", "search_text", True),
         ("call_2", "read_file", True),
         ("call_3", "replace_text", True),
     ]
-    assert record.files[0]["calls"] == ["call_3"]
+    assert data["files"][0]["calls"] == ["call_3"]
     received = server.received
     assert len(received) == 4
     assert {r.headers["authorization"] for r in received} == {f"Bearer {KEY}"}
@@ -881,16 +903,18 @@ def bare_job() -> Job:
     )
 
 
-def ledger_entry(call_id: str, path: str, digest: str | None, outcome: str = "done") -> Any:
-    return {
-        "turn": 1,
-        "id": call_id,
-        "tool": "replace_text",
-        "intent": "edit",
-        "version_before": 0,
-        "files": [{"path": path, "sha256": digest}],
-        "outcome": outcome,
-    }
+def ledger_entry(call_id: str, path: str, digest: str | None, outcome: str = "done") -> LedgerEntry:
+    return LedgerEntry.model_validate(
+        {
+            "turn": 1,
+            "id": call_id,
+            "tool": "replace_text",
+            "intent": "edit",
+            "version_before": 0,
+            "files": [{"path": path, "sha256": digest}],
+            "outcome": outcome,
+        }
+    )
 
 
 def collected(*files: ChangedFile) -> Collected:
@@ -923,7 +947,7 @@ def test_reconcile_accepts_only_changes_a_completed_call_accounts_for() -> None:
     ids=["no_call", "rejected_call", "other_content"],
 )
 def test_reconcile_refuses_an_unaccounted_change(
-    ledger: list[dict[str, Any]], key: str, paths: list[str]
+    ledger: list[LedgerEntry], key: str, paths: list[str]
 ) -> None:
     job = bare_job()
     job.record.ledger = ledger
@@ -946,15 +970,16 @@ def test_mutating_check_is_accounted_for_in_the_ledger(
     provider = scripted([check_call("c1", "gen")], [call("c2", EDIT)])
     record = new_job(client, repo, task, provider).run()
     assert record.state == "awaiting_review", record.error
-    assert [(e["id"], e["files"], e["version_before"]) for e in record.ledger] == [
+    data = stored(record)
+    assert [(e["id"], e["files"], e["version_before"]) for e in data["ledger"]] == [
         ("c1", [{"path": "generated.txt", "sha256": None}], 0),
         ("c2", [{"path": "app.py", "sha256": sha256(APP_AFTER)}], 1),
     ]
-    assert [(f["path"], f["kind"], f["calls"]) for f in record.files] == [
+    assert [(f["path"], f["kind"], f["calls"]) for f in data["files"]] == [
         ("app.py", "modify", ["c2"]),
         ("generated.txt", "create", ["c1"]),
     ]
-    assert [(c["id"], c["status"]) for c in record.checks] == [
+    assert [(c["id"], c["status"]) for c in data["checks"]] == [
         ("greet", "passed"),
         ("gen", "passed"),
     ]
@@ -1009,7 +1034,8 @@ def test_change_no_call_accounts_for_fails_the_job(client: docker.DockerClient, 
         "message": "the change set is invalid: changed by no tool call: notes.txt",
     }
     assert record.diagnostics["unaccounted"] == ["notes.txt"]
-    assert record.checks == []
+    data = stored(record)
+    assert data["checks"] == []
     assert containers_of(client, record.job_id) == []
 
 
@@ -1051,7 +1077,7 @@ def test_wall_clock_limit_ends_a_running_check(client: docker.DockerClient, repo
 def test_result_bytes_limit_ends_the_job(
     client: docker.DockerClient, repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("controller.jobs.engine.MAX_RESULT_BYTES", 300)
+    monkeypatch.setattr("controller.jobs.loop.MAX_RESULT_BYTES", 300)
     job = new_job(client, repo, make_task(), scripted([search_call("c1")], [search_call("c2")]))
     record = job.run()
     assert record.state == "failed"
@@ -1059,5 +1085,6 @@ def test_result_bytes_limit_ends_the_job(
         "code": "LIMIT_EXCEEDED",
         "message": "tool results exceed the job's byte limit",
     }
-    assert [c["id"] for c in record.tool_calls] == ["c1", "c2"]
+    data = stored(record)
+    assert [c["id"] for c in data["tool_calls"]] == ["c1", "c2"]
     assert containers_of(client, record.job_id) == []

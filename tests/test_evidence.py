@@ -9,13 +9,14 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
 
-from controller.jobs.evidence import Scrubber, junit
-from controller.jobs.records import JobRecord, JobStore
-from controller.logs import REDACTED
+from controller.jobs.evidence import junit
+from controller.jobs.records import CheckResult, JobRecord, JobStore
+from controller.logs import REDACTED, Scrubber
 from controller.paths import patchbox_home
 from tests.test_engine import (
     EDIT,
@@ -100,10 +101,11 @@ def test_evidence_holds_the_job_and_no_secret_or_host_path(
     } <= set(evidence)
     assert evidence["inputs"]["repository"] == "greet"
     assert evidence["inputs"]["task"]["prompt"] == "Capitalize the greeting in <repo>/app.py."
-    assert evidence["baseline"]["head"] == record.baseline["head"]  # type: ignore[index]
+    assert record.baseline is not None
+    assert evidence["baseline"]["head"] == record.baseline.head
     assert "private_git_dir" not in evidence["baseline"]
     assert evidence["diff"]["sha256"] == record.diff_sha256
-    assert evidence["ledger"] == record.ledger
+    assert evidence["ledger"] == [e.model_dump(mode="json") for e in record.ledger]
     leak = next(c for c in evidence["checks"] if c["id"] == "leak")
     assert (leak["status"], leak["exit_code"]) == ("failed", 1)
     assert leak["output_tail"] == f"key: {REDACTED}\n"
@@ -218,33 +220,49 @@ def test_scrubber_masks_the_repository_its_parents_and_secrets() -> None:
     assert scrub.value({"/srv/users/alice/proj": ["sk-abcdefgh", 3]}) == {"<repo>": [REDACTED, 3]}
 
 
+def ran(fields: dict[str, Any]) -> CheckResult:
+    """A check result with what the JUnit XML does not show filled in."""
+    source = "none" if fields["status"] == "skipped" else "docker-exec"
+    return CheckResult.model_validate(
+        {"diff_sha256": "", "required": True, "source": source, **fields}
+    )
+
+
 def test_junit_has_one_case_per_check_and_failures_for_failed_ones() -> None:
     home = str(patchbox_home())
     record = JobRecord(job_id="j-junit", repo="/srv/users/alice/proj")
     record.checks = [
-        {"id": "ok", "status": "passed", "exit_code": 0, "duration_ms": 1500, "output_tail": ""},
-        {
-            "id": "bad",
-            "status": "failed",
-            "exit_code": 2,
-            "duration_ms": 20,
-            "output_tail": "in /srv/users/alice/proj/x.py and " + home + "/jobs",
-        },
-        {
-            "id": "slow",
-            "status": "timed_out",
-            "exit_code": 137,
-            "duration_ms": 1000,
-            "output_tail": "",
-        },
-        {
-            "id": "skip",
-            "status": "skipped",
-            "exit_code": None,
-            "duration_ms": 0,
-            "output_tail": "",
-            "reason": "trusted-auto: project checks skipped",
-        },
+        ran(
+            {"id": "ok", "status": "passed", "exit_code": 0, "duration_ms": 1500, "output_tail": ""}
+        ),
+        ran(
+            {
+                "id": "bad",
+                "status": "failed",
+                "exit_code": 2,
+                "duration_ms": 20,
+                "output_tail": "in /srv/users/alice/proj/x.py and " + home + "/jobs",
+            }
+        ),
+        ran(
+            {
+                "id": "slow",
+                "status": "timed_out",
+                "exit_code": 137,
+                "duration_ms": 1000,
+                "output_tail": "",
+            }
+        ),
+        ran(
+            {
+                "id": "skip",
+                "status": "skipped",
+                "exit_code": None,
+                "duration_ms": 0,
+                "output_tail": "",
+                "reason": "trusted-auto: project checks skipped",
+            }
+        ),
     ]
     data = junit(record, Scrubber(record.repo))
     suite = ET.fromstring(data)  # noqa: S314 - our own output

@@ -12,9 +12,16 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from controller.cli.signals import cancel_on_signals
-from controller.errors import InternalError, PatchboxError, UsageError
-from controller.jobs.evidence import Scrubber, relative_to_home, write_evidence
+from controller.errors import (
+    ExitCode,
+    InternalError,
+    PatchboxError,
+    UsageError,
+    describe_validation,
+)
+from controller.jobs.evidence import relative_to_home, write_evidence
 from controller.jobs.records import ACTIVE, JobRecord, JobStore, mark_interrupted, write_lock
+from controller.logs import Scrubber
 
 if TYPE_CHECKING:
     import argparse
@@ -23,11 +30,11 @@ if TYPE_CHECKING:
     import docker
 
     from controller.config.task import TaskSpec
+    from controller.jobs.records import Decision
     from controller.providers.base import Provider
+    from controller.repo.baseline import Baseline
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_INTERNAL = 70
+EXIT_OK, EXIT_FAILED, EXIT_INTERNAL = ExitCode.OK, ExitCode.FAILED, ExitCode.INTERNAL
 
 Outcome = tuple[int, dict[str, Any], str]
 
@@ -47,9 +54,7 @@ def load_task(path: Path) -> TaskSpec:
     try:
         return TaskSpec.model_validate_json(raw)
     except ValidationError as exc:
-        fields = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'task'}: {e['msg']}" for e in exc.errors()[:5]
-        )
+        fields = describe_validation(exc, subject="task", max_chars=1000)
         msg = f"the task file is invalid: {fields}"
         raise UsageError(msg[:1000]) from exc
 
@@ -78,37 +83,23 @@ def run_view(
     return dict(view)
 
 
+CHECK_VIEW = frozenset({"id", "status", "exit_code", "duration_ms", "output_tail"})
+
+
 def _view(record: JobRecord, evidence: str) -> dict[str, Any]:
+    stored = record.model_dump(mode="json")
     return {
         "job_id": record.job_id,
         "status": record.state,
         "error": record.error,
         "files": [
-            {"path": f["path"], "change": f["kind"], "added": f["added"], "removed": f["removed"]}
+            {"path": f.path, "change": f.kind, "added": f.added, "removed": f.removed}
             for f in record.files
         ],
-        "checks": [
-            {
-                "id": c["id"],
-                "status": c["status"],
-                "exit_code": c["exit_code"],
-                "duration_ms": c["duration_ms"],
-                "output_tail": c["output_tail"],
-            }
-            for c in record.checks
-        ],
-        "tool_calls": [
-            {
-                "turn": t["turn"],
-                "id": t["id"],
-                "name": t["name"],
-                "ok": t["ok"],
-                "error_code": t.get("error_code"),
-            }
-            for t in record.tool_calls
-        ],
+        "checks": [c.model_dump(mode="json", include=set(CHECK_VIEW)) for c in record.checks],
+        "tool_calls": stored["tool_calls"],
         "evidence": evidence,
-        "decision": record.decision,
+        "decision": stored["decision"],
     }
 
 
@@ -117,16 +108,14 @@ def _summary(record: JobRecord) -> str:
     if record.error:
         lines.append(f"error {record.error['code']}: {record.error['message']}")
     for f in record.files:
-        calls = ", ".join(f.get("calls") or []) or "-"
-        lines.append(
-            f"  {f['kind']:<7} {f['path']} (+{f['added']} -{f['removed']}) by call(s) {calls}"
-        )
+        calls = ", ".join(f.calls) or "-"
+        lines.append(f"  {f.kind:<7} {f.path} (+{f.added} -{f.removed}) by call(s) {calls}")
     lines += [
-        f"  check {c['id']}: {c['status']} (exit {c['exit_code']}, {c['duration_ms']} ms)"
+        f"  check {c.id}: {c.status} (exit {c.exit_code}, {c.duration_ms} ms)"
         for c in record.checks
     ]
-    if record.decision.get("reason"):
-        lines.append(f"decision: {record.decision['reason']}")
+    if record.decision is not None and record.decision.reason:
+        lines.append(f"decision: {record.decision.reason}")
     return "\n".join(lines)
 
 
@@ -231,27 +220,25 @@ def cmd_show(args: argparse.Namespace) -> Outcome:
     diff = _diff_of(store, record.job_id)
     evidence = relative_to_home(store.folder(record.job_id) / "evidence.json")
     data = run_view(record, diff if args.diff else None, evidence)
-    data["ledger"] = record.ledger
+    data["ledger"] = record.model_dump(mode="json")["ledger"]
     data["state_history"] = record.history
     text = Scrubber(record.repo).text(_summary(record))
     if record.ledger:
         text += "\nledger:"
         for e in record.ledger:
-            paths = ", ".join(f["path"] for f in e["files"]) or "-"
-            text += f"\n  turn {e['turn']} {e['id']} {e['tool']}: {e['outcome']}; {paths}"
+            paths = ", ".join(f.path for f in e.files) or "-"
+            text += f"\n  turn {e.turn} {e.id} {e.tool}: {e.outcome}; {paths}"
     text += f"\nevidence: {evidence}"
     if args.diff and diff:
         text += "\n" + diff
     return EXIT_OK, data, text
 
 
-def _baseline(record: JobRecord) -> Any:
-    from controller.repo.baseline import Baseline
-
+def _baseline(record: JobRecord) -> Baseline:
     if record.baseline is None:
         msg = f"job {record.job_id} has no baseline"
         raise UsageError(msg)
-    return Baseline.model_validate(record.baseline)
+    return record.baseline
 
 
 def _sync_with_journal(store: JobStore, record: JobRecord) -> JobRecord:
@@ -286,12 +273,12 @@ def cmd_apply(args: argparse.Namespace) -> Outcome:
             _baseline(record),
             diff,
             job_id=record.job_id,
-            allowed_paths=record.task.get("allowed_paths"),
+            allowed_paths=record.allowed_paths,
             extra_protected=tuple(load_config().protected),
             merge=args.merge,
         )
     record.move("applied")
-    record.decision = {**record.decision, "applied_by": "user", "merged": result.merged}
+    record.decision = _applied_by_user(record, result.merged)
     store.save(record)
     write_evidence(record, diff, store)
     files = [f.model_dump(mode="json") for f in result.files]
@@ -305,6 +292,15 @@ def cmd_apply(args: argparse.Namespace) -> Outcome:
         f"; merged three-way: {', '.join(result.merged)}" if result.merged else ""
     )
     return EXIT_OK, data, text
+
+
+def _applied_by_user(record: JobRecord, merged: list[str]) -> Decision:
+    """The job's decision once the user applied it. A job awaiting review was decided; a
+    record that says otherwise still records who applied it."""
+    from controller.jobs.records import Decision
+
+    decision = record.decision or Decision(mode=record.mode, reason="no decision was recorded")
+    return decision.model_copy(update={"applied_by": "user", "merged": merged})
 
 
 def cmd_revert(args: argparse.Namespace) -> Outcome:

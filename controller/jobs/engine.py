@@ -1,5 +1,6 @@
-"""One job from task to decision: the tool loop, the effect ledger, the diff,
-validation, required checks in a fresh sandbox, and the decision.
+"""One job from task to decision: the tool loop (:mod:`controller.jobs.loop`), the diff
+reconciled with the effect ledger and validated, required checks in a fresh sandbox, and the
+decision (:mod:`controller.jobs.decision`).
 
 Every stage writes the job record before it starts, so a later process sees where a job
 stopped. A failure never looks like success: the record ends ``failed`` (or ``cancelled``)
@@ -8,13 +9,11 @@ with its error code, and the diagnostics gathered so far are kept.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import docker
 import structlog
@@ -25,42 +24,32 @@ from controller.config.checks import resolve_checks
 from controller.config.host import HostConfig
 from controller.config.task import CheckSpec, TaskSpec
 from controller.crash import internal_message, write_report
-from controller.errors import ErrorCode, InternalError, LimitExceededError, PatchboxError
+from controller.errors import ErrorCode, InternalError, PatchboxError
+from controller.jobs.decision import DecisionInputs, decide, skips_checks, with_conflict
 from controller.jobs.evidence import write_evidence
-from controller.jobs.records import ACTIVE, JobRecord, JobState, JobStore, write_lock
+from controller.jobs.loop import ToolLoop, cancelled_error
+from controller.jobs.records import (
+    ACTIVE,
+    CheckResult,
+    Decision,
+    FileChange,
+    JobRecord,
+    JobState,
+    JobStore,
+    LedgerEntry,
+    write_lock,
+)
 from controller.jobs.required import run_required_checks
-from controller.providers.base import CancelledError, ModelTurn, Provider, ToolResult
+from controller.providers.base import Provider
 from controller.repo.baseline import Baseline
 from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.docker import DockerSandbox
 from controller.sandbox.image import ImageBuilder
 from controller.sandbox.labels import ControllerIdentity, current_identity, new_job_id
 from controller.sandbox.prepare import BaselineCache, Prepared, SparePool, prepare
-from controller.tools.executor import ToolExecutor, ToolOutcome
+from controller.tools.executor import ToolExecutor
 
 log = structlog.get_logger(__name__)
-
-MAX_RESULT_BYTES = 64 * 1024 * 1024
-"""Tool-result bytes sent back to the model over a whole job."""
-LOCK_NAMES = frozenset(
-    {
-        "package-lock.json",
-        "yarn.lock",
-        "pnpm-lock.yaml",
-        "poetry.lock",
-        "pipfile.lock",
-        "uv.lock",
-        "cargo.lock",
-        "go.sum",
-        "gemfile.lock",
-        "composer.lock",
-        "requirements.txt",
-        "pyproject.toml",
-        "package.json",
-        "setup.py",
-        "setup.cfg",
-    }
-)
 
 
 @dataclass
@@ -113,7 +102,6 @@ class Job:
         )
         self._box: DockerSandbox | None = None
         self._diff: str | None = None
-        self._version = 0
         self._prepared: Prepared | None = None
 
     # -- public ---------------------------------------------------------------------------
@@ -187,7 +175,7 @@ class Job:
 
     def _move(self, state: JobState) -> None:
         if self.cancelled.is_set() and state not in {"failed", "cancelled"}:
-            raise PatchboxError("the job was cancelled", code=ErrorCode.CANCELLED)
+            raise cancelled_error()
         self.record.move(state)
         self.store.save(self.record)
         self.progress(state.replace("_", " "))
@@ -249,11 +237,11 @@ class Job:
         self._box = prepared.sandbox
         self._prepared = prepared
         baseline = prepared.baseline
-        record.baseline = baseline.model_dump(mode="json")
+        record.baseline = baseline
         record.timings_ms["prepare"] = round((time.perf_counter() - t) * 1000)
         record.diagnostics["baseline_source"] = prepared.source
         if self.cancelled.is_set():
-            raise PatchboxError("the job was cancelled", code=ErrorCode.CANCELLED)
+            raise cancelled_error()
         self._move("running")
         t = time.perf_counter()
         executor = ToolExecutor(
@@ -262,7 +250,14 @@ class Job:
             allowed_paths=task.allowed_paths,
             extra_protected=tuple(config.protected),
         )
-        self._loop(executor, task)
+        record.final_message = ToolLoop(
+            provider=request.provider,
+            tools=executor,
+            limits=task.limits,
+            record=record,
+            cancelled=self.cancelled,
+            save=lambda: self.store.save(record),
+        ).run()
         record.timings_ms["loop"] = round((time.perf_counter() - t) * 1000)
         self._move("validating")
         collected = collect(prepared.sandbox, baseline)
@@ -272,112 +267,6 @@ class Job:
         self._move("checking")
         self._checks(baseline, changeset, checks, spec)
         self._decide(baseline, changeset)
-
-    def _loop(self, executor: ToolExecutor, task: TaskSpec) -> None:
-        provider, record, limits = self.request.provider, self.record, task.limits
-        deadline = time.monotonic() + limits.wall_seconds
-        results: list[ToolResult] = []
-        budget = {"calls": limits.max_tool_calls, "bytes": MAX_RESULT_BYTES}
-        for turn in range(1, limits.max_turns + 2):
-            if self.cancelled.is_set():
-                raise PatchboxError("the job was cancelled", code=ErrorCode.CANCELLED)
-            if time.monotonic() > deadline:
-                raise LimitExceededError(f"wall-clock limit of {limits.wall_seconds:g} s reached")
-            try:
-                model_turn: ModelTurn = provider.next_turn(results)
-            except CancelledError as exc:
-                raise PatchboxError("the job was cancelled", code=ErrorCode.CANCELLED) from exc
-            if not model_turn.tool_calls:
-                if turn == 1:
-                    raise PatchboxError(
-                        "the model's first turn has no tool call: it does not use tools",
-                        code=ErrorCode.MODEL_TOOL_CALL_UNSUPPORTED,
-                    )
-                record.final_message = (model_turn.text or "")[:4000]
-                return
-            if turn > limits.max_turns:
-                raise LimitExceededError(f"more than {limits.max_turns} turns")
-            results = self._turn(executor, turn, model_turn, budget)
-            self.store.save(record)
-        raise LimitExceededError(f"more than {limits.max_turns} turns")
-
-    def _turn(
-        self, executor: ToolExecutor, turn: int, model_turn: ModelTurn, budget: dict[str, int]
-    ) -> list[ToolResult]:
-        """Runs one turn's calls in order; the budget counts calls and result bytes down."""
-        results = []
-        for call in model_turn.tool_calls:
-            budget["calls"] -= 1
-            if budget["calls"] < 0:
-                limit = self.request.task.limits.max_tool_calls
-                raise LimitExceededError(f"more than {limit} tool calls")
-            outcome = self._call(executor, turn, call.id, call.name, call.arguments)
-            content = json.dumps(outcome.for_model(), ensure_ascii=False)
-            budget["bytes"] -= len(content.encode())
-            if budget["bytes"] < 0:
-                raise LimitExceededError("tool results exceed the job's byte limit")
-            results.append(ToolResult(call_id=call.id, name=call.name, content=content))
-        return results
-
-    def _call(
-        self, executor: ToolExecutor, turn: int, call_id: str, name: str, arguments: str
-    ) -> ToolOutcome:
-        record = self.record
-        entry: dict[str, Any] = {"turn": turn, "id": call_id, "name": name}
-        try:
-            outcome = executor.execute(turn, call_id, name, arguments)
-        except PatchboxError as exc:
-            code = ErrorCode.CANCELLED if self.cancelled.is_set() else exc.code
-            entry |= {"ok": False, "error_code": str(code)}
-            record.tool_calls.append(entry)
-            if name in {"replace_text", "apply_patch", "run_check"}:
-                record.ledger.append(self._ledger(turn, call_id, name, None, "unknown"))
-            raise
-        entry |= {"ok": outcome.ok, "error_code": (outcome.error or {}).get("code")}
-        record.tool_calls.append(entry)
-        if outcome.effect != "none" or (name in {"replace_text", "apply_patch"}):
-            done = "done" if outcome.ok else "rejected"
-            record.ledger.append(self._ledger(turn, call_id, name, outcome, done))
-        self._track_version(outcome)
-        return outcome
-
-    def _track_version(self, outcome: ToolOutcome) -> None:
-        """The workspace version after a call: reported by the agent's tools; a process
-        run does not report it and bumps it once."""
-        result = outcome.result or {}
-        if isinstance(result.get("version"), int):
-            self._version = result["version"]
-        elif outcome.tool == "run_check" and outcome.ok and not result.get("reused"):
-            self._version += 1
-
-    def _ledger(
-        self, turn: int, call_id: str, name: str, outcome: ToolOutcome | None, state: str
-    ) -> dict[str, Any]:
-        """One side-effecting call: intent, version before, files with hashes."""
-        result = (outcome.result if outcome is not None else None) or {}
-        files: list[dict[str, Any]] = []
-        if name == "replace_text" and "path" in result:
-            files.append({"path": result["path"], "sha256": result.get("sha256After")})
-        elif name == "apply_patch":
-            for f in result.get("files", []):
-                files.append({"path": f.get("path"), "sha256": f.get("sha256After")})
-                if f.get("oldPath"):
-                    files.append({"path": f["oldPath"], "sha256": None})
-        elif name == "run_check":
-            changes = result.get("changes") or {}
-            for key in ("added", "modified", "removed"):
-                files += [{"path": p, "sha256": None} for p in changes.get(key, [])]
-        before = self._version
-        intent = {"replace_text": "edit", "apply_patch": "patch", "run_check": "check"}[name]
-        return {
-            "turn": turn,
-            "id": call_id,
-            "tool": name,
-            "intent": intent,
-            "version_before": before,
-            "files": files,
-            "outcome": state,
-        }
 
     def _validate(self, baseline: Baseline, collected: Collected, task: TaskSpec) -> ChangeSet:
         record = self.record
@@ -393,20 +282,16 @@ class Job:
             extra_protected=tuple(self.request.config.protected),
         )
         record.files = [
-            {
-                "path": f.path,
-                "old_path": f.old_path,
-                "kind": f.kind,
-                "added": f.added,
-                "removed": f.removed,
-                "sha256_before": f.sha256_before,
-                "sha256_after": f.sha256_after,
-                "calls": [
-                    e["id"]
-                    for e in record.ledger
-                    if any(x.get("path") == f.path for x in e.get("files", []))
-                ],
-            }
+            FileChange(
+                path=f.path,
+                old_path=f.old_path,
+                kind=f.kind,
+                added=f.added,
+                removed=f.removed,
+                sha256_before=f.sha256_before,
+                sha256_after=f.sha256_after,
+                calls=[e.id for e in record.ledger if any(x.path == f.path for x in e.files)],
+            )
             for f in changeset.files
         ]
         return changeset
@@ -467,18 +352,17 @@ class Job:
             raise PatchboxError(msg[:1000], code=ErrorCode.CHANGESET_INVALID)
 
     @staticmethod
-    def _final_states(ledger: list[dict[str, Any]]) -> dict[str, str]:
+    def _final_states(ledger: list[LedgerEntry]) -> dict[str, str]:
         """Each path's state after the last completed call that names it: the SHA-256 an
         edit reported, ``gone`` when a patch removed it (or renamed it away), ``unknown``
         when the entry has no hash otherwise (a check's, which says only what changed)."""
         final: dict[str, str] = {}
         for entry in ledger:
-            if entry["outcome"] != "done":
+            if entry.outcome != "done":
                 continue
-            patch = entry.get("tool") == "apply_patch"
-            for f in entry["files"]:
-                sha = f.get("sha256")
-                final[f["path"]] = sha or ("gone" if patch else "unknown")
+            patch = entry.tool == "apply_patch"
+            for f in entry.files:
+                final[f.path] = f.sha256 or ("gone" if patch else "unknown")
         return final
 
     def _checks(
@@ -488,20 +372,24 @@ class Job:
         checks: dict[str, CheckSpec],
         spec: SandboxSpec,
     ) -> None:
-        record = self.record
-        if record.mode == "trusted-auto" and self._trusted_auto_allowed():
+        record, request = self.record, self.request
+        if skips_checks(
+            record.mode,
+            allow_trusted_auto=request.config.allow_trusted_auto,
+            consent_trusted_auto=request.consent_trusted_auto,
+        ):
             record.checks = [
-                {
-                    "id": cid,
-                    "status": "skipped",
-                    "exit_code": None,
-                    "duration_ms": 0,
-                    "output_tail": "",
-                    "diff_sha256": changeset.diff_sha256,
-                    "required": c.required,
-                    "reason": "trusted-auto: project checks skipped",
-                    "source": "none",
-                }
+                CheckResult(
+                    id=cid,
+                    status="skipped",
+                    exit_code=None,
+                    duration_ms=0,
+                    output_tail="",
+                    diff_sha256=changeset.diff_sha256,
+                    required=c.required,
+                    reason="trusted-auto: project checks skipped",
+                    source="none",
+                )
                 for cid, c in checks.items()
             ]
             return
@@ -520,75 +408,37 @@ class Job:
             stop=self.cancelled,
         )
         record.timings_ms["checks"] = round((time.perf_counter() - t) * 1000)
-        record.checks = [o.as_dict() for o in outcomes]
-
-    def _trusted_auto_allowed(self) -> bool:
-        return self.request.config.allow_trusted_auto and self.request.consent_trusted_auto
+        record.checks = outcomes
 
     def _decide(self, baseline: Baseline, changeset: ChangeSet) -> None:
-        record = self.record
-        mode = record.mode
-        skipped = mode == "trusted-auto" and self._trusted_auto_allowed()
-        failed_required = [
-            c["id"]
-            for c in record.checks
-            if c["required"] and c["status"] != "passed" and not skipped
-        ]
-        decision: dict[str, Any] = {"mode": mode, "applied": False, "gates": {}}
-        if mode == "review":
-            decision["reason"] = "review: a person applies or discards"
-        elif mode == "auto":
-            gates = self._auto_gates(baseline, changeset, failed_required)
-            decision["gates"] = gates
-            failing = [name for name, ok in gates.items() if not ok]
-            if failing:
-                decision["reason"] = "auto fell back to review: " + ", ".join(failing)
-            else:
-                decision["applied"] = self._apply(baseline, decision)
-                decision["reason"] = "auto: every gate holds"
-        elif skipped:
-            decision["checks"] = "skipped (trusted-auto): no claim that checks passed"
-            decision["applied"] = self._apply(baseline, decision)
-            decision["reason"] = "trusted-auto with operator enablement and consent"
-        else:
-            decision["reason"] = "trusted-auto fell back to review: " + (
-                "not enabled by the operator"
-                if not self.request.config.allow_trusted_auto
-                else "no consent flag"
+        """Records :func:`controller.jobs.decision.decide`'s decision, applies the diff when it
+        says so, and moves the job to its end state."""
+        record, request = self.record, self.request
+        auto = record.mode == "auto"  # only auto's gates look at the repository
+        decision = decide(
+            DecisionInputs(
+                mode=record.mode,
+                allow_auto=request.config.allow_auto,
+                allow_trusted_auto=request.config.allow_trusted_auto,
+                consent_trusted_auto=request.consent_trusted_auto,
+                checks=record.checks,
+                files=record.files,
+                baseline_unchanged=auto and baseline_unchanged(baseline, changeset),
             )
-        if failed_required:
-            decision["failed_checks"] = failed_required
-        # assigned whole: the record validates (and copies) what it is given
+        )
+        if decision.applied:
+            decision = self._apply(baseline, decision)
         record.decision = decision
-        if failed_required:
-            self.record.error = {
+        if decision.failed_checks:
+            record.error = {
                 "code": str(ErrorCode.CHECK_FAILED),
-                "message": "required check(s) did not pass: " + ", ".join(failed_required),
+                "message": "required check(s) did not pass: " + ", ".join(decision.failed_checks),
             }
             self._move("failed")
             return
-        self._move("applied" if decision["applied"] else "awaiting_review")
+        self._move("applied" if decision.applied else "awaiting_review")
 
-    def _auto_gates(
-        self, baseline: Baseline, changeset: ChangeSet, failed_required: list[str]
-    ) -> dict[str, bool]:
-        from controller.tools.policy import write_denial
-
-        paths = [f.path for f in changeset.files] + [
-            f.old_path for f in changeset.files if f.old_path
-        ]
-        return {
-            "operator_enabled": self.request.config.allow_auto,
-            "checks_passed": not failed_required and bool(self.record.checks),
-            "no_deleted_file": all(f.kind != "delete" for f in changeset.files),
-            "no_dependency_or_config_path": all(
-                Path(p).name.lower() not in LOCK_NAMES and write_denial(p, None, ()) is None
-                for p in paths
-            ),
-            "baseline_unchanged": baseline_unchanged(baseline, changeset),
-        }
-
-    def _apply(self, baseline: Baseline, decision: dict[str, Any]) -> bool:
+    def _apply(self, baseline: Baseline, decision: Decision) -> Decision:
         from controller.changes.apply import ApplyConflictError, apply_changeset
 
         try:
@@ -600,9 +450,8 @@ class Job:
                 extra_protected=tuple(self.request.config.protected),
             )
         except ApplyConflictError as exc:
-            decision["apply_conflict"] = exc.message
-            return False
-        return True
+            return with_conflict(decision, exc.message)
+        return decision
 
 
 def baseline_unchanged(baseline: Baseline, changeset: ChangeSet) -> bool:

@@ -25,10 +25,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
-from controller.errors import ErrorCode, PatchboxError, UsageError
+from controller.errors import ErrorCode, InvalidTransitionError, PatchboxError, UsageError
 from controller.paths import patchbox_home
+from controller.repo.baseline import Baseline
 from controller.sandbox.labels import controller_alive
 
 JobState = Literal[
@@ -67,17 +68,110 @@ FINAL = frozenset({"reverted", "discarded", "failed", "cancelled"})
 """Nothing more happens to these by itself (a failed job may still be discarded)."""
 
 
-class InvalidTransitionError(PatchboxError):
-    """A job cannot move from its state to the one asked for (e.g. revert of a discarded
-    job); the record is unchanged."""
-
-    code = ErrorCode.USAGE_ERROR
-
-
 def check_transition(current: str, new: str) -> None:
     if new not in TRANSITIONS.get(current, frozenset()):
         msg = f"a job that is {current} cannot become {new}"
         raise InvalidTransitionError(msg)
+
+
+def _absent(value: object) -> bool:
+    return value is None
+
+
+_OMITTED = Field(default=None, exclude_if=_absent)
+"""An optional key written only when it has a value (as the record has always been)."""
+
+
+class _Value(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ToolCallRecord(_Value):
+    """One tool call the model made, in the order made."""
+
+    turn: int
+    id: str
+    name: str
+    ok: bool
+    error_code: str | None = None
+    """The tool's error code when ``ok`` is false (``CANCELLED`` when the job was
+    cancelled while it ran); None when it succeeded."""
+
+
+EffectTool = Literal["replace_text", "apply_patch", "run_check"]
+"""The tools that may change the workspace."""
+
+
+class LedgerFile(_Value):
+    path: str
+    sha256: str | None = None
+    """The content the call left; None when it removed the path (a patch) or does not
+    say (a check)."""
+
+
+class LedgerEntry(_Value):
+    """One side-effecting call (an edit, a patch, a check run): its intent, the workspace
+    version before it and the files it reports."""
+
+    turn: int
+    id: str
+    tool: EffectTool
+    intent: Literal["edit", "patch", "check"]
+    version_before: int
+    files: list[LedgerFile] = Field(default_factory=list)
+    outcome: Literal["done", "rejected", "unknown"]
+    """``unknown`` when the call raised: it may or may not have changed the workspace."""
+
+
+class FileChange(_Value):
+    """One file of the validated diff and the calls that account for it."""
+
+    path: str
+    old_path: str | None = None
+    kind: str
+    """As the validated change set names it: ``create``, ``modify``, ``delete``, ``rename``."""
+    added: int
+    removed: int
+    sha256_before: str | None = None
+    sha256_after: str | None = None
+    calls: list[str] = Field(default_factory=list)
+    """Ids of the ledger entries that name the path."""
+
+
+class CheckResult(_Value):
+    """One check as run in the fresh check sandbox (or skipped), bound to the diff."""
+
+    id: str
+    status: Literal["passed", "failed", "timed_out", "skipped"]
+    exit_code: int | None
+    duration_ms: int
+    output_tail: str
+    diff_sha256: str
+    required: bool
+    reason: str | None = _OMITTED
+    """Why it was skipped; absent for a check that ran."""
+    source: Literal["docker-exec", "none"]
+    """Where the status comes from: Docker's exit code for the exec, or nowhere."""
+
+
+class Decision(_Value):
+    """What was decided about the diff and why; the keys that do not apply are absent."""
+
+    mode: str
+    applied: bool = False
+    gates: dict[str, bool] = Field(default_factory=dict)
+    """The auto gates by name, each true when it holds (auto mode only)."""
+    checks: str | None = _OMITTED
+    """Trusted-auto only: that the checks were skipped and nothing is claimed of them."""
+    apply_conflict: str | None = _OMITTED
+    """Why applying failed although the rules said apply."""
+    reason: str
+    failed_checks: list[str] | None = _OMITTED
+    """The required checks that did not pass."""
+    applied_by: str | None = _OMITTED
+    """``user`` once ``patchbox apply`` applied the job."""
+    merged: list[str] | None = _OMITTED
+    """Paths ``patchbox apply --merge`` merged three-way."""
 
 
 class JobRecord(BaseModel):
@@ -93,23 +187,44 @@ class JobRecord(BaseModel):
     updated_at: float = Field(default_factory=time.time)
     history: list[tuple[str, float]] = Field(default_factory=list)
     task: dict[str, Any] = Field(default_factory=dict)
+    """The task as the operator gave it (the evidence shows it as it is); read back only
+    through :attr:`allowed_paths`."""
     mode: str = "review"
     consent: dict[str, bool] = Field(default_factory=dict)
     runtime: str = "runc"
-    baseline: dict[str, Any] | None = None
+    baseline: Baseline | None = None
     error: dict[str, str] | None = None
+    """``{"code", "message"}``: an error as data, the shape every error has."""
     diagnostics: dict[str, Any] = Field(default_factory=dict)
-    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
-    ledger: list[dict[str, Any]] = Field(default_factory=list)
+    """What was found on the way (paths, reasons, where the baseline came from): shown and
+    stored whole, never read back by the controller."""
+    tool_calls: list[ToolCallRecord] = Field(default_factory=list)
+    ledger: list[LedgerEntry] = Field(default_factory=list)
     diff_sha256: str | None = None
-    files: list[dict[str, Any]] = Field(default_factory=list)
-    checks: list[dict[str, Any]] = Field(default_factory=list)
-    decision: dict[str, Any] = Field(default_factory=dict)
+    files: list[FileChange] = Field(default_factory=list)
+    checks: list[CheckResult] = Field(default_factory=list)
+    decision: Decision | None = None
+    """None until the job is decided (stored as ``{}``)."""
     timings_ms: dict[str, int] = Field(default_factory=dict)
     final_message: str | None = None
     controller: str = ""
     """The token of the controller running the job (see :mod:`controller.sandbox.labels`)."""
     controller_host: str = ""
+
+    @field_validator("decision", mode="before")
+    @classmethod
+    def _undecided(cls, value: object) -> object:
+        return None if value == {} else value
+
+    @field_serializer("decision")
+    def _decision_or_empty(self, value: Decision | None) -> object:
+        return {} if value is None else value
+
+    @property
+    def allowed_paths(self) -> list[str] | None:
+        """The task's ``allowed_paths`` (None: no limit beyond the protected list)."""
+        paths = self.task.get("allowed_paths")
+        return [str(p) for p in paths] if isinstance(paths, list) else None
 
     def move(self, new: JobState) -> None:
         check_transition(self.state, new)

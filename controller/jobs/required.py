@@ -13,15 +13,14 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Literal
 
 import docker
 import docker.errors
-import requests
 
 from controller.config.task import CheckSpec
 from controller.errors import ErrorCode, PatchboxError, SandboxError, ToolError
+from controller.jobs.records import CheckResult
 from controller.repo.baseline import Baseline
 from controller.sandbox.base import SandboxSpec
 from controller.sandbox.docker import SANDBOX_UID, DockerSandbox
@@ -32,30 +31,6 @@ from controller.tools.text import strip_control
 OUTPUT_TAIL = 8192
 TIMEOUT_EXIT = 137
 """``timeout -s KILL`` ends an overrunning check with SIGKILL: exit 128 + 9."""
-
-
-@dataclass(frozen=True)
-class CheckOutcome:
-    check_id: str
-    status: str
-    """``passed``, ``failed``, ``timed_out`` or ``skipped``."""
-    exit_code: int | None
-    duration_ms: int
-    output_tail: str
-    diff_sha256: str
-    required: bool
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.check_id,
-            "status": self.status,
-            "exit_code": self.exit_code,
-            "duration_ms": self.duration_ms,
-            "output_tail": self.output_tail,
-            "diff_sha256": self.diff_sha256,
-            "required": self.required,
-            "source": "docker-exec" if self.status != "skipped" else "none",
-        }
 
 
 def _exec(
@@ -101,7 +76,7 @@ def run_required_checks(  # noqa: PLR0913 - the inputs of one check stage, all k
     identity: ControllerIdentity,
     cache: BaselineCache | None = None,
     stop: threading.Event | None = None,
-) -> list[CheckOutcome]:
+) -> list[CheckResult]:
     """Runs every check in ``checks`` (required or not) in one fresh sandbox holding the
     baseline plus ``diff``; the container is removed afterwards, whatever happened."""
     stop = stop or threading.Event()
@@ -129,23 +104,31 @@ def _run_one(
     check: tuple[str, CheckSpec],
     diff_sha256: str,
     stop: threading.Event,
-) -> CheckOutcome:
+) -> CheckResult:
     check_id, spec = check
     _raise_if_stopped(stop)
     try:
         code, text, timed_out, ms = _exec(client, container_id, spec, stop)
-    except (docker.errors.DockerException, requests.RequestException, OSError) as exc:
+    except (docker.errors.DockerException, OSError) as exc:  # requests' errors are OSErrors
         _raise_if_stopped(stop)
         msg = f"check {check_id} could not be run: {type(exc).__name__}"
         raise SandboxError(msg) from exc
     _raise_if_stopped(stop)
+    status: Literal["passed", "failed", "timed_out"] = "failed"
     if timed_out:
         status = "timed_out"
     elif code == 0:
         status = "passed"
-    else:
-        status = "failed"
-    return CheckOutcome(check_id, status, code, ms, text, diff_sha256, spec.required)
+    return CheckResult(
+        id=check_id,
+        status=status,
+        exit_code=code,
+        duration_ms=ms,
+        output_tail=text,
+        diff_sha256=diff_sha256,
+        required=spec.required,
+        source="docker-exec",
+    )
 
 
 @contextlib.contextmanager

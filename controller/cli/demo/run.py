@@ -112,6 +112,7 @@ def run_demo(progress: Progress, runtime: Runtime = "runc") -> dict[str, Any]:
     finally:
         client.close()
     evidence = relative_to_home(JobStore().folder(record.job_id) / "evidence.json")
+    stored = record.model_dump(mode="json")
     return {
         "job_id": record.job_id,
         "status": record.state,
@@ -119,8 +120,8 @@ def run_demo(progress: Progress, runtime: Runtime = "runc") -> dict[str, Any]:
         "repo": str(repo),
         "runtime": runtime,
         "diff": job.diff or "",
-        "tool_calls": record.tool_calls,
-        "checks": record.checks,
+        "tool_calls": stored["tool_calls"],
+        "checks": stored["checks"],
         "timings_ms": record.timings_ms,
         "evidence": evidence,
         "next": [

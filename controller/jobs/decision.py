@@ -1,0 +1,123 @@
+"""What happens to a job's validated diff: a person reviews it, or it is applied by itself.
+
+Pure: :func:`decide` takes what the job found (:class:`DecisionInputs`) and returns the
+:class:`Decision` to record; it reads nothing and applies nothing. ``review`` always waits for
+a person. ``auto`` applies only when every gate holds (the operator enabled it, the required
+checks passed, no file is deleted, no dependency or configuration path is touched, the
+repository is as the baseline saw it); otherwise it falls back to review, naming the gates
+that failed. ``trusted-auto`` applies without running the project's checks, and only with
+both the operator's enablement and the job's consent; otherwise it falls back to review.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from controller.jobs.records import CheckResult, Decision, FileChange
+from controller.tools.policy import write_denial
+
+LOCK_NAMES = frozenset(
+    {
+        "package-lock.json",
+        "yarn.lock",
+        "pnpm-lock.yaml",
+        "poetry.lock",
+        "pipfile.lock",
+        "uv.lock",
+        "cargo.lock",
+        "go.sum",
+        "gemfile.lock",
+        "composer.lock",
+        "requirements.txt",
+        "pyproject.toml",
+        "package.json",
+        "setup.py",
+        "setup.cfg",
+    }
+)
+"""File names (folded) that declare dependencies or build configuration: never auto-applied."""
+
+
+class DecisionInputs(BaseModel):
+    """Everything :func:`decide` looks at."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mode: str
+    """The task's mode: ``review``, ``auto`` or ``trusted-auto``."""
+    allow_auto: bool
+    """The operator's ``allow_auto``."""
+    allow_trusted_auto: bool
+    """The operator's ``allow_trusted_auto``."""
+    consent_trusted_auto: bool
+    """The job's ``--consent-trusted-auto``."""
+    checks: list[CheckResult]
+    """The checks as run (or skipped) in the check sandbox."""
+    files: list[FileChange]
+    """The validated diff's files."""
+    baseline_unchanged: bool
+    """Whether the repository still is as the baseline saw it (auto's last gate)."""
+
+
+def skips_checks(mode: str, *, allow_trusted_auto: bool, consent_trusted_auto: bool) -> bool:
+    """Whether the project's checks are skipped: trusted-auto, enabled and consented to."""
+    return mode == "trusted-auto" and allow_trusted_auto and consent_trusted_auto
+
+
+def decide(inputs: DecisionInputs) -> Decision:
+    """The decision about the diff. ``applied`` true means the rules say apply: the caller
+    applies, and records :func:`with_conflict` when that fails. ``failed_checks`` names the
+    required checks that did not pass (the job then fails ``CHECK_FAILED``)."""
+    mode = inputs.mode
+    skipped = skips_checks(
+        mode,
+        allow_trusted_auto=inputs.allow_trusted_auto,
+        consent_trusted_auto=inputs.consent_trusted_auto,
+    )
+    failed = [
+        c.id for c in inputs.checks if c.required and c.status != "passed" and not skipped
+    ] or None
+    if mode == "review":
+        reason = "review: a person applies or discards"
+        return Decision(mode=mode, reason=reason, failed_checks=failed)
+    if mode == "auto":
+        gates = auto_gates(inputs, checks_passed=not failed and bool(inputs.checks))
+        failing = [name for name, ok in gates.items() if not ok]
+        if failing:
+            reason = "auto fell back to review: " + ", ".join(failing)
+            return Decision(mode=mode, gates=gates, reason=reason, failed_checks=failed)
+        return Decision(mode=mode, applied=True, gates=gates, reason="auto: every gate holds")
+    if skipped:
+        return Decision(
+            mode=mode,
+            applied=True,
+            checks="skipped (trusted-auto): no claim that checks passed",
+            reason="trusted-auto with operator enablement and consent",
+        )
+    why = "not enabled by the operator" if not inputs.allow_trusted_auto else "no consent flag"
+    return Decision(
+        mode=mode, reason="trusted-auto fell back to review: " + why, failed_checks=failed
+    )
+
+
+def auto_gates(inputs: DecisionInputs, *, checks_passed: bool) -> dict[str, bool]:
+    """Auto's gates by name, in the order they are reported; each true when it holds."""
+    files = inputs.files
+    paths = [f.path for f in files] + [f.old_path for f in files if f.old_path]
+    return {
+        "operator_enabled": inputs.allow_auto,
+        "checks_passed": checks_passed,
+        "no_deleted_file": all(f.kind != "delete" for f in files),
+        "no_dependency_or_config_path": all(
+            Path(p).name.lower() not in LOCK_NAMES and write_denial(p, None, ()) is None
+            for p in paths
+        ),
+        "baseline_unchanged": inputs.baseline_unchanged,
+    }
+
+
+def with_conflict(decision: Decision, message: str) -> Decision:
+    """``decision`` after its apply failed on a conflict: not applied, and why."""
+    return decision.model_copy(update={"applied": False, "apply_conflict": message})

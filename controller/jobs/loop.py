@@ -1,0 +1,181 @@
+"""The tool loop: the model asks for tool calls, the tools run in the sandbox, the results go
+back, until the model answers without a tool call.
+
+Every call is written to the job record as it ends (a :class:`ToolCallRecord`), and every
+one that may change the workspace (an edit, a patch, a check run) to the effect ledger too
+(a :class:`LedgerEntry`). The loop's other exits are exceptions, which the job records in one
+place: ``CANCELLED``, ``LIMIT_EXCEEDED`` (turns, tool calls, result bytes, wall clock),
+``MODEL_TOOL_CALL_UNSUPPORTED`` (a first turn without a tool call) and whatever a tool raised.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
+
+from controller.errors import CancelledError, ErrorCode, LimitExceededError, PatchboxError
+from controller.jobs.records import (
+    EffectTool,
+    JobRecord,
+    LedgerEntry,
+    LedgerFile,
+    ToolCallRecord,
+)
+from controller.providers.base import ToolResult
+
+if TYPE_CHECKING:
+    import threading
+    from collections.abc import Callable
+
+    from controller.config.limits import Limits
+    from controller.providers.base import Provider, ToolCall
+    from controller.tools.executor import ToolOutcome
+
+MAX_RESULT_BYTES = 64 * 1024 * 1024
+"""Tool-result bytes sent back to the model over a whole job."""
+FINAL_MESSAGE_CHARS = 4000
+INTENTS: dict[str, Literal["edit", "patch", "check"]] = {
+    "replace_text": "edit",
+    "apply_patch": "patch",
+    "run_check": "check",
+}
+"""The tools that may change the workspace, each with its ledger intent."""
+
+
+class Tools(Protocol):
+    """Runs one tool call in the sandbox (:class:`controller.tools.executor.ToolExecutor`)."""
+
+    def execute(self, turn: int, call_id: str, tool: str, raw: str) -> ToolOutcome: ...
+
+
+def cancelled_error() -> PatchboxError:
+    return PatchboxError("the job was cancelled", code=ErrorCode.CANCELLED)
+
+
+@dataclass
+class ToolLoop:
+    """One job's tool loop; :meth:`run` is called once."""
+
+    provider: Provider
+    tools: Tools
+    limits: Limits
+    record: JobRecord
+    """Gets a :class:`ToolCallRecord` for every call and the ledger's entries."""
+    cancelled: threading.Event
+    save: Callable[[], None]
+    """Called after each turn, so a later process sees the calls made so far."""
+    version: int = 0
+    """The workspace version: as the agent's tools report it; a check run bumps it once."""
+    calls_left: int = 0
+    """Tool calls the job may still make (set by :meth:`run`)."""
+    bytes_left: int = 0
+    """Tool-result bytes the job may still send back (set by :meth:`run`)."""
+
+    def run(self) -> str:
+        """Turns until the model answers without a tool call; returns that answer (its first
+        :data:`FINAL_MESSAGE_CHARS` characters). Every other exit raises (module docstring)."""
+        limits = self.limits
+        deadline = time.monotonic() + limits.wall_seconds
+        self.calls_left, self.bytes_left = limits.max_tool_calls, MAX_RESULT_BYTES
+        results: list[ToolResult] = []
+        for turn in range(1, limits.max_turns + 2):
+            if self.cancelled.is_set():
+                raise cancelled_error()
+            if time.monotonic() > deadline:
+                raise LimitExceededError(f"wall-clock limit of {limits.wall_seconds:g} s reached")
+            try:
+                model_turn = self.provider.next_turn(results)
+            except CancelledError as exc:
+                raise cancelled_error() from exc
+            if not model_turn.tool_calls:
+                if turn == 1:
+                    raise PatchboxError(
+                        "the model's first turn has no tool call: it does not use tools",
+                        code=ErrorCode.MODEL_TOOL_CALL_UNSUPPORTED,
+                    )
+                return (model_turn.text or "")[:FINAL_MESSAGE_CHARS]
+            if turn > limits.max_turns:
+                break
+            results = [self._call(turn, call) for call in model_turn.tool_calls]
+            self.save()
+        raise LimitExceededError(f"more than {limits.max_turns} turns")
+
+    def _call(self, turn: int, call: ToolCall) -> ToolResult:
+        """Runs one call, counting the job's calls and result bytes down."""
+        self.calls_left -= 1
+        if self.calls_left < 0:
+            raise LimitExceededError(f"more than {self.limits.max_tool_calls} tool calls")
+        outcome = self._execute(turn, call)
+        content = json.dumps(outcome.for_model(), ensure_ascii=False)
+        self.bytes_left -= len(content.encode())
+        if self.bytes_left < 0:
+            raise LimitExceededError("tool results exceed the job's byte limit")
+        return ToolResult(call_id=call.id, name=call.name, content=content)
+
+    def _execute(self, turn: int, call: ToolCall) -> ToolOutcome:
+        """Runs the call and records it; a call that raised leaves an ``unknown`` entry."""
+        calls, ledger = self.record.tool_calls, self.record.ledger
+        try:
+            outcome = self.tools.execute(turn, call.id, call.name, call.arguments)
+        except PatchboxError as exc:
+            failed = ErrorCode.CANCELLED if self.cancelled.is_set() else exc.code
+            calls.append(_call_record(turn, call, ok=False, error_code=str(failed)))
+            if call.name in INTENTS:
+                ledger.append(self._entry(turn, call, {}, "unknown"))
+            raise
+        code = (outcome.error or {}).get("code")
+        calls.append(_call_record(turn, call, ok=outcome.ok, error_code=code))
+        if outcome.effect != "none" or call.name in {"replace_text", "apply_patch"}:
+            ledger.append(self._entry(turn, call, outcome.result or {}, _done(outcome)))
+        result = outcome.result or {}
+        if isinstance(result.get("version"), int):
+            self.version = result["version"]
+        elif call.name == "run_check" and outcome.ok and not result.get("reused"):
+            self.version += 1
+        return outcome
+
+    def _entry(
+        self,
+        turn: int,
+        call: ToolCall,
+        result: dict[str, Any],
+        outcome: Literal["done", "rejected", "unknown"],
+    ) -> LedgerEntry:
+        return LedgerEntry(
+            turn=turn,
+            id=call.id,
+            tool=cast("EffectTool", call.name),  # a key of INTENTS
+            intent=INTENTS[call.name],
+            version_before=self.version,
+            files=ledger_files(call.name, result),
+            outcome=outcome,
+        )
+
+
+def _done(outcome: ToolOutcome) -> Literal["done", "rejected"]:
+    return "done" if outcome.ok else "rejected"
+
+
+def _call_record(turn: int, call: ToolCall, *, ok: bool, error_code: str | None) -> ToolCallRecord:
+    return ToolCallRecord(turn=turn, id=call.id, name=call.name, ok=ok, error_code=error_code)
+
+
+def ledger_files(tool: str, result: dict[str, Any]) -> list[LedgerFile]:
+    """The files a call's result names, each with the content it left: the hash an edit or
+    a patch reports (None for a path a patch removed or renamed away); a check says only
+    which paths changed."""
+    if tool == "replace_text" and "path" in result:
+        return [LedgerFile(path=result["path"], sha256=result.get("sha256After"))]
+    files: list[LedgerFile] = []
+    if tool == "apply_patch":
+        for f in result.get("files", []):
+            files.append(LedgerFile(path=f.get("path"), sha256=f.get("sha256After")))
+            if f.get("oldPath"):
+                files.append(LedgerFile(path=f["oldPath"]))
+    elif tool == "run_check":
+        changes = result.get("changes") or {}
+        for key in ("added", "modified", "removed"):
+            files += [LedgerFile(path=p) for p in changes.get(key, [])]
+    return files
