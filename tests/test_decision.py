@@ -117,6 +117,14 @@ CASES: list[tuple[str, DecisionInputs, dict[str, Any]]] = [
         inputs(files=[changed("web/Package-Lock.json")]),
         fell_back("no_dependency_or_config_path"),
     ),
+    *[
+        (
+            f"auto_{name}",
+            inputs(files=[changed(f"sub/{name}")]),
+            fell_back("no_dependency_or_config_path"),
+        )
+        for name in ("requirements.txt", "go.sum", "Cargo.lock", "pyproject.toml", "package.json")
+    ],
     (
         "auto_renamed_from_config",
         inputs(files=[changed("notes.txt", "rename", old_path="setup.cfg")]),

@@ -11,33 +11,10 @@ both the operator's enablement and the job's consent; otherwise it falls back to
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import BaseModel, ConfigDict
 
 from controller.jobs.records import CheckResult, Decision, FileChange
 from controller.tools.policy import write_denial
-
-LOCK_NAMES = frozenset(
-    {
-        "package-lock.json",
-        "yarn.lock",
-        "pnpm-lock.yaml",
-        "poetry.lock",
-        "pipfile.lock",
-        "uv.lock",
-        "cargo.lock",
-        "go.sum",
-        "gemfile.lock",
-        "composer.lock",
-        "requirements.txt",
-        "pyproject.toml",
-        "package.json",
-        "setup.py",
-        "setup.cfg",
-    }
-)
-"""File names (folded) that declare dependencies or build configuration: never auto-applied."""
 
 
 class DecisionInputs(BaseModel):
@@ -110,10 +87,8 @@ def auto_gates(inputs: DecisionInputs, *, checks_passed: bool) -> dict[str, bool
         "operator_enabled": inputs.allow_auto,
         "checks_passed": checks_passed,
         "no_deleted_file": all(f.kind != "delete" for f in files),
-        "no_dependency_or_config_path": all(
-            Path(p).name.lower() not in LOCK_NAMES and write_denial(p, None, ()) is None
-            for p in paths
-        ),
+        # the write policy's list: manifests, lock files, git and CI config, hooks
+        "no_dependency_or_config_path": all(write_denial(p, None, ()) is None for p in paths),
         "baseline_unchanged": inputs.baseline_unchanged,
     }
 
