@@ -3,8 +3,11 @@
 Each job is ``patchbox run --json`` in its own process on its own small repository, all on one
 state directory: a read, a replace, one check (``python3 check.py``). The reference is the
 same number of concurrent ``docker run --rm --network none IMAGE true``. Reported: wall time
-of the whole batch, its ratio to the reference, job latency p50/p99, and failures (a job that
-did not end ``awaiting_review`` with JSON on stdout).
+of the whole batch, its ratio to the reference, job latency p50/p99, failures (a job that
+did not end ``awaiting_review`` with JSON on stdout), and where the CPU went: the machine's
+busy CPU seconds during the batch (``/proc/stat``), of which the ``patchbox`` processes
+themselves used (their rusage); the rest is the daemon, containerd, runc, fuse-overlayfs and
+the containers.
 
     python3 bench/bench_concurrency.py [--jobs 20 50] [--rounds 1] [--spares 1]
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -65,6 +69,18 @@ def make_repo(root: Path, n: int) -> Path:
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "greet"]):
         subprocess.run(["git", *args], cwd=root, env=env, check=True)
     return root
+
+
+def busy_seconds() -> float:
+    """CPU seconds the whole machine has spent busy since boot (all but idle and iowait)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def batch_jobs(work: Path, n: int, home: Path) -> tuple[float, list[float], int]:
@@ -139,8 +155,12 @@ def main() -> None:
                 (work / "inputs" / "config.toml").write_text(
                     f"spare_sandboxes = {args.spares}\nspare_idle_seconds = 30\n"
                 )
+                busy0 = busy_seconds()
                 bare = batch_bare(image, n)
+                busy_bare = busy_seconds() - busy0
+                busy0, own0 = busy_seconds(), children_cpu()
                 wall, lat, failures = batch_jobs(work, n, work / "home")
+                busy_jobs, own = busy_seconds() - busy0, children_cpu() - own0
                 rows.append(
                     [
                         str(n),
@@ -151,9 +171,14 @@ def main() -> None:
                         f"{percentile(lat, 50):.1f} s",
                         f"{percentile(lat, 99):.1f} s",
                         str(failures),
+                        f"{busy_bare:.0f} s",
+                        f"{busy_jobs:.0f} s",
+                        f"{own:.0f} s",
+                        f"{own / n:.2f} s",
                     ]
                 )
     header = ["jobs", "round", "bare runs", "jobs wall", "ratio", "p50", "p99", "failures"]
+    header += ["CPU bare", "CPU jobs", "of it patchbox", "patchbox/job"]
     print_table(header, rows)
     print(f"load after: {loadavg()}")
 
