@@ -15,11 +15,14 @@ import traceback
 import uuid
 from collections.abc import Iterable
 from importlib import metadata
+from pathlib import Path
 
 from controller.logs import Scrubber
 from controller.paths import patchbox_home
 
 _VERSIONED = ("patchbox", "docker", "pydantic", "httpx", "structlog")
+MAX_REPORTS = 100
+"""The newest reports kept; older ones are removed when a new one is written."""
 
 
 def _version(name: str) -> str:
@@ -36,7 +39,9 @@ def write_report(
 
     Never raises: if the report cannot be written, the returned name says so."""
     scrub = Scrubber(repo, secrets)
-    name = time.strftime("%Y%m%d-%H%M%S-") + f"{os.getpid()}-{uuid.uuid4().hex[:6]}.txt"
+    now = time.time_ns()
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now // 1_000_000_000))
+    name = f"{stamp}.{now % 1_000_000_000:09d}-{os.getpid()}-{uuid.uuid4().hex[:6]}.txt"
     lines = [
         f"patchbox crash report, {time.strftime('%Y-%m-%d %H:%M:%S %z')}",
         f"context: {context}",
@@ -55,7 +60,18 @@ def write_report(
             out.write(text)
     except OSError as err:
         return f"(not written: {err.strerror})"
+    _prune(folder)
     return f"crash/{name}"
+
+
+def _prune(folder: Path) -> None:
+    """Keeps the newest :data:`MAX_REPORTS` reports (names sort by time)."""
+    try:
+        reports = sorted(p for p in folder.iterdir() if p.suffix == ".txt")
+    except OSError:
+        return
+    for old in reports[:-MAX_REPORTS]:
+        old.unlink(missing_ok=True)
 
 
 def internal_message(exc: BaseException, report: str) -> str:
