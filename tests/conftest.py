@@ -29,7 +29,7 @@ from controller.sandbox.dockerclient import connect  # noqa: E402
 from controller.sandbox.image import ImageBuilder  # noqa: E402
 from controller.sandbox.labels import CONTROLLER, OWNER_FILTER, current_identity, new_job_id  # noqa: E402
 from controller.sandbox.local import LocalSandbox  # noqa: E402
-from tests.harness import AgentWorkspace  # noqa: E402
+from tests.support.harness import AgentWorkspace  # noqa: E402
 
 RUNTIMES: list[Runtime] = ["runc", "runsc"]
 DOCKER_FIXTURES = frozenset(
@@ -104,6 +104,13 @@ def docker_client() -> Iterator[docker.DockerClient]:
 def sandbox_image(docker_client: docker.DockerClient) -> str:
     builder = ImageBuilder(docker_client, lambda m: print(f"[image] {m}", file=sys.stderr))
     return builder.ensure(os.environ.get("PATCHBOX_TEST_BASE") or None).tag
+
+
+@pytest.fixture
+def client(docker_client: docker.DockerClient, sandbox_image: str) -> docker.DockerClient:
+    """The daemon, once the sandbox image is built (before a test's first job)."""
+    del sandbox_image
+    return docker_client
 
 
 @pytest.fixture(scope="session")

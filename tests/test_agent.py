@@ -53,7 +53,7 @@ def test_archive_then_list_and_read(box: LocalSandbox) -> None:
     assert box.list_files().files == ["a.txt", "run.sh", "src/b.py"]
     assert box.list_files(glob="src/*").files == ["src/b.py"]
     part = box.read_file("a.txt", start=2, end=2)
-    assert (part.content, part.startLine, part.endLine, part.totalLines) == ("two\n", 2, 2, 3)
+    assert (part.content, part.start_line, part.end_line, part.total_lines) == ("two\n", 2, 2, 3)
     assert (box.workspace / "run.sh").stat().st_mode & 0o777 == 0o755
     assert (box.workspace / "a.txt").stat().st_mode & 0o777 == 0o644
 
@@ -137,24 +137,24 @@ def test_bad_arguments_are_retryable_errors(box: LocalSandbox) -> None:
 
 def test_run_reports_exit_status_and_output(box: LocalSandbox) -> None:
     ok = box.run([sys.executable, "-c", "print('hi')"], timeout=20)
-    assert (ok.exitCode, ok.signal, ok.timedOut, ok.output) == (0, None, False, "hi\n")
+    assert (ok.exit_code, ok.signal, ok.timed_out, ok.output) == (0, None, False, "hi\n")
     bad = box.run([sys.executable, "-c", "import sys; sys.exit(3)"], timeout=20)
-    assert bad.exitCode == 3
+    assert bad.exit_code == 3
     killed = box.run(
         [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"],
         timeout=20,
     )
-    assert (killed.exitCode, killed.signal) == (None, 15)
+    assert (killed.exit_code, killed.signal) == (None, 15)
     missing = box.run(["/no/such/program"], timeout=20)
-    assert missing.exitCode is None
-    assert missing.spawnError
+    assert missing.exit_code is None
+    assert missing.spawn_error
 
 
 def test_run_output_keeps_a_bounded_tail(box: LocalSandbox) -> None:
     res = box.run(
         [sys.executable, "-c", "print('x' * 100000 + 'END')"], timeout=20, output_limit=1000
     )
-    assert res.outputBytes == 100004
+    assert res.output_bytes == 100004
     assert res.truncated is True
     assert len(res.output) == 1000
     assert res.output.endswith("END\n")
@@ -166,7 +166,7 @@ def test_run_timeout_kills_the_whole_process_group(box: LocalSandbox, tmp_path: 
     script = f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {child!r}])\ntime.sleep(60)\n"
     started = time.monotonic()
     res = box.run([sys.executable, "-c", script], timeout=1)
-    assert res.timedOut is True
+    assert res.timed_out is True
     assert res.signal == 9
     assert time.monotonic() - started < 5
     time.sleep(3.5)
@@ -176,7 +176,7 @@ def test_run_timeout_kills_the_whole_process_group(box: LocalSandbox, tmp_path: 
 def test_background_children_do_not_hold_the_call(box: LocalSandbox) -> None:
     started = time.monotonic()
     res = box.run(["sh", "-c", "sleep 30 & echo started"], timeout=20)
-    assert res.exitCode == 0
+    assert res.exit_code == 0
     assert res.output == "started\n"
     assert time.monotonic() - started < 5
 
@@ -296,7 +296,7 @@ def test_changes_sees_files_a_left_over_process_made_later(box: LocalSandbox) ->
         ],
         timeout=10,
     )
-    assert res.exitCode == 0
+    assert res.exit_code == 0
     assert box.list_files().files == ["a.txt", "b.txt"]  # listed before the late writes
     deadline = time.monotonic() + 10
     while not (box.workspace / "late.txt").exists() and time.monotonic() < deadline:

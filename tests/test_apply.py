@@ -27,7 +27,8 @@ from controller.changes.journal import Journal
 from controller.changes.validate import ChangesetInvalidError
 from controller.errors import ErrorCode
 from controller.repo.baseline import Baseline, build_baseline
-from tests.applyrepo import Content, Snapshot, git, make_diff, make_repo, snapshot, status
+from tests.support.git import Content, git, init, make_diff, status
+from tests.support.worktree import Snapshot, snapshot
 
 CAFE = "\u00e9t\u00e9/caf\u00e9.txt"
 HEAD_FILES: dict[str, Content] = {
@@ -82,7 +83,7 @@ def _umask() -> int:
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    path = make_repo(tmp_path / "repo", HEAD_FILES)
+    path = init(tmp_path / "repo", HEAD_FILES, message="init").path
     for name, data in STAGED.items():
         (path / name).write_bytes(data)
     git(path, "add", *STAGED)
@@ -365,7 +366,7 @@ MERGE_BASE = {"m.txt": b"one\ntwo\nthree\nfour\nfive\n"}
 
 @pytest.fixture
 def merge_repo(tmp_path: Path) -> tuple[Path, Baseline, str]:
-    path = make_repo(tmp_path / "mrepo", MERGE_BASE)
+    path = init(tmp_path / "mrepo", MERGE_BASE, message="init").path
     base = build_baseline(path)[0]
     diff = make_diff(tmp_path, MERGE_BASE, {"m.txt": b"one\ntwo\nthree\nfour\nFIVE\n"})
     return path, base, diff
@@ -445,7 +446,7 @@ def test_a_temp_file_that_cannot_be_written_writes_nothing(
 def test_a_repository_that_converts_line_endings_keeps_its_bytes(
     tmp_path: Path, journal: Journal
 ) -> None:
-    path = make_repo(tmp_path / "crlf", {"f.txt": b"a\nb\nc\n"})
+    path = init(tmp_path / "crlf", {"f.txt": b"a\nb\nc\n"}, message="init").path
     git(path, "config", "core.autocrlf", "true")
     (path / "f.txt").unlink()
     git(path, "checkout", "--", "f.txt")

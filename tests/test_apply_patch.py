@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import hashlib
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from controller.errors import ErrorCode, ToolError
 from controller.tools.executor import ToolExecutor
-from tests.harness import AgentWorkspace
+from tests.support.git import git, init
+from tests.support.harness import AgentWorkspace
 
 A_PY = "def f(text):\n    return text.split(',')\n"
 
@@ -68,7 +68,7 @@ def test_modify_create_delete_rename_in_one_patch(ws: AgentWorkspace) -> None:
     ]
     files = ws.files()
     assert files["src/a.py"][0] == b"def f(text):\n    return text.split(',') if text else []\n"
-    assert res.files[0].sha256Before == hashlib.sha256(A_PY.encode()).hexdigest()
+    assert res.files[0].sha256_before == hashlib.sha256(A_PY.encode()).hexdigest()
     assert files["tests/test_a.py"] == (b"assert True\n", 0o644)
     assert "old.txt" not in files
     assert "run.sh" not in files
@@ -78,33 +78,10 @@ def test_modify_create_delete_rename_in_one_patch(ws: AgentWorkspace) -> None:
 
 def _git_diff(tmp_path: Path, files: dict[str, bytes], edit: dict[str, bytes]) -> str:
     """A diff made by real git for the given old and new contents."""
-    repo = tmp_path / "gitcopy"
-    repo.mkdir()
-    for name, data in files.items():
-        (repo / name).write_bytes(data)
-    env = {
-        "PATH": "/usr/bin:/bin:/usr/local/bin",
-        "HOME": str(tmp_path),
-        "GIT_CONFIG_NOSYSTEM": "1",
-    }
-    git = [
-        "git",
-        "-c",
-        "core.hooksPath=/dev/null",
-        "-c",
-        "user.name=t",
-        "-c",
-        "user.email=t@t",
-        "-C",
-        str(repo),
-    ]
-    subprocess.run([*git, "init", "-q"], env=env, check=True)
-    subprocess.run([*git, "add", "-A"], env=env, check=True)
-    subprocess.run([*git, "commit", "-qm", "base"], env=env, check=True)
+    repo = init(tmp_path / "gitcopy", files, message="base").path
     for name, data in edit.items():
         (repo / name).write_bytes(data)
-    out = subprocess.run([*git, "diff"], env=env, check=True, capture_output=True).stdout
-    return out.decode("utf-8")
+    return git(repo, "diff")
 
 
 def test_a_real_git_diff_applies_exactly(ws: AgentWorkspace, tmp_path: Path) -> None:

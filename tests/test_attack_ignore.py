@@ -10,9 +10,7 @@ from the changes fails the job by name.
 
 from __future__ import annotations
 
-import os
 import random
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +21,9 @@ from controller.config.task import CHECK_ENV
 from controller.sandbox.base import Runtime
 from patchbox_agent import index
 from tests.conftest import SandboxFactory
-from tests.harness import AgentWorkspace
-from tests.test_engine import (
+from tests.support.git import git, git_env
+from tests.support.harness import AgentWorkspace
+from tests.support.jobs import (
     APP_AFTER,
     EDIT,
     GREET,
@@ -95,25 +94,13 @@ _PATTERNS = [
     "**/b/", "!**/b/", "?.log", "[!k]*.log", "c/*", "!c/build/", "*/", "x.lo[g]", "\\*",
     "/sp ace/", "st\\*r/",
 ]  # fmt: skip
-_GIT_ENV = {
-    "PATH": "/usr/bin:/bin",
-    "GIT_CONFIG_NOSYSTEM": "1",
-    "GIT_CONFIG_GLOBAL": os.devnull,
-    "HOME": "/nonexistent",
-    "LC_ALL": "C",
-    "GIT_LITERAL_PATHSPECS": "1",
-}
+_GIT_ENV = git_env() | {"GIT_LITERAL_PATHSPECS": "1"}
 
 
 def _ignored(git_dir: Path, work: Path, *args: str) -> set[str]:
-    out = subprocess.run(
-        ["git", f"--git-dir={git_dir}", f"--work-tree={work}", "ls-files", "-z", "-o", "-i", *args],
-        env=_GIT_ENV,
-        cwd="/",
-        capture_output=True,
-        check=True,
-    ).stdout
-    return {p for p in out.decode().split("\0") if p}
+    listing = ("ls-files", "-z", "-o", "-i", *args)
+    out = git(Path("/"), f"--git-dir={git_dir}", f"--work-tree={work}", *listing, env=_GIT_ENV)
+    return {p for p in out.split("\0") if p}
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -123,9 +110,7 @@ def test_rewritten_patterns_ignore_exactly_what_git_ignores(tmp_path: Path, seed
     git reading the .gitignore files itself, over the whole tree and by pathspec."""
     rnd = random.Random(seed)  # noqa: S311 - reproducible test data, not a secret
     work, git_dir = tmp_path / "w", tmp_path / "g"
-    subprocess.run(
-        ["git", "init", "-q", "--bare", "--template=", str(git_dir)], env=_GIT_ENV, check=True
-    )
+    git(Path("/"), "init", "-q", "--bare", "--template=", str(git_dir), env=_GIT_ENV)
     rules: dict[str, bytes] = {}
     for d in _DIRS:
         (work / d).mkdir(parents=True, exist_ok=True)
@@ -177,7 +162,7 @@ def test_check_cannot_hide_a_new_file(
         env=dict(CHECK_ENV),
         track_changes=True,
     )
-    assert res.exitCode == 0, res.output
+    assert res.exit_code == 0, res.output
     assert res.changes is not None
     assert new_file in res.changes.added
     assert not res.changes.removed, "a baseline file must never look removed"
@@ -212,12 +197,6 @@ def repo(tmp_path: Path) -> Path:
         ".gitignore": "*.log\n",
     }
     return make_repo(tmp_path / "greet", files)
-
-
-@pytest.fixture
-def client(docker_client: docker.DockerClient, sandbox_image: str) -> docker.DockerClient:
-    del sandbox_image  # built once, before the first job
-    return docker_client
 
 
 def _check(script: str, *, mutates: bool = False) -> dict[str, Any]:

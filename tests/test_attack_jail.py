@@ -25,7 +25,7 @@ import pytest
 from controller.errors import ErrorCode, ToolError
 from controller.sandbox.local import LocalSandbox
 from tests.conftest import _require_runsc
-from tests.harness import AgentWorkspace
+from tests.support.harness import AgentWorkspace
 
 KINDS = [
     "local",
@@ -107,7 +107,7 @@ class Attack:
         res = self.ws.box.run(
             ["python3", "-c", probe, *self.snapshot_outside], timeout=30, output_limit=1 << 20
         )
-        assert res.exitCode == 0, res.output
+        assert res.exit_code == 0, res.output
         return res.output
 
 
@@ -304,7 +304,7 @@ def test_a_folder_swapped_for_a_link_during_reads_never_escapes(attack: Attack) 
     # The session serialises calls, so the swapper runs detached (its own session).
     detach = 'setsid "$0" -c "$1" "$2" "$3" 4 >/dev/null 2>&1 & sleep 0.5'
     res = ws.box.run(["sh", "-c", detach, py, SWAPPER, root, ws.outside_dir], timeout=30)
-    assert res.exitCode == 0
+    assert res.exit_code == 0
     time.sleep(0.3)
     seen = {"inside": 0, "denied": 0}
     deadline = time.monotonic() + 3

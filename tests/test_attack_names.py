@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +23,9 @@ from controller.sandbox.base import Runtime
 from controller.sandbox.local import LocalSandbox
 from controller.tools.executor import ToolExecutor
 from patchbox_agent import jail
-from tests.test_engine import (
+from tests.support.git import git, init, write_files
+from tests.support.jobs import (
     check_call,
-    client,  # noqa: F401 - a fixture
     code_of,
     make_repo,
     make_task,
@@ -41,7 +40,7 @@ BAD_NAME = "import os; open(os.fsencode('bad') + b'\\xff', 'w').write('x\\n')"
 
 @pytest.mark.docker
 def test_a_name_that_is_not_utf8_fails_the_job_changeset_invalid(
-    client: docker.DockerClient,  # noqa: F811 - the fixture
+    client: docker.DockerClient,
     tmp_path: Path,
     runtime: Runtime,
 ) -> None:
@@ -100,26 +99,10 @@ def test_the_host_names_the_bytes_of_a_name_that_is_not_utf8() -> None:
 
 def _git_diff(tmp_path: Path, old: dict[str, bytes], new: dict[str, bytes]) -> str:
     """The diff real git makes between two versions of some files."""
-    repo = tmp_path / "gitdiff"
-    repo.mkdir(parents=True)
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "GIT_CONFIG_NOSYSTEM": "1"}
-    git = ["git", "-c", "core.autocrlf=false", "-C", str(repo)]
-    subprocess.run([*git, "init", "-q"], env=env, check=True)
-    for name, data in old.items():
-        (repo / name).write_bytes(data)
-    subprocess.run([*git, "add", "-A"], env=env, check=True)
-    subprocess.run(
-        [*git, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "--allow-empty", "-qm", "b"],
-        env=env,
-        check=True,
-    )
-    for name, data in new.items():
-        (repo / name).write_bytes(data)
-    subprocess.run([*git, "add", "-A"], env=env, check=True)
-    out = subprocess.run(
-        [*git, "diff", "--cached"], env=env, check=True, capture_output=True
-    ).stdout
-    return out.decode()
+    repo = init(tmp_path / "gitdiff", old, message="b").path
+    write_files(repo, new)
+    git(repo, "add", "-A")
+    return git(repo, "diff", "--cached")
 
 
 LF = b"one\ntwo\n"

@@ -15,17 +15,15 @@ import pytest
 
 from controller.errors import ErrorCode, PatchboxError
 from controller.repo.baseline import archive_stream, build_baseline, check_health
-from tests.gitrepo import (
+from tests.support.baseline import (
     Files,
-    Repo,
     archive_files,
-    init,
     isolate,
     leftovers,
-    refs_and_logs,
     snapshot,
     work_tree_files,
 )
+from tests.support.git import Repo, init, refs_and_logs
 
 BASE: dict[str, bytes | str] = {
     ".gitignore": "*.log\nignored/\n",
@@ -48,7 +46,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, s
 
 
 def base_repo(path: Path, env: dict[str, str], *args: str) -> Repo:
-    repo = init(path, env, BASE, *args)
+    repo = init(path, BASE, *args, env=env)
     repo.write("was-exec.sh", "#!/bin/sh\n", executable=True)
     repo.commit("exec")
     return repo
@@ -451,7 +449,7 @@ def hostile(tmp_path: Path, env: dict[str, str], *args: str) -> tuple[Repo, Path
     """A repository whose config, attributes and hooks would run a marker script for every
     command git could be made to run; returns it and the (empty) markers folder."""
     files: dict[str, bytes | str] = {"a.txt": "a\n", "b.txt": "b\n", "c.bin": "c\n"}
-    repo = init(tmp_path / "hostile", env, files, *args)
+    repo = init(tmp_path / "hostile", files, *args, env=env)
     markers = tmp_path / "markers"
     scripts = tmp_path / "scripts"
     hooks = tmp_path / "hooks"
@@ -586,7 +584,7 @@ def random_repo(rng: random.Random, root: Path, env: dict[str, str]) -> tuple[Re
     names = [f"{d}{s}{i}.txt" for d in FOLDERS for s in STEMS for i in range(3)]
     rng.shuffle(names)
     tracked = names[: rng.randrange(4, 14)]
-    repo = init(root, env, {".gitignore": "*.log\nignored/\n"})
+    repo = init(root, {".gitignore": "*.log\nignored/\n"}, env=env)
     if rng.random() < 0.25:
         repo.git("config", "core.autocrlf", "true")
     for name in tracked:

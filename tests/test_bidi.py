@@ -21,7 +21,7 @@ from controller.jobs.evidence import junit
 from controller.jobs.records import CheckResult, JobRecord, JobStore
 from controller.logs import Scrubber, redact
 from controller.tools.text import BIDI_CONTROLS, strip_control
-from tests.test_engine import EDIT, GREET, call, check_call, make_repo
+from tests.support.jobs import EDIT, GREET, call, check_call, make_repo
 
 ROOT = Path(__file__).resolve().parent.parent
 ALL_BIDI = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"

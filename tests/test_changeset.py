@@ -31,7 +31,7 @@ from controller.changes.validate import (
 from controller.errors import ErrorCode
 from controller.repo.baseline import Baseline, build_baseline
 from patchbox_agent import diffs
-from tests.applyrepo import Content, git, make_diff, make_repo, write_files
+from tests.support.git import Content, git, init, make_diff, write_files
 
 BASE: dict[str, Content] = {
     "f.txt": b"a\nb\nc\n",
@@ -60,9 +60,13 @@ def memory_tree() -> MemoryTree:
 
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory: pytest.TempPathFactory) -> Baseline:
-    repo = make_repo(
-        tmp_path_factory.mktemp("changeset") / "repo", BASE, symlinks=LINKS, gitlinks=GITLINKS
-    )
+    repo = init(
+        tmp_path_factory.mktemp("changeset") / "repo",
+        BASE,
+        symlinks=LINKS,
+        gitlinks=GITLINKS,
+        message="init",
+    ).path
     return build_baseline(repo)[0]
 
 
@@ -543,7 +547,7 @@ def test_sha256_repositories(tmp_path: Path) -> None:
     base = build_baseline(repo)[0]
     assert len(base.tree) == 64
     (repo / "f.txt").write_bytes(b"a\nB\nc\n")
-    diff = git(repo, "diff").decode()
+    diff = git(repo, "diff")
     (repo / "f.txt").write_bytes(b"a\nb\nc\n")
     summary = validate_changeset(base, diff)
     assert [f.path for f in summary.files] == ["f.txt"]

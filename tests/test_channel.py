@@ -10,9 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import socket
 import tarfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -25,6 +23,7 @@ from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.docker import DockerSandbox
 from controller.sandbox.labels import OWNER_FILTER, current_identity, new_job_id
 from tests.conftest import SandboxFactory
+from tests.support.proxy import TcpProxy
 
 pytestmark = pytest.mark.docker
 
@@ -255,7 +254,7 @@ def test_workspace_files_cannot_shadow_agent_modules(make_sandbox: SandboxFactor
     box = make_sandbox()
     box.put_archive(buf.getvalue())
     res = box.run(["python3", "-I", "-B", "/opt/patchbox/agent.py"], timeout=20)
-    assert res.exitCode == 0
+    assert res.exit_code == 0
     check = box.run(
         ["sh", "-c", "test -e /tmp/shadowed && echo SHADOWED || echo clean"], timeout=20
     )
@@ -273,48 +272,6 @@ def test_sandbox_closes_and_leaves_nothing(
         docker_client.containers.get(cid or "")
     with pytest.raises(SandboxError, match="closed"):
         box.list_files()
-
-
-class TcpProxy:
-    """A loopback TCP listener that forwards to the daemon's unix socket (a 'remote' daemon)."""
-
-    def __init__(self, unix_path: str = "/var/run/docker.sock") -> None:
-        self.unix_path = unix_path
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
-        self.connections = 0
-        self._stop = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self._stop:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            self.connections += 1
-            upstream = socket.socket(socket.AF_UNIX)
-            upstream.connect(self.unix_path)
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self._stop = True
-        self.server.close()
 
 
 def test_remote_daemon_over_tcp(sandbox_image: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from controller.logs import REDACTED, redact
+from tests.support.git import init
 
 
 def _patchbox(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -46,14 +47,7 @@ def test_unreachable_daemon_exits_3_with_an_instruction(tmp_path: Any) -> None:
 def test_doctor_repo_reports_health_with_reasons_and_counts(
     sandbox_image: str, tmp_path: Any
 ) -> None:
-    repo = tmp_path / "r"
-    repo.mkdir()
-    env = {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1", "HOME": str(tmp_path)}
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", "-C", str(repo)]
-    subprocess.run([*git, "init", "-q"], check=True, env={**os.environ, **env})
-    (repo / "a.txt").write_text("a\n")
-    subprocess.run([*git, "add", "a.txt"], check=True, env={**os.environ, **env})
-    subprocess.run([*git, "commit", "-qm", "one"], check=True, env={**os.environ, **env})
+    repo = init(tmp_path / "r", {"a.txt": "a\n"}, message="one").path
     (repo / "a.txt").write_text("changed\n")
     (repo / "b.txt").write_text("new\n")
     res = _patchbox("doctor", "--json", "--repo", str(repo))

@@ -15,7 +15,8 @@ import pytest
 
 from controller.jobs.records import JobStore
 from controller.paths import patchbox_home
-from tests.test_engine import (
+from tests.support.git import git
+from tests.support.jobs import (
     APP,
     APP_AFTER,
     EDIT,
@@ -23,7 +24,6 @@ from tests.test_engine import (
     blob,
     call,
     containers_of,
-    git,
     make_repo,
     snapshot,
 )

@@ -6,7 +6,6 @@ Every refusal asserts its exact reason code. Happy paths are cross-checked again
 
 from __future__ import annotations
 
-import os
 import random
 import subprocess
 import unicodedata
@@ -16,6 +15,7 @@ import pytest
 
 from patchbox_agent import diffs
 from patchbox_agent.diffs import DiffError
+from tests.support.git import init
 
 Files = dict[str, bytes]
 Spec = dict[str, "bytes | tuple[bytes, bool]"]  # path -> content or (content, executable)
@@ -997,36 +997,14 @@ def test_apply_checks_hand_built_patches() -> None:
 
 
 class Repo:
-    """A throwaway git repository with no user or system configuration and no hooks."""
+    """A throwaway repository (``tests.support.git``: no user or system configuration)."""
 
     def __init__(self, root: Path) -> None:
-        self.root = root / "repo"
-        self.root.mkdir()
-        self.env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": str(root),
-            "GIT_CONFIG_NOSYSTEM": "1",
-            "GIT_CONFIG_GLOBAL": os.devnull,
-            "LC_ALL": "C",
-        }
-        self.git("init", "-q")
+        self.repo = init(root / "repo")
+        self.root = self.repo.path
 
     def git(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[bytes]:
-        argv = [
-            "git",
-            "-c",
-            "core.hooksPath=/dev/null",
-            "-c",
-            "user.name=t",
-            "-c",
-            "user.email=t@example.invalid",
-            "-c",
-            "commit.gpgsign=false",
-            "-c",
-            "init.defaultBranch=main",
-            *args,
-        ]
-        res = subprocess.run(argv, cwd=self.root, env=self.env, capture_output=True, check=False)
+        res = self.repo.run(*args)
         if check:
             assert res.returncode == 0, res.stderr.decode(errors="replace")
         return res

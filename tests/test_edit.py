@@ -8,7 +8,7 @@ import hashlib
 import pytest
 
 from controller.errors import ErrorCode, ToolError
-from tests.harness import AgentWorkspace
+from tests.support.harness import AgentWorkspace
 
 A_PY = "def f(text):\n    return text.split(',')\n\nx = 'aaa'\n"
 
@@ -37,9 +37,9 @@ def test_exact_replacement_is_atomic_and_keeps_the_mode(ws: AgentWorkspace) -> N
     )
     after = ws.read("src/a.py")
     assert after == A_PY.replace("split(',')\n", "split(',') if text else []\n").encode()
-    assert (res.line, res.removedLines, res.addedLines) == (2, 1, 1)
-    assert res.sha256Before == hashlib.sha256(A_PY.encode()).hexdigest()
-    assert res.sha256After == hashlib.sha256(after).hexdigest()
+    assert (res.line, res.removed_lines, res.added_lines) == (2, 1, 1)
+    assert res.sha256_before == hashlib.sha256(A_PY.encode()).hexdigest()
+    assert res.sha256_after == hashlib.sha256(after).hexdigest()
     ws.box.replace_text("run.sh", "echo hi", "echo hello")
     files = ws.files()
     assert files["run.sh"] == (b"#!/bin/sh\necho hello\n", 0o755)

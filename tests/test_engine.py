@@ -4,15 +4,12 @@ asserted exactly, and the user's repository is compared byte for byte."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import stat
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -32,35 +29,38 @@ from controller.providers import (
     ScriptedProvider,
     ToolResult,
     open_provider,
-    parse_calls,
 )
 from controller.providers.base import Provider
 from controller.sandbox.base import Runtime
-from controller.sandbox.labels import JOB
-from tests.loopback import LoopbackServer, hang, json_reply, serve
+from tests.support.git import git
+from tests.support.jobs import (
+    APP,
+    APP_AFTER,
+    EDIT,
+    GREET,
+    README,
+    blob,
+    call,
+    check_call,
+    code_of,
+    containers_of,
+    evidence_of,
+    make_repo,
+    make_task,
+    new_job,
+    patch_call,
+    scripted,
+    search_call,
+    sha256,
+    snapshot,
+    states,
+    stored,
+)
+from tests.support.loopback import LoopbackServer, hang, json_reply, serve
 
 pytestmark = pytest.mark.docker
 
-APP = 'def greet(name):\n    return "hello " + name\n'
-APP_AFTER = 'def greet(name):\n    return "Hello " + name\n'
-CHECK = "import sys\nfrom app import greet\nsys.exit(0 if greet('x') == 'Hello x' else 1)\n"
-README = "# demo\n"
 README_AFTER = "# demo\n\nGreets people.\n"
-NOTES = "old notes\n"
-REQUIREMENTS = "requests==2.31.0\n"
-FILES = {
-    "app.py": APP,
-    "check.py": CHECK,
-    "README.md": README,
-    "notes.txt": NOTES,
-    "requirements.txt": REQUIREMENTS,
-}
-
-GREET = {"argv": ["python3", "check.py"], "timeout_seconds": 60}
-EDIT: dict[str, Any] = {
-    "name": "replace_text",
-    "arguments": {"path": "app.py", "oldText": '"hello "', "newText": '"Hello "'},
-}
 README_PATCH = (
     "diff --git a/README.md b/README.md\n--- a/README.md\n+++ b/README.md\n"
     "@@ -1 +1,3 @@\n # demo\n+\n+Greets people.\n"
@@ -70,153 +70,11 @@ DELETE_NOTES = (
     "--- a/notes.txt\n+++ /dev/null\n@@ -1 +0,0 @@\n-old notes\n"
 )
 KEY = "sk-planted-7d1c0e5b9a2f4e83"
-NO_SPARES = HostConfig(spare_sandboxes=0)
-
-GIT_ENV = {
-    "GIT_CONFIG_GLOBAL": os.devnull,
-    "GIT_CONFIG_NOSYSTEM": "1",
-    "GIT_AUTHOR_NAME": "t",
-    "GIT_AUTHOR_EMAIL": "t@example.invalid",
-    "GIT_COMMITTER_NAME": "t",
-    "GIT_COMMITTER_EMAIL": "t@example.invalid",
-}
-
-
-# -- helpers (also used by test_cli_jobs and test_evidence) ---------------------------------
-
-
-def git(repo: Path, *args: str, stdin: bytes | None = None) -> str:
-    done = subprocess.run(
-        ["git", "--no-optional-locks", "-C", str(repo), *args],
-        input=stdin,
-        capture_output=True,
-        check=True,
-        env={**os.environ, **GIT_ENV},
-    )
-    return done.stdout.decode()
-
-
-def make_repo(root: Path, files: dict[str, str] | None = None) -> Path:
-    """A fresh repository with one commit of ``files`` (default: the greeting project)."""
-    root.mkdir(parents=True)
-    for name, text in (files or FILES).items():
-        (root / name).write_text(text)
-    git(root, "init", "-q")
-    git(root, "add", "-A")
-    git(root, "commit", "-qm", "greet")
-    return root
-
-
-def blob(text: str) -> str:
-    return hashlib.sha1(f"blob {len(text.encode())}\0".encode() + text.encode()).hexdigest()  # noqa: S324 - git's object id
-
-
-def sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    """Every entry under ``root`` (``.git`` included): type, mode and content hash."""
-    out: dict[str, str] = {}
-    for folder, dirs, files in os.walk(root):
-        for name in [*dirs, *files]:
-            path = Path(folder) / name
-            info = path.lstat()
-            rel = path.relative_to(root).as_posix()
-            if stat.S_ISLNK(info.st_mode):
-                out[rel] = "link:" + str(path.readlink())
-            elif stat.S_ISDIR(info.st_mode):
-                out[rel] = f"dir:{info.st_mode:o}"
-            else:
-                out[rel] = f"{info.st_mode:o}:{hashlib.sha256(path.read_bytes()).hexdigest()}"
-    return out
-
-
-def make_task(
-    checks: dict[str, Any] | None = None,
-    mode: str = "review",
-    allowed_paths: list[str] | None = None,
-    limits: dict[str, int] | None = None,
-) -> TaskSpec:
-    data: dict[str, Any] = {
-        "prompt": "Capitalize the greeting.",
-        "checks": {"greet": GREET} if checks is None else checks,
-        "mode": mode,
-        "limits": {"memory_mb": 512, "workspace_mb": 64, "tmp_mb": 32, "wall_seconds": 120}
-        | (limits or {}),
-    }
-    if allowed_paths is not None:
-        data["allowed_paths"] = allowed_paths
-    return TaskSpec.model_validate(data)
-
-
-def scripted(*turns: list[dict[str, Any]], final: str = "done") -> ScriptedProvider:
-    return ScriptedProvider(parse_calls(json.dumps({"turns": list(turns), "final": final})))
-
-
-def call(call_id: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {"id": call_id, **spec}
-
-
-def patch_call(call_id: str, patch: str) -> dict[str, Any]:
-    return {"id": call_id, "name": "apply_patch", "arguments": {"patch": patch}}
-
-
-def check_call(call_id: str, check_id: str) -> dict[str, Any]:
-    return {"id": call_id, "name": "run_check", "arguments": {"checkId": check_id}}
-
-
-def search_call(call_id: str) -> dict[str, Any]:
-    return {"id": call_id, "name": "search_text", "arguments": {"query": "def greet"}}
-
-
-def new_job(
-    client: docker.DockerClient,
-    repo: Path,
-    task: TaskSpec,
-    provider: Provider,
-    *,
-    progress: Callable[[str], None] | None = None,
-    **fields: Any,
-) -> Job:
-    fields.setdefault("config", NO_SPARES)
-    request = JobRequest(repo=repo, task=task, provider=provider, **fields)
-    return Job(client, request, progress=progress)
-
-
-def containers_of(client: docker.DockerClient, job_id: str) -> list[str]:
-    found = client.containers.list(all=True, filters={"label": f"{JOB}={job_id}"})
-    return [c.name or "" for c in found]
-
-
-def evidence_of(job_id: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((JobStore().folder(job_id) / "evidence.json").read_text())
-    return data
-
-
-def code_of(record: JobRecord) -> str | None:
-    return (record.error or {}).get("code")
-
-
-def stored(record: JobRecord) -> dict[str, Any]:
-    """The record as written to ``job.json``."""
-    data: dict[str, Any] = record.model_dump(mode="json")
-    return data
-
-
-def states(record: JobRecord) -> list[str]:
-    return [s for s, _ in record.history]
 
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     return make_repo(tmp_path / "greet")
-
-
-@pytest.fixture
-def client(docker_client: docker.DockerClient, sandbox_image: str) -> docker.DockerClient:
-    del sandbox_image  # built once, before the first job
-    return docker_client
 
 
 # -- 1. a full job -------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from controller.jobs.evidence import junit
 from controller.jobs.records import CheckResult, JobRecord, JobStore
 from controller.logs import REDACTED, Scrubber
 from controller.paths import patchbox_home
-from tests.test_engine import (
+from tests.support.jobs import (
     EDIT,
     GREET,
     call,
@@ -47,12 +47,6 @@ ROOT = Path(__file__).resolve().parent.parent
 def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     return make_repo(tmp_path / f"work-{MARKER}" / "greet")
-
-
-@pytest.fixture
-def client(docker_client: docker.DockerClient, sandbox_image: str) -> docker.DockerClient:
-    del sandbox_image  # built once, before the first job
-    return docker_client
 
 
 def assert_clean(text: str, *paths: Path) -> None:

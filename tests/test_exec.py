@@ -14,7 +14,7 @@ from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.docker import container_config
 from controller.sandbox.labels import current_identity, new_job_id
 from controller.sandbox.prepare import BaselineCache, prepare
-from tests.gitrepo import git_env, init
+from tests.support.git import init
 
 SCRIPT = '#!/bin/sh\necho "ran from $(pwd)"\n'
 
@@ -32,7 +32,7 @@ def test_the_tmpfs_mounts_allow_exec_and_keep_nosuid_nodev() -> None:
 def test_a_committed_script_and_a_built_binary_run(
     docker_client: docker.DockerClient, sandbox_image: str, runtime: Runtime, tmp_path: Path
 ) -> None:
-    made = init(tmp_path / "proj", git_env(tmp_path / "home"), {"README.md": "# p\n"})
+    made = init(tmp_path / "proj", {"README.md": "# p\n"})
     made.write("ci/test.sh", SCRIPT, executable=True)
     made.commit("the test script")
     repo = made.path
@@ -51,12 +51,12 @@ def test_a_committed_script_and_a_built_binary_run(
     )
     with prepared.sandbox as box:
         ran = box.run(["./ci/test.sh"], timeout=30)
-        assert (ran.exitCode, ran.output.strip()) == (0, "ran from /workspace")
+        assert (ran.exit_code, ran.output.strip()) == (0, "ran from /workspace")
         built = box.run(
             ["sh", "-c", "cp /bin/echo /tmp/built && chmod 755 /tmp/built && /tmp/built hi"],
             timeout=30,
         )
-        assert (built.exitCode, built.output.strip()) == (0, "hi")
+        assert (built.exit_code, built.output.strip()) == (0, "hi")
         mounts = box.run(["cat", "/proc/self/mounts"], timeout=30).output
         for target in ("/workspace", "/tmp"):
             [line] = [m for m in mounts.splitlines() if m.split()[1] == target]

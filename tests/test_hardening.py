@@ -50,7 +50,7 @@ def _run_py(box: DockerSandbox, source: str, *args: str, timeout: float = 30.0) 
 def _probe(box: DockerSandbox, source: str, *args: str, timeout: float = 30.0) -> Any:
     """Runs ``source`` with python3 in the sandbox; its last line of output is JSON."""
     result = _run_py(box, source, *args, timeout=timeout)
-    assert result.exitCode == 0, result.output
+    assert result.exit_code == 0, result.output
     return json.loads(result.output.strip().splitlines()[-1])
 
 
@@ -305,7 +305,7 @@ def test_setuid_binary_gains_no_privileges(
     spec = SandboxSpec(image=setuid_image, job_id=new_job_id(), runtime=runtime)
     with DockerSandbox.start(docker_client, spec, current_identity()) as box:
         result = box.run([SETUID_PY, "-c", textwrap.dedent(EUID_PROBE)], timeout=30)
-    assert result.exitCode == 0, result.output
+    assert result.exit_code == 0, result.output
     inside = json.loads(result.output)
     assert inside == {"resuid": [SANDBOX_UID] * 3, "mode": 0o4755, "owner": 0}
 
@@ -501,7 +501,7 @@ def test_fork_bomb_is_contained(
     try:
         if runtime == "runc":
             result = _run_py(box, FORK_BOMB, timeout=5.0)
-            assert result.timedOut is True
+            assert result.timed_out is True
             assert result.signal == 9
         else:
             with pytest.raises((SandboxError, LimitExceededError)) as info:
@@ -612,7 +612,7 @@ def test_filling_a_tmpfs_ends_in_enospc(runtime: Runtime, make_sandbox: SandboxF
     is not OOM-killed, and answers later calls."""
     box = make_sandbox(runtime, limits=SMALL)
     note = box.run(["sh", "-c", "echo still here > note.txt"], timeout=10)
-    assert note.exitCode == 0, note.output
+    assert note.exit_code == 0, note.output
     sizes = {"/workspace": SMALL.workspace_mb, "/tmp": SMALL.tmp_mb, "/dev/shm": SHM_MB}
     for mount, size_mb in sizes.items():
         out = _probe(box, FILL_PROBE, f"{mount}/fill", str(2 * size_mb * MB), timeout=60)
@@ -624,7 +624,7 @@ def test_filling_a_tmpfs_ends_in_enospc(runtime: Runtime, make_sandbox: SandboxF
 
     assert box.read_file("note.txt").content == "still here\n"
     assert box.list_files().files == ["fill", "note.txt"]
-    assert box.run(["true"], timeout=10).exitCode == 0  # raises if Docker saw an OOM
+    assert box.run(["true"], timeout=10).exit_code == 0  # raises if Docker saw an OOM
     state = _state(box)
     assert (state["Running"], state["OOMKilled"]) == (True, False)
 
@@ -818,8 +818,8 @@ def test_orphans_are_reaped(runtime: Runtime, make_sandbox: SandboxFactory) -> N
     """
     box = make_sandbox(runtime)
     result = _run_py(box, ORPHANS, "20")
-    assert result.exitCode == 0
-    assert result.durationMs < 900, "the orphans do not hold the run's output"
+    assert result.exit_code == 0
+    assert result.duration_ms < 900, "the orphans do not hold the run's output"
     time.sleep(3.0)  # they exit about 1 s after the run ended; nothing runs meanwhile
     out = _probe(box, ZOMBIES)
     assert out["ppids"] == ["1"]
@@ -852,7 +852,7 @@ def test_reaping_never_takes_a_runs_exit_status(
     status waits to be read, keep their exact exit codes, and no zombie is left."""
     box = make_sandbox(runtime)
     codes = [3, 0, 1, 2, 5] * 3
-    got = [_run_py(box, CHURN, str(code)).exitCode for code in codes]
+    got = [_run_py(box, CHURN, str(code)).exit_code for code in codes]
     assert got == codes
     time.sleep(1.0)
     assert _probe(box, ZOMBIES)["zombies"] == []
@@ -866,7 +866,7 @@ def test_docker_stop_ends_the_sandbox_at_once(
     and then SIGKILL. With it the agent exits with 143 at once, and the kernel kills
     everything else in the sandbox (here a running ``sleep``)."""
     box = make_sandbox(runtime)
-    assert _run_py(box, "import subprocess; subprocess.Popen(['sleep', '300'])").exitCode == 0
+    assert _run_py(box, "import subprocess; subprocess.Popen(['sleep', '300'])").exit_code == 0
     started = time.monotonic()
     box.container.stop(timeout=30)
     elapsed = time.monotonic() - started
@@ -925,7 +925,7 @@ def test_run_cannot_forge_its_own_result(runtime: Runtime, make_sandbox: Sandbox
         result = _run_py(box, FORGE_PROBE, str(box.session.next_id))
         assert "FORGED" not in result.output
         assert "wrote to" not in result.output
-        assert result.exitCode == 7
+        assert result.exit_code == 7
         assert "genuine" in result.output
         return
     with pytest.raises(SandboxError, match=r"unsigned|signature") as info:

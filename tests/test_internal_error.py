@@ -15,7 +15,7 @@ from controller.cli import main as cli
 from controller.jobs.records import JobStore
 from controller.paths import patchbox_home
 from controller.sandbox.labels import JOB
-from tests.test_engine import EDIT, GREET, call, check_call, make_repo
+from tests.support.jobs import EDIT, GREET, call, check_call, make_repo
 
 SECRET = "sk-crash-9f8e7d6c5b4a3210"  # noqa: S105 - a planted fake key
 """Planted in the environment and in the injected exception's message."""
@@ -139,3 +139,18 @@ def test_a_fault_in_any_command_gives_internal_error(
     out, err = capsys.readouterr()
     assert out == ""
     assert err.startswith("patchbox: error INTERNAL_ERROR: an unexpected error (BoomError)")
+
+
+def test_crash_reports_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from controller import crash
+
+    monkeypatch.setattr(crash, "MAX_REPORTS", 3)
+    names = []
+    for _ in range(5):
+        try:
+            boom()
+        except BoomError as exc:
+            names.append(crash.write_report(exc, context="test", repo=""))
+    kept = sorted(p.name for p in (patchbox_home() / "crash").iterdir())
+    assert [n.removeprefix("crash/") for n in names[-3:]] == kept[-3:]
+    assert len(kept) <= 3

@@ -41,7 +41,8 @@ from controller.changes.journal import (
 )
 from controller.errors import UsageError
 from controller.repo.baseline import build_baseline
-from tests.applyrepo import Snapshot, git, make_diff, make_repo, snapshot, status
+from tests.support.git import git, init, make_diff, status
+from tests.support.worktree import Snapshot, snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -113,7 +114,7 @@ def run_child(op: str, journal: Path, spec: Path | None, home: Path, fault: str 
 
 def make_user_repo(path: Path) -> Path:
     """HEAD, a staged change, an unstaged change on top of it, an untracked file."""
-    repo = make_repo(path, HEAD)
+    repo = init(path, HEAD, message="init").path
     (repo / "f.txt").write_bytes(b"a\nb\nc\nstaged\n")
     git(repo, "add", "f.txt")
     (repo / "f.txt").write_bytes(TOUCHED["f.txt"])

@@ -40,7 +40,7 @@ from controller.sandbox.labels import (
 )
 from controller.sandbox.prepare import BaselineCache, SparePool, pool_key, prepare
 from controller.sandbox.reaper import reap
-from tests.test_engine import EDIT, GREET, call, check_call, make_repo
+from tests.support.jobs import EDIT, GREET, call, check_call, make_repo
 
 pytestmark = pytest.mark.docker
 
@@ -354,7 +354,12 @@ def test_no_host_user_path_in_the_sandbox_mountinfo(
     home = str(patchbox_home())
     secrets = {home, str(Path.home()), str(repo), str(tmp_path)}
     sources = []
-    for use_pool in (pool, pool, None):
+    offered: list[str | None] = []
+    # The first job offers a spare; the next ones take it (a loaded machine may make an offer
+    # fail, so up to three tries), the last one has no pool and loads from the cache.
+    for use_pool in (pool, pool, pool, pool, None):
+        if use_pool is not None and "spare" in sources:
+            continue
         spec = SandboxSpec(
             image=sandbox_image,
             job_id=new_job_id(),
@@ -370,5 +375,7 @@ def test_no_host_user_path_in_the_sandbox_mountinfo(
             assert "/workspace" in seen
             leaked = [s for s in secrets if s in seen]
             assert not leaked, (prepared.source, seen)
-        prepared.finish()
-    assert sources == ["fifo" if runtime == "runc" else "cache", "spare", "cache"]
+        offered.append(prepared.finish())
+    assert sources[0] == ("fifo" if runtime == "runc" else "cache")
+    assert "spare" in sources, (sources, offered)
+    assert sources[-1] == "cache"

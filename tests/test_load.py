@@ -22,7 +22,7 @@ import docker.errors
 import pytest
 
 from controller.sandbox.labels import HOME, JOB, KIND, home_id
-from tests.test_engine import EDIT, GREET, call, check_call, make_repo
+from tests.support.jobs import EDIT, GREET, call, check_call, make_repo
 
 pytestmark = pytest.mark.docker
 

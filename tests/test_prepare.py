@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,24 +24,8 @@ from controller.sandbox.docker import DockerSandbox
 from controller.sandbox.labels import KIND, ControllerIdentity, current_identity, new_job_id
 from controller.sandbox.prepare import POOL_KEY, BaselineCache, SparePool, pool_key, prepare
 from controller.sandbox.reaper import reap
-from tests.test_channel import TcpProxy
-
-GIT_ENV = {
-    "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-    "HOME": "/nonexistent",
-    "GIT_CONFIG_GLOBAL": os.devnull,
-    "GIT_CONFIG_NOSYSTEM": "1",
-    "GIT_AUTHOR_NAME": "t",
-    "GIT_AUTHOR_EMAIL": "t@example.invalid",
-    "GIT_COMMITTER_NAME": "t",
-    "GIT_COMMITTER_EMAIL": "t@example.invalid",
-}
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(repo), *args], env=GIT_ENV, check=True, capture_output=True, text=True
-    ).stdout
+from tests.support.git import git
+from tests.support.proxy import TcpProxy
 
 
 def snapshot(repo: Path) -> dict[str, tuple[int, str]]:
@@ -102,7 +85,7 @@ def expected_files(root: Path) -> dict[str, str]:
 
 def workspace_files(box: DockerSandbox) -> dict[str, str]:
     res = box.run(["sh", "-c", "find . -type f -print0 | xargs -0 sha256sum"], timeout=60)
-    assert res.exitCode == 0, res.output
+    assert res.exit_code == 0, res.output
     out = {}
     for line in res.output.splitlines():
         digest, _, rel = line.partition("  ")

@@ -15,7 +15,7 @@ from controller.tools import policy
 from controller.tools.executor import ToolExecutor
 from patchbox_agent import jail, protected
 from tests.conftest import SandboxFactory, _require_runsc
-from tests.harness import AgentWorkspace
+from tests.support.harness import AgentWorkspace
 
 
 def test_the_controller_uses_the_agents_very_list() -> None:

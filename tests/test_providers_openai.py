@@ -1,4 +1,4 @@
-"""The OpenAI-compatible adapters against a real HTTP server on loopback (tests/loopback.py).
+"""The OpenAI-compatible adapters against a real HTTP server on loopback (tests/support/loopback.py).
 
 Every answer below is played by the server over a socket: recorded shapes of both APIs,
 streamed and not, and hostile ones (hangs, trickles, cuts, oversized, echoed keys).
@@ -35,7 +35,7 @@ from controller.providers import (
 )
 from controller.providers.openai import retry_after_seconds, sse_events
 from controller.tools.schemas import ReadFileArgs, parse_arguments, tool_schemas
-from tests.loopback import (
+from tests.support.loopback import (
     LoopbackServer,
     Responder,
     announce,

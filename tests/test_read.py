@@ -14,7 +14,7 @@ from controller.sandbox.docker import DockerSandbox
 from controller.sandbox.local import LocalSandbox
 from controller.tools.executor import ToolExecutor
 from tests.conftest import SandboxFactory
-from tests.harness import AgentWorkspace
+from tests.support.harness import AgentWorkspace
 
 MARKER = "TOP-MARKER-OUTSIDE"
 
@@ -107,17 +107,18 @@ def test_line_ranges(ws: AgentWorkspace) -> None:
     ws.setup({"lines.txt": "".join(f"line {i}\n" for i in range(1, 101))})
     part = ws.box.read_file("lines.txt", start=10, end=12)
     assert part.content == "line 10\nline 11\nline 12\n"
-    assert (part.startLine, part.endLine, part.totalLines, part.truncated) == (10, 12, 100, False)
+    assert (part.start_line, part.end_line, part.total_lines) == (10, 12, 100)
+    assert part.truncated is False
     tail = ws.box.read_file("lines.txt", start=99)
-    assert (tail.content, tail.endLine, tail.truncated) == ("line 99\nline 100\n", 100, False)
+    assert (tail.content, tail.end_line, tail.truncated) == ("line 99\nline 100\n", 100, False)
     past = ws.box.read_file("lines.txt", start=500)
-    assert (past.content, past.endLine) == ("", 499)
+    assert (past.content, past.end_line) == ("", 499)
 
 
 def test_huge_sparse_file_is_refused_quickly(ws: AgentWorkspace) -> None:
     cmd = "import os; f = open('sparse.bin', 'wb'); f.truncate(2 * 1024**3); f.close()"
     py = "python3" if ws.kind == "docker" else sys.executable
-    assert ws.box.run([py, "-c", cmd], timeout=30).exitCode == 0
+    assert ws.box.run([py, "-c", cmd], timeout=30).exit_code == 0
     started = time.monotonic()
     with pytest.raises(ToolError) as info:
         ws.box.read_file("sparse.bin")
@@ -155,7 +156,7 @@ def test_symlink_swapped_in_during_reads_never_escapes(ws: AgentWorkspace) -> No
     # The session serialises calls, so the swapper runs detached (its own session).
     detach = 'setsid "$0" -c "$1" "$2" 4 >/dev/null 2>&1 & sleep 0.5'  # until setsid ran
     res = ws.box.run(["sh", "-c", detach, py, SWAPPER, target], timeout=30)
-    assert res.exitCode == 0
+    assert res.exit_code == 0
     time.sleep(0.3)
     seen = {"plain": 0, "denied": 0}
     deadline = time.monotonic() + 3

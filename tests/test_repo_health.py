@@ -17,7 +17,8 @@ from controller.repo.baseline import (
     check_health,
 )
 from controller.repo.layout import locate
-from tests.gitrepo import Repo, archive_files, init, isolate, leftovers, work_tree_files
+from tests.support.baseline import archive_files, isolate, leftovers, work_tree_files
+from tests.support.git import Repo, init
 
 BASE: dict[str, bytes | str] = {
     "a.txt": "one\ntwo\nthree\n",
@@ -34,7 +35,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, s
 
 @pytest.fixture
 def repo(tmp_path: Path, env: dict[str, str]) -> Repo:
-    return init(tmp_path / "repo", env, BASE)
+    return init(tmp_path / "repo", BASE, env=env)
 
 
 def codes(report: HealthReport) -> list[str]:
@@ -124,7 +125,7 @@ def untracked_fifo(repo: Repo) -> None:
 
 
 def nested_repo(repo: Repo) -> None:
-    init(repo.path / "nested", repo.env, {"n.txt": "n\n"})
+    init(repo.path / "nested", {"n.txt": "n\n"}, env=repo.env)
 
 
 def garbage_head(repo: Repo) -> None:
@@ -214,7 +215,7 @@ def test_blocked_state_has_its_reason_codes(
 
 
 def test_unborn_head_of_a_new_repository(tmp_path: Path, env: dict[str, str]) -> None:
-    repo = init(tmp_path / "new", env)
+    repo = init(tmp_path / "new", env=env)
     repo.write("a.txt", "a\n")
     assert codes(check_health(repo.path)) == ["HEAD_UNBORN"]
     with pytest.raises(RepoBlockedError) as caught:
@@ -349,7 +350,7 @@ def test_worktree_in_progress_state_is_its_own(tmp_path: Path, repo: Repo) -> No
 
 
 def test_separate_git_dir(tmp_path: Path, env: dict[str, str]) -> None:
-    repo = init(tmp_path / "wt", env, BASE, "--separate-git-dir", str(tmp_path / "store.git"))
+    repo = init(tmp_path / "wt", BASE, "--separate-git-dir", str(tmp_path / "store.git"), env=env)
     assert (repo.path / ".git").is_file()
     report = check_health(repo.path)
     assert report.ok, report.reasons
@@ -360,7 +361,7 @@ def test_separate_git_dir(tmp_path: Path, env: dict[str, str]) -> None:
 
 
 def test_bare_repository(tmp_path: Path, env: dict[str, str]) -> None:
-    init(tmp_path / "src", env, BASE)
+    init(tmp_path / "src", BASE, env=env)
     bare = tmp_path / "repo.git"
     Repo(tmp_path, env).git("clone", "-q", "--bare", str(tmp_path / "src"), str(bare))
     assert codes(check_health(bare)) == ["BARE_REPOSITORY"]
@@ -393,8 +394,8 @@ def test_subfolder_of_a_repository(repo: Repo) -> None:
 
 
 def test_submodule_is_listed_and_not_entered(tmp_path: Path, env: dict[str, str]) -> None:
-    lib = init(tmp_path / "lib", env, {"lib.txt": "library\n"})
-    repo = init(tmp_path / "repo", env, BASE)
+    lib = init(tmp_path / "lib", {"lib.txt": "library\n"}, env=env)
+    repo = init(tmp_path / "repo", BASE, env=env)
     repo.git(
         "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(lib.path), "vendor/lib"
     )

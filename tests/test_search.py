@@ -9,7 +9,7 @@ import pytest
 
 from controller.errors import ErrorCode, ToolError
 from patchbox_agent.globs import Glob, GlobError
-from tests.harness import AgentWorkspace
+from tests.support.harness import AgentWorkspace
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def _write(ws: AgentWorkspace, path: str, text: str) -> None:
     res = ws.box.run(
         ["python3", "-c", code] if ws.kind == "docker" else [sys.executable, "-c", code], timeout=30
     )
-    assert res.exitCode == 0, res.output
+    assert res.exit_code == 0, res.output
 
 
 def test_listing_hides_ignored_protected_and_linked(ws: AgentWorkspace) -> None:
@@ -163,16 +163,16 @@ def test_index_follows_every_change_of_the_tree(ws: AgentWorkspace) -> None:
     py = "python3" if ws.kind == "docker" else sys.executable
     before = ws.box.list_files()
     assert "src/pkg/b.py" in before.files
-    assert ws.box.run([py, "-c", INDEX_CHANGES], timeout=30).exitCode == 0
+    assert ws.box.run([py, "-c", INDEX_CHANGES], timeout=30).exit_code == 0
     after = ws.box.list_files()
     assert after.version > before.version
     assert "new/deep/n.py" in after.files
     assert "gone/g.py" in after.files
     assert not [p for p in after.files if p.startswith("src/pkg/")]
     assert "src/pkg/skip.log" not in after.files
-    assert ws.box.run([py, "-c", INDEX_LINK_SWAP], timeout=30).exitCode == 0
+    assert ws.box.run([py, "-c", INDEX_LINK_SWAP], timeout=30).exit_code == 0
     last = ws.box.list_files()
     assert not [p for p in last.files if p.startswith(("gone", "new/"))]
     assert ".gitignore" in last.files
-    assert ws.box.run(["true"], timeout=30).exitCode == 0
+    assert ws.box.run(["true"], timeout=30).exit_code == 0
     assert ws.box.list_files().files == last.files

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 
 from controller.config.limits import Limits
 from controller.logs import SECRET_NAME
+from patchbox_agent import server
 
 CheckId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
@@ -33,14 +34,15 @@ class CheckSpec(BaseModel):
     argv: list[Annotated[str, StringConstraints(min_length=1, max_length=4096)]] = Field(
         min_length=1, max_length=256
     )
-    timeout_seconds: float = Field(default=300.0, gt=0, le=86400)
+    timeout_seconds: float = Field(default=300.0, gt=0, le=server.MAX_RUN_SECONDS)
     required: bool = True
     mutates: bool = False
     """A check that may change files (a formatter); its changes are recorded as its effects.
     Any other check that changes a file fails the job."""
     env: dict[str, Annotated[str, StringConstraints(max_length=4096)]] = Field(default_factory=dict)
     """Extra variables; names must not look like secrets or proxies."""
-    output_limit: int = Field(default=64 * 1024, ge=1024, le=1024 * 1024)
+    output_limit: int = Field(default=server.DEFAULT_RUN_OUTPUT, ge=1024, le=server.MAX_RUN_OUTPUT)
+    """Bytes of output kept (the agent's bounds: its default, at most its maximum)."""
 
     @model_validator(mode="after")
     def _safe_env(self) -> Self:

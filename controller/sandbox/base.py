@@ -6,8 +6,10 @@ from collections.abc import Iterable
 from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
 
 from controller.config.limits import Limits
+from patchbox_agent import diffs, jail, search, server
 
 Runtime = Literal["runc", "runsc"]
 
@@ -41,8 +43,26 @@ class SandboxSpec(BaseModel):
 PRELOAD_TARGET = "/run/patchbox/baseline.tar"
 
 
+DEFAULT_OUTPUT_LIMIT = server.DEFAULT_RUN_OUTPUT
+"""Bytes of a process's output kept by ``run`` unless the caller says otherwise."""
+
+_MAX_PATH = jail.MAX_PATH_BYTES
+
+
 class _Result(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    """An agent result: snake_case attributes, the agent's camelCase keys on the wire (also
+    what ``model_dump`` and the JSON Schema give, so what reaches the model and the evidence
+    keeps the agent's names)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        strict=True,
+        alias_generator=to_camel,
+        validate_by_alias=True,
+        validate_by_name=True,
+        serialize_by_alias=True,
+    )
 
 
 class PreloadResult(_Result):
@@ -63,59 +83,59 @@ class HelloResult(_Result):
 
 
 class ListFilesResult(_Result):
-    files: list[str] = Field(max_length=10000)
+    files: list[str] = Field(max_length=server.MAX_LIST_RESULTS)
     truncated: bool
     version: int = Field(ge=0)
     """The workspace version the listing belongs to."""
 
 
 class SearchHit(_Result):
-    path: str = Field(max_length=4096)
+    path: str = Field(max_length=_MAX_PATH)
     line: int = Field(ge=1)
-    text: str = Field(max_length=500)
+    text: str = Field(max_length=search.MAX_LINE_CHARS)
 
 
 class SearchTextResult(_Result):
-    hits: list[SearchHit] = Field(max_length=1000)
+    hits: list[SearchHit] = Field(max_length=server.MAX_SEARCH_RESULTS)
     truncated: bool
-    filesScanned: int = Field(ge=0)  # noqa: N815 - wire name
+    files_scanned: int = Field(ge=0)
     version: int = Field(ge=0)
     cached: bool
     """True when the answer came from the cache of this workspace version."""
 
 
 class ReadFileResult(_Result):
-    path: str = Field(max_length=4096)
-    startLine: int = Field(ge=1)  # noqa: N815 - wire name
-    endLine: int = Field(ge=0)  # noqa: N815 - wire name
-    totalLines: int = Field(ge=0)  # noqa: N815 - wire name
+    path: str = Field(max_length=_MAX_PATH)
+    start_line: int = Field(ge=1)
+    end_line: int = Field(ge=0)
+    total_lines: int = Field(ge=0)
     content: str = Field(max_length=1024 * 1024)
     truncated: bool
 
 
 class ReplaceTextResult(_Result):
-    path: str = Field(max_length=4096)
+    path: str = Field(max_length=_MAX_PATH)
     line: int = Field(ge=1)
     """The first line of the replaced text."""
-    removedLines: int = Field(ge=0)  # noqa: N815 - wire name
-    addedLines: int = Field(ge=0)  # noqa: N815 - wire name
-    sha256Before: str = Field(pattern=r"^[0-9a-f]{64}$")  # noqa: N815 - wire name
-    sha256After: str = Field(pattern=r"^[0-9a-f]{64}$")  # noqa: N815 - wire name
+    removed_lines: int = Field(ge=0)
+    added_lines: int = Field(ge=0)
+    sha256_before: str = Field(pattern=r"^[0-9a-f]{64}$")
+    sha256_after: str = Field(pattern=r"^[0-9a-f]{64}$")
     version: int = Field(ge=0)
 
 
 class PatchedFile(_Result):
-    path: str = Field(max_length=4096)
-    oldPath: str | None = Field(max_length=4096)  # noqa: N815 - wire name
+    path: str = Field(max_length=_MAX_PATH)
+    old_path: str | None = Field(max_length=_MAX_PATH)
     kind: Literal["modify", "create", "delete", "rename"]
     added: int = Field(ge=0)
     removed: int = Field(ge=0)
-    sha256Before: str | None = Field(pattern=r"^[0-9a-f]{64}$")  # noqa: N815 - wire name
-    sha256After: str | None = Field(pattern=r"^[0-9a-f]{64}$")  # noqa: N815 - wire name
+    sha256_before: str | None = Field(pattern=r"^[0-9a-f]{64}$")
+    sha256_after: str | None = Field(pattern=r"^[0-9a-f]{64}$")
 
 
 class ApplyPatchResult(_Result):
-    files: list[PatchedFile] = Field(max_length=200)
+    files: list[PatchedFile] = Field(max_length=diffs.MAX_FILES)
     version: int = Field(ge=0)
 
 
@@ -127,18 +147,18 @@ class PutArchiveResult(_Result):
 class FileChanges(_Result):
     """Visible files a process changed, as the agent observed them (bounded lists)."""
 
-    added: list[str] = Field(max_length=200)
-    removed: list[str] = Field(max_length=200)
-    modified: list[str] = Field(max_length=200)
+    added: list[str] = Field(max_length=server.MAX_CHANGE_PATHS)
+    removed: list[str] = Field(max_length=server.MAX_CHANGE_PATHS)
+    modified: list[str] = Field(max_length=server.MAX_CHANGE_PATHS)
     count: int = Field(ge=0)
 
 
 class ChangesResult(_Result):
     """Visible files changed since the baseline, as the agent observed them."""
 
-    added: list[str] = Field(max_length=10000)
-    removed: list[str] = Field(max_length=10000)
-    modified: list[str] = Field(max_length=10000)
+    added: list[str] = Field(max_length=server.MAX_EXPORT_PATHS)
+    removed: list[str] = Field(max_length=server.MAX_EXPORT_PATHS)
+    modified: list[str] = Field(max_length=server.MAX_EXPORT_PATHS)
     count: int = Field(ge=0)
     truncated: bool
 
@@ -159,15 +179,15 @@ class RunResult(_Result):
     ``oom_killed`` is not the agent's word: the controller sets it from the Docker API.
     """
 
-    exitCode: int | None  # noqa: N815 - wire name
+    exit_code: int | None
     signal: int | None
-    timedOut: bool  # noqa: N815 - wire name
+    timed_out: bool
     cancelled: bool
-    spawnError: str | None = Field(max_length=256)  # noqa: N815 - wire name
+    spawn_error: str | None = Field(max_length=256)
     output: str = Field(max_length=4 * 1024 * 1024)
-    outputBytes: int = Field(ge=0)  # noqa: N815 - wire name
+    output_bytes: int = Field(ge=0)
     truncated: bool
-    durationMs: int = Field(ge=0)  # noqa: N815 - wire name
+    duration_ms: int = Field(ge=0)
     changes: FileChanges | None = None
     """Present when the run was asked to track changes."""
 
@@ -217,7 +237,7 @@ class Sandbox(Protocol):
         *,
         timeout: float,
         env: dict[str, str] | None = None,
-        output_limit: int = 65536,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
         track_changes: bool = False,
     ) -> RunResult: ...
 

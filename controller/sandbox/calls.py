@@ -13,6 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from controller.errors import ProtocolError
 from controller.sandbox.base import (
+    DEFAULT_OUTPUT_LIMIT,
     ApplyPatchResult,
     ChangesResult,
     ListFilesResult,
@@ -23,17 +24,22 @@ from controller.sandbox.base import (
     RunResult,
     SearchTextResult,
 )
+from patchbox_agent import server
 
 M = TypeVar("M", bound=BaseModel)
 
 DEFAULT_CALL_TIMEOUT = 60.0
 ARCHIVE_TIMEOUT = 600.0
-RAW_CHUNK = 2 * 1024 * 1024
+RAW_CHUNK = server.RAW_CHUNK
 RUN_GRACE = 10.0
 """Seconds the controller waits beyond a process timeout for the agent's answer."""
 
 
 class AgentCalls:
+    """The operations of :class:`controller.sandbox.base.Sandbox` (``hello`` and ``close``
+    are the implementation's), defined once: an implementation provides ``_call`` and may
+    hook ``_protocol_violation``, ``_before_run`` and ``_after_run``."""
+
     def _call(
         self,
         op: str,
@@ -46,6 +52,13 @@ class AgentCalls:
     def _protocol_violation(self, error: ProtocolError) -> ProtocolError:
         """Called when a result breaks its schema; implementations discard the sandbox."""
         return error
+
+    def _before_run(self) -> None:
+        """Called before a process is started; an implementation may refuse by raising."""
+
+    def _after_run(self, result: RunResult) -> RunResult:
+        """Called with a run's result before the caller sees it; may raise instead."""
+        return result
 
     def _validate(self, model: type[M], data: dict[str, Any]) -> M:
         try:
@@ -123,12 +136,13 @@ class AgentCalls:
         *,
         timeout: float,
         env: dict[str, str] | None = None,
-        output_limit: int = 65536,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
         track_changes: bool = False,
     ) -> RunResult:
         """Runs one process in /workspace; its whole process group dies at ``timeout``.
 
         With ``track_changes`` the result lists the visible files the process changed."""
+        self._before_run()
         args = {
             "argv": argv,
             "env": env or {},
@@ -136,4 +150,5 @@ class AgentCalls:
             "outputLimit": output_limit,
             "trackChanges": track_changes,
         }
-        return self._validate(RunResult, self._call("run", args, timeout + RUN_GRACE))
+        result = self._validate(RunResult, self._call("run", args, timeout + RUN_GRACE))
+        return self._after_run(result)

@@ -395,31 +395,19 @@ class DockerSandbox(AgentCalls):
         state = self.container.attrs.get("State", {})
         return bool(state.get("OOMKilled"))
 
-    def run(
-        self,
-        argv: list[str],
-        *,
-        timeout: float,
-        env: dict[str, str] | None = None,
-        output_limit: int = 65536,
-        track_changes: bool = False,
-    ) -> RunResult:
-        """Runs one process in /workspace; its whole process group dies at ``timeout``.
-
-        Raises LimitExceededError when Docker reports that the container hit its memory
-        limit during the run, or when the job's wall clock runs out.
-        """
+    def _before_run(self) -> None:
         self._raise_if_oom()
-        result = super().run(
-            argv, timeout=timeout, env=env, output_limit=output_limit, track_changes=track_changes
-        )
+
+    def _after_run(self, result: RunResult) -> RunResult:
+        """Raises LimitExceededError when Docker reports that the container hit its memory
+        limit during the run (the job's wall clock is enforced by ``_call``)."""
         # An OOM kill anywhere in the run (also of a grandchild whose parent then exits
         # normally) comes as a Docker event, in practice before the response; a later one
         # is caught at the next call.
         self._raise_if_oom()
         if (
             result.signal == 9
-            and not result.timedOut
+            and not result.timed_out
             and not result.cancelled
             and self._oom_killed(wait=True)
         ):

@@ -1,6 +1,7 @@
 """The controller's side of the agent protocol (version 1): framing and strict decoding.
 
-A frame is ``b"PB" | kind | uint32 length`` and a payload (see the agent's ``frames.py``).
+A frame is ``b"PB" | kind | uint32 length`` and a payload; the version, the header and the
+kinds are the agent's (``patchbox_agent.frames``), imported rather than copied.
 Everything that comes from the container is untrusted: the header is checked
 and the size cap enforced before the payload is read; JSON is decoded with no duplicate
 keys, no NaN or Infinity, bounded numbers and bounded nesting.
@@ -11,20 +12,41 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import struct
 from typing import Any
 
 from controller import strictjson
 from controller.errors import ProtocolError
+from patchbox_agent.frames import (
+    HEADER,
+    HEADER_SIZE,
+    KIND_BINARY,
+    KIND_JSON,
+    KIND_SIGNED,
+    MAGIC,
+    PROTOCOL_VERSION,
+)
 
-PROTOCOL_VERSION = 1
-MAGIC = b"PB"
-KIND_JSON = b"J"
-KIND_BINARY = b"B"
-KIND_SIGNED = b"S"
+__all__ = [
+    "BINARY_CHUNK",
+    "HEADER",
+    "HEADER_SIZE",
+    "KIND_BINARY",
+    "KIND_JSON",
+    "KIND_SIGNED",
+    "MAGIC",
+    "MAX_DEPTH",
+    "MAX_INT_DIGITS",
+    "MAX_RESPONSE_FRAME",
+    "PROTOCOL_VERSION",
+    "TAG_SIZE",
+    "FrameVerifier",
+    "decode_json",
+    "encode",
+    "encode_request",
+    "parse_header",
+]
+
 TAG_SIZE = 32
-HEADER = struct.Struct(">2scI")
-HEADER_SIZE = HEADER.size
 
 MAX_RESPONSE_FRAME = 4 * 1024 * 1024
 """The largest frame the controller accepts from the container."""

@@ -104,7 +104,7 @@ class ToolExecutor:
         try:
             args = parse_arguments(tool, raw)
             if isinstance(args, RunCheckArgs):
-                return self._run_check(turn, call_id, args.checkId)
+                return self._run_check(turn, call_id, args.check_id)
             result, effect = self._dispatch(args)
         except ToolError as exc:
             if not _retryable(exc):
@@ -114,15 +114,15 @@ class ToolExecutor:
 
     def _dispatch(self, args: object) -> tuple[dict[str, Any], str]:
         if isinstance(args, ListFilesArgs):
-            return self.sandbox.list_files(args.glob, args.maxResults).model_dump(), "none"
+            return self.sandbox.list_files(args.glob, args.max_results).model_dump(), "none"
         if isinstance(args, SearchTextArgs):
             found = self.sandbox.search_text(
-                args.query, glob=args.glob, max_results=args.maxResults, regex=args.regex
+                args.query, glob=args.glob, max_results=args.max_results, regex=args.regex
             )
             return found.model_dump(), "none"
         if isinstance(args, ReadFileArgs):
             return self.sandbox.read_file(
-                args.path, args.startLine, args.endLine
+                args.path, args.start_line, args.end_line
             ).model_dump(), "none"
         if isinstance(args, ApplyPatchArgs):
             for path in _patch_paths(args.patch):
@@ -132,7 +132,7 @@ class ToolExecutor:
             return done_patch.model_dump(), "write"
         if isinstance(args, ReplaceTextArgs):
             self._check_write(args.path)
-            done = self.sandbox.replace_text(args.path, args.oldText, args.newText)
+            done = self.sandbox.replace_text(args.path, args.old_text, args.new_text)
             self._check_cache.clear()
             return done.model_dump(), "write"
         raise ToolError("this tool is not available", code=ErrorCode.TOOL_ARGUMENTS_INVALID)
@@ -188,9 +188,9 @@ class ToolExecutor:
 
 def check_result(check_id: str, run: RunResult) -> dict[str, Any]:
     """The model-facing (and evidence) view of a check run: status, exit, bounded output."""
-    if run.timedOut:
+    if run.timed_out:
         status = "timed_out"
-    elif run.exitCode == 0:
+    elif run.exit_code == 0:
         status = "passed"
     else:
         status = "failed"
@@ -198,9 +198,9 @@ def check_result(check_id: str, run: RunResult) -> dict[str, Any]:
     return {
         "checkId": check_id,
         "status": status,
-        "exitCode": run.exitCode,
+        "exitCode": run.exit_code,
         "signal": run.signal,
-        "durationMs": run.durationMs,
+        "durationMs": run.duration_ms,
         "output": output,
         "outputTruncated": run.truncated or len(run.output) > OUTPUT_TAIL,
         "changes": run.changes.model_dump() if run.changes else None,

@@ -20,6 +20,7 @@ from pydantic import (
     model_validator,
 )
 
+from controller.config.task import CheckId
 from controller.errors import (
     ArgumentsNotAnObjectError,
     ErrorCode,
@@ -28,17 +29,29 @@ from controller.errors import (
     describe_validation,
 )
 from controller.sandbox.protocol import decode_json
+from patchbox_agent import diffs, globs, jail, server
 
-MAX_ARGUMENT_BYTES = 8 * 1024 * 1024 + 4096
+MAX_ARGUMENT_BYTES = diffs.MAX_BYTES + 4096
 """The largest arguments object accepted (an 8 MiB patch plus its envelope)."""
 
-WorkspacePath = Annotated[str, StringConstraints(min_length=1, max_length=4096)]
-Glob = Annotated[str, StringConstraints(min_length=1, max_length=512)]
+WorkspacePath = Annotated[str, StringConstraints(min_length=1, max_length=jail.MAX_PATH_BYTES)]
+Glob = Annotated[str, StringConstraints(min_length=1, max_length=globs.MAX_PATTERN)]
+LineNumber = Annotated[int, Field(ge=1, le=server.MAX_LINE_NUMBER)]
 
 
 class _Args(BaseModel):
+    """A tool's arguments: snake_case attributes, camelCase names in the JSON Schema the model
+    sees and in what it sends. Only those names validate (``validate_by_name`` stays off: the
+    model may not send ``start_line`` for ``startLine``)."""
+
     model_config = ConfigDict(
-        extra="forbid", frozen=True, strict=True, use_attribute_docstrings=True
+        extra="forbid",
+        frozen=True,
+        strict=True,
+        use_attribute_docstrings=True,
+        validate_by_alias=True,
+        validate_by_name=False,
+        serialize_by_alias=True,
     )
 
 
@@ -47,18 +60,22 @@ class ListFilesArgs(_Args):
 
     glob: Glob | None = None
     """Only paths matching this glob (``*`` stays within a folder, ``**`` crosses folders)."""
-    maxResults: int | None = Field(default=None, ge=1, le=10000)  # noqa: N815 - wire name
+    max_results: int | None = Field(
+        default=None, ge=1, le=server.MAX_LIST_RESULTS, alias="maxResults"
+    )
     """At most this many paths (default 1000)."""
 
 
 class SearchTextArgs(_Args):
     """Search the text files of the workspace; returns path, line number and line."""
 
-    query: Annotated[str, StringConstraints(min_length=1, max_length=1000)]
+    query: Annotated[str, StringConstraints(min_length=1, max_length=server.MAX_QUERY)]
     """A literal string, or a regular expression when ``regex`` is true."""
     glob: Glob | None = None
     """Only files whose path matches this glob."""
-    maxResults: int | None = Field(default=None, ge=1, le=1000)  # noqa: N815 - wire name
+    max_results: int | None = Field(
+        default=None, ge=1, le=server.MAX_SEARCH_RESULTS, alias="maxResults"
+    )
     """At most this many hits (default 100)."""
     regex: bool = False
     """Treat ``query`` as a regular expression (run with a time bound)."""
@@ -69,17 +86,17 @@ class ReadFileArgs(_Args):
 
     path: WorkspacePath
     """A relative POSIX path inside the workspace."""
-    startLine: int | None = Field(default=None, ge=1, le=10_000_000)  # noqa: N815 - wire name
+    start_line: LineNumber | None = Field(default=None, alias="startLine")
     """First line, 1-based (default 1)."""
-    endLine: int | None = Field(default=None, ge=1, le=10_000_000)  # noqa: N815 - wire name
+    end_line: LineNumber | None = Field(default=None, alias="endLine")
     """Last line, inclusive (default: a bounded window)."""
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
         if (
-            self.startLine is not None
-            and self.endLine is not None
-            and self.endLine < self.startLine
+            self.start_line is not None
+            and self.end_line is not None
+            and self.end_line < self.start_line
         ):
             msg = "endLine must not be before startLine"
             raise ValueError(msg)
@@ -90,14 +107,16 @@ class ReplaceTextArgs(_Args):
     """Replace the one exact occurrence of ``oldText`` in a file with ``newText``."""
 
     path: WorkspacePath
-    oldText: Annotated[str, StringConstraints(min_length=1, max_length=1024 * 1024)]  # noqa: N815
+    old_text: Annotated[str, StringConstraints(min_length=1, max_length=1024 * 1024)] = Field(
+        alias="oldText"
+    )
     """Text that occurs exactly once in the file."""
-    newText: Annotated[str, StringConstraints(max_length=1024 * 1024)]  # noqa: N815
+    new_text: Annotated[str, StringConstraints(max_length=1024 * 1024)] = Field(alias="newText")
     """Its replacement; must differ from ``oldText``."""
 
     @model_validator(mode="after")
     def _differs(self) -> Self:
-        if self.oldText == self.newText:
+        if self.old_text == self.new_text:
             msg = "newText must differ from oldText"
             raise ValueError(msg)
         return self
@@ -106,13 +125,13 @@ class ReplaceTextArgs(_Args):
 class ApplyPatchArgs(_Args):
     """Apply one canonical unified git diff (``diff --git a/P b/P`` sections) to the workspace."""
 
-    patch: Annotated[str, StringConstraints(min_length=1, max_length=8 * 1024 * 1024)]
+    patch: Annotated[str, StringConstraints(min_length=1, max_length=diffs.MAX_BYTES)]
 
 
 class RunCheckArgs(_Args):
     """Run one check of the trusted configuration (by id) and get its result."""
 
-    checkId: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]  # noqa: N815
+    check_id: CheckId = Field(alias="checkId")
 
 
 ARGUMENT_MODELS: dict[str, type[_Args]] = {
@@ -166,7 +185,7 @@ def tool_schemas() -> list[dict[str, Any]]:
     """The tools as function definitions for a model: name, description, JSON Schema."""
     out = []
     for name, model in ARGUMENT_MODELS.items():
-        schema = model.model_json_schema()
+        schema = model.model_json_schema(by_alias=True)
         schema.pop("title", None)
         for prop in schema.get("properties", {}).values():
             prop.pop("title", None)

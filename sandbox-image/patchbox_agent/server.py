@@ -42,8 +42,11 @@ else:
 AGENT_VERSION = "0.1.0"
 WORKSPACE = "/workspace"
 
+# The operations' limits. The controller imports them (its result models, the tools'
+# argument schemas, the checks' bounds) rather than copying them.
 MAX_READ_BYTES = 256 * 1024
 MAX_READ_LINES = 2000
+MAX_LINE_NUMBER = 10_000_000
 MAX_READ_FILE = 64 * 1024 * 1024
 MAX_LINE_BYTES = 1024 * 1024
 MAX_LIST_RESULTS = 10000
@@ -53,6 +56,7 @@ DEFAULT_SEARCH_RESULTS = 100
 MAX_QUERY = 1000
 SEARCH_CACHE_ENTRIES = 64
 MAX_RUN_OUTPUT = 1024 * 1024
+DEFAULT_RUN_OUTPUT = 64 * 1024
 MAX_RUN_SECONDS = 24 * 3600
 MAX_EXPORT_PATHS = 10000
 MAX_CHANGE_PATHS = 200
@@ -389,8 +393,8 @@ class Agent:
         }
 
     def _read_file(self, args: dict[str, Any]) -> dict[str, Any]:
-        start = _int_arg(args, "startLine", 1, 1, 10_000_000)
-        end = _int_arg(args, "endLine", start + MAX_READ_LINES - 1, start, 10_000_000)
+        start = _int_arg(args, "startLine", 1, 1, MAX_LINE_NUMBER)
+        end = _int_arg(args, "endLine", start + MAX_READ_LINES - 1, start, MAX_LINE_NUMBER)
         end = min(end, start + MAX_READ_LINES - 1)
         fd = jail.open_file(self._root_fd, args.get("path"))
         with os.fdopen(fd, "rb") as fh:
@@ -526,7 +530,7 @@ def _run_args(args: dict[str, Any]) -> tuple[list[str], dict[str, str], float, i
         raise _bad("timeoutSeconds must be a number")
     if not 0 < timeout <= MAX_RUN_SECONDS:
         raise _bad("timeoutSeconds out of range")
-    cap = _int_arg(args, "outputLimit", 64 * 1024, 0, MAX_RUN_OUTPUT)
+    cap = _int_arg(args, "outputLimit", DEFAULT_RUN_OUTPUT, 0, MAX_RUN_OUTPUT)
     return argv, env, float(timeout), cap
 
 

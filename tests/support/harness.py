@@ -127,7 +127,7 @@ class AgentWorkspace:
             "fifos": fifos,
         }
         res = self.box.run(["python3", "-c", _PREPARE, json.dumps(spec)], timeout=30)
-        assert res.exitCode == 0, res.output
+        assert res.exit_code == 0, res.output
 
     def files(self) -> dict[str, tuple[bytes, int]]:
         """Every regular file of the workspace (links not followed): (bytes, mode)."""
