@@ -17,6 +17,11 @@ third-party errors into it.
      +-- ToolError                    a tool call failed; the model may see it and retry
      |    +-- ArgumentsNotAnObjectError   arguments not an object or too large: the job ends
      +-- CheckChangedFilesError       CHECK_FAILED: a check not declared ``mutates`` wrote
+     +-- ChangesetInvalidError        CHANGESET_INVALID: ``reasons`` lists why; nothing applied
+     +-- ConflictError                a refusal with the ``conflicts`` that caused it
+     |    +-- ApplyConflictError      APPLY_CONFLICT: the work tree is not as expected
+     |    +-- RevertConflictError     REVERT_CONFLICT: a touched path changed after the apply
+     +-- JournalCorruptError          a journal record that cannot be read back exactly
      +-- ProviderError                PROVIDER_ERROR: the model endpoint failed or broke the rules
      |    +-- TransientProviderError  worth another attempt (timeout, connect, 429, 5xx)
      |    +-- DuplicateToolCallIdError    two tool calls of one turn share an id
@@ -36,13 +41,15 @@ are data (``{"code", "message"}``), never exception classes.
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from enum import IntEnum, StrEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
+    from controller.changes.conflicts import Conflict
+    from controller.changes.validate import ChangesetReason
     from controller.repo.layout import Reason
 
 
@@ -179,6 +186,47 @@ class TransientProviderError(ProviderError):
 
 class DuplicateToolCallIdError(ProviderError):
     """One turn holds two tool calls with the same id."""
+
+
+class ChangesetInvalidError(PatchboxError):
+    """The diff of a job is refused (``CHANGESET_INVALID``); ``reasons`` lists why. Nothing
+    was applied."""
+
+    code = ErrorCode.CHANGESET_INVALID
+
+    def __init__(self, reasons: Sequence[ChangesetReason]) -> None:
+        listed = ", ".join(f"{r.code}" + (f" ({r.path})" if r.path else "") for r in reasons)
+        super().__init__(f"the change set is invalid: {listed[:1000]}")
+        self.reasons = list(reasons)
+
+
+class ConflictError(PatchboxError):
+    """A refusal with the conflicts that caused it; ``verb`` opens its message."""
+
+    verb = ""
+
+    def __init__(self, conflicts: Sequence[Conflict]) -> None:
+        listed = ", ".join(c.code + (f" ({c.path})" if c.path else "") for c in conflicts)
+        super().__init__(f"{self.verb}: {listed[:1000]}")
+        self.conflicts = list(conflicts)
+
+
+class ApplyConflictError(ConflictError):
+    """``APPLY_CONFLICT``: the work tree is not as the change set expects; nothing written."""
+
+    code = ErrorCode.APPLY_CONFLICT
+    verb = "cannot apply"
+
+
+class RevertConflictError(ConflictError):
+    """``REVERT_CONFLICT``: a touched path changed after the apply; nothing written."""
+
+    code = ErrorCode.REVERT_CONFLICT
+    verb = "cannot revert"
+
+
+class JournalCorruptError(PatchboxError):
+    """A journal record that cannot be read back exactly."""
 
 
 class CancelledError(PatchboxError):

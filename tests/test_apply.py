@@ -15,17 +15,14 @@ import pytest
 
 import controller.changes.apply as apply_module
 from controller.changes import transaction, worktree
-from controller.changes.apply import (
-    ApplyConflictError,
-    RevertConflictError,
-    apply_changeset,
-    job_state,
-    recover,
-    revert_changeset,
-)
+from controller.changes.apply import apply_changeset, job_state, recover, revert_changeset
 from controller.changes.journal import Journal
-from controller.changes.validate import ChangesetInvalidError
-from controller.errors import ErrorCode
+from controller.errors import (
+    ApplyConflictError,
+    ChangesetInvalidError,
+    ErrorCode,
+    RevertConflictError,
+)
 from controller.repo.baseline import Baseline, build_baseline
 from tests.support.git import Content, git, init, make_diff, status
 from tests.support.worktree import Snapshot, snapshot

@@ -17,8 +17,8 @@ import docker
 import pytest
 
 from controller.changes.tree import MemoryTree
-from controller.changes.validate import ChangesetInvalidError, check_diff
-from controller.errors import ErrorCode, ToolError
+from controller.changes.validate import check_diff
+from controller.errors import ChangesetInvalidError, ErrorCode, ToolError
 from controller.sandbox.base import Runtime
 from controller.sandbox.local import LocalSandbox
 from controller.tools.executor import ToolExecutor

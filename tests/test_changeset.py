@@ -19,7 +19,6 @@ from controller.changes.gittree import git_patch_check
 from controller.changes.tree import CheckOutcome, IndexEntry, MemoryTree
 from controller.changes.validate import (
     REASONS,
-    ChangesetInvalidError,
     ChangesetLimits,
     ChangesetReason,
     Prepared,
@@ -28,7 +27,7 @@ from controller.changes.validate import (
     prepare_changeset,
     validate_changeset,
 )
-from controller.errors import ErrorCode
+from controller.errors import ChangesetInvalidError, ErrorCode
 from controller.repo.baseline import Baseline, build_baseline
 from patchbox_agent import diffs
 from tests.support.git import Content, git, init, make_diff, write_files

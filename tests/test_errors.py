@@ -148,8 +148,7 @@ def test_the_tree_names_every_subclass_and_all_live_here() -> None:
         if isinstance(node, ast.ClassDef)
         and any(ast.unparse(b).endswith(names) for b in node.bases)
     ]
-    # changes/ is being split by its owner; its errors move here once that lands.
-    assert [e for e in elsewhere if not e.startswith("controller/changes/")] == []
+    assert elsewhere == []
 
 
 def test_exit_codes() -> None:

@@ -22,24 +22,21 @@ from typing import Any
 
 import pytest
 
-from controller.changes.apply import (
-    ApplyConflictError,
-    RevertConflictError,
-    apply_changeset,
-    job_state,
-    recover,
-    revert_changeset,
-)
+from controller.changes.apply import apply_changeset, job_state, recover, revert_changeset
 from controller.changes.journal import (
     FAULT_ENV,
     ApplyRecord,
     Journal,
-    JournalCorruptError,
     PathRecord,
     Side,
     contents_digest,
 )
-from controller.errors import UsageError
+from controller.errors import (
+    ApplyConflictError,
+    JournalCorruptError,
+    RevertConflictError,
+    UsageError,
+)
 from controller.repo.baseline import build_baseline
 from tests.support.git import git, init, make_diff, status
 from tests.support.worktree import Snapshot, snapshot

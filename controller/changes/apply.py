@@ -30,13 +30,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from controller.changes.conflicts import (
-    ApplyConflictError,
-    Conflict,
-    RevertConflictError,
-    check_repo,
-    state_conflict,
-)
+from controller.changes.conflicts import Conflict, check_repo, state_conflict
 from controller.changes.journal import (
     ApplyRecord,
     Journal,
@@ -51,6 +45,7 @@ from controller.changes.recovery import Recovery, job_at_rest, job_state, recove
 from controller.changes.transaction import mismatches, run_or_roll_back
 from controller.changes.validate import ChangeSet, ChangesetLimits, prepare_changeset
 from controller.changes.worktree import WorkTree
+from controller.errors import ApplyConflictError, RevertConflictError
 from controller.repo.baseline import Baseline
 from controller.repo.layout import locate
 

@@ -3,13 +3,11 @@ and the checks that find them on the repository and on one path."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from controller.changes.worktree import FileState
-from controller.errors import ErrorCode, PatchboxError
 from controller.repo.layout import RepoLayout, operations_in_progress, resolve_head
 
 ConflictCode = Literal[
@@ -39,31 +37,6 @@ class Conflict(BaseModel):
     message: str
     detail: str | None = None
     """The merge result with its conflict markers (bounded), for ``merge_conflict``."""
-
-
-class ConflictError(PatchboxError):
-    """A refusal with the conflicts that caused it; ``verb`` opens its message."""
-
-    def __init__(self, conflicts: Sequence[Conflict]) -> None:
-        listed = ", ".join(c.code + (f" ({c.path})" if c.path else "") for c in conflicts)
-        super().__init__(f"{self.verb}: {listed[:1000]}")
-        self.conflicts = list(conflicts)
-
-    verb = ""
-
-
-class ApplyConflictError(ConflictError):
-    """``APPLY_CONFLICT``: the work tree is not as the change set expects; nothing written."""
-
-    code = ErrorCode.APPLY_CONFLICT
-    verb = "cannot apply"
-
-
-class RevertConflictError(ConflictError):
-    """``REVERT_CONFLICT``: a touched path changed after the apply; nothing written."""
-
-    code = ErrorCode.REVERT_CONFLICT
-    verb = "cannot revert"
 
 
 def check_repo(layout: RepoLayout, head: str | None) -> list[Conflict]:

@@ -37,7 +37,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from controller.errors import PatchboxError, UsageError
+from controller.errors import JournalCorruptError, UsageError
 from controller.paths import patchbox_home
 
 FAULT_ENV = "PATCHBOX_FAULT_POINT"
@@ -55,10 +55,6 @@ def fault_point(step: str) -> None:
     """Test hook: SIGKILL this process when ``$PATCHBOX_FAULT_POINT`` names ``step``."""
     if os.environ.get(FAULT_ENV) == step:
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-class JournalCorruptError(PatchboxError):
-    """A journal record that cannot be read back exactly."""
 
 
 class Side(BaseModel):

@@ -18,16 +18,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from controller.changes.conflicts import Conflict, ConflictError
-from controller.changes.journal import (
-    Journal,
-    JournalCorruptError,
-    Recorded,
-    check_job_id,
-    fault_point,
-)
+from controller.changes.conflicts import Conflict
+from controller.changes.journal import Journal, Recorded, check_job_id, fault_point
 from controller.changes.transaction import RacedError, Target, clean_temps, mismatches, move
 from controller.changes.worktree import WorkTree
+from controller.errors import ConflictError, JournalCorruptError
 
 
 class Recovery(BaseModel):

@@ -11,12 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-from controller.changes.conflicts import (
-    ApplyConflictError,
-    Conflict,
-    ConflictError,
-    RevertConflictError,
-)
+from controller.changes.conflicts import Conflict
 from controller.changes.journal import (
     ApplyRecord,
     Journal,
@@ -26,6 +21,7 @@ from controller.changes.journal import (
     fault_point,
 )
 from controller.changes.worktree import WorkTree
+from controller.errors import ApplyConflictError, ConflictError, RevertConflictError
 
 Target = Literal["before", "after"]
 

@@ -58,7 +58,7 @@ from controller.changes.tree import (
     PatchCheck,
     TreeEntry,
 )
-from controller.errors import ErrorCode, PatchboxError
+from controller.errors import ChangesetInvalidError
 from controller.repo.baseline import Baseline
 from controller.tools import policy
 from patchbox_agent import diffs
@@ -117,18 +117,6 @@ class ChangesetReason(BaseModel):
     code: Annotated[str, AfterValidator(_known)]
     path: str | None = None
     message: str
-
-
-class ChangesetInvalidError(PatchboxError):
-    """The diff of a job is refused (``CHANGESET_INVALID``); ``reasons`` lists why. Nothing
-    was applied."""
-
-    code = ErrorCode.CHANGESET_INVALID
-
-    def __init__(self, reasons: Sequence[ChangesetReason]) -> None:
-        listed = ", ".join(f"{r.code}" + (f" ({r.path})" if r.path else "") for r in reasons)
-        super().__init__(f"the change set is invalid: {listed[:1000]}")
-        self.reasons = list(reasons)
 
 
 class FileChange(BaseModel):

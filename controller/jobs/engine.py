@@ -439,7 +439,8 @@ class Job:
         self._move("applied" if decision.applied else "awaiting_review")
 
     def _apply(self, baseline: Baseline, decision: Decision) -> Decision:
-        from controller.changes.apply import ApplyConflictError, apply_changeset
+        from controller.changes.apply import apply_changeset
+        from controller.errors import ApplyConflictError
 
         try:
             apply_changeset(
