@@ -7,7 +7,7 @@ before anyone uses them.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -48,6 +48,16 @@ class AgentCalls:
         binary: bytes | Iterable[bytes] | None = None,
     ) -> dict[str, Any]:
         raise NotImplementedError
+
+    def close(self) -> None:
+        """Ends the sandbox and everything it holds; idempotent, never raises."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _protocol_violation(self, error: ProtocolError) -> ProtocolError:
         """Called when a result breaks its schema; implementations discard the sandbox."""

@@ -322,12 +322,6 @@ class DockerSandbox(AgentCalls):
                 )
             raise SandboxError(f"the baseline did not load into the sandbox: {why}")
 
-    def __enter__(self) -> DockerSandbox:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # -- calls ----------------------------------------------------------------------------
 
     @property

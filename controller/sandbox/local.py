@@ -93,12 +93,6 @@ class LocalSandbox(AgentCalls):
             self.close()
             raise
 
-    def __enter__(self) -> LocalSandbox:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     @property
     def hello(self) -> HelloResult:
         return self._hello

@@ -15,9 +15,11 @@ import os
 import re
 import secrets
 import stat
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
 from . import diffs, jail
+
+T = TypeVar("T")
 
 MAX_EDIT_FILE = 8 * 1024 * 1024
 TMP_PREFIX = ".patchbox-tmp-"
@@ -176,37 +178,42 @@ def _restore(dfd: int, name: str, data: bytes, mode: int, before_print: Optional
         raise EditBroken("the workspace differs from before a rejected edit")
 
 
+def _in_parent(root_fd: int, path: str, look: Callable[[int, str], T]) -> Optional[T]:
+    """``look(folder fd, name)`` in the folder that holds ``path``; None when that folder
+    cannot be opened through the jail."""
+    parts = jail.split(path)
+    try:
+        dfd = jail.open_dir(root_fd, parts[:-1])
+    except jail.PathDeniedError:
+        return None
+    try:
+        return look(dfd, parts[-1])
+    finally:
+        os.close(dfd)
+
+
 def _read_for_patch(root_fd: int, path: str) -> Optional[bytes]:
     """Current bytes of ``path`` for the applier: None if missing; denied paths refuse the
     whole patch (links, protected names, non-regular files)."""
-    parts = jail.split(path)
-    try:
-        dfd = jail.open_dir(root_fd, parts[:-1])
-    except jail.PathDeniedError:
-        return None
-    try:
+
+    def look(dfd: int, name: str) -> Optional[bytes]:
         try:
-            os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+            os.stat(name, dir_fd=dfd, follow_symlinks=False)
         except FileNotFoundError:
             return None
-        data, _ = _read(dfd, parts[-1])
-        return data
-    finally:
-        os.close(dfd)
+        return _read(dfd, name)[0]
+
+    return _in_parent(root_fd, path, look)
 
 
 def _current_mode(root_fd: int, path: str) -> Optional[int]:
-    parts = jail.split(path)
-    try:
-        dfd = jail.open_dir(root_fd, parts[:-1])
-    except jail.PathDeniedError:
-        return None
-    try:
-        return stat.S_IMODE(os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False).st_mode)
-    except OSError:
-        return None
-    finally:
-        os.close(dfd)
+    def look(dfd: int, name: str) -> Optional[int]:
+        try:
+            return stat.S_IMODE(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode)
+        except OSError:
+            return None
+
+    return _in_parent(root_fd, path, look)
 
 
 def _check_modes(root_fd: int, patches: List[Any]) -> None:

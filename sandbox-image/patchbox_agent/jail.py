@@ -105,28 +105,26 @@ def _verify(dfd: int, name: str, fd: int, kind: int) -> None:
         raise OSError(f"{name!r} is not the {kind:o} entry that was opened")
 
 
-def open_subdir(dfd: int, name: str) -> int:
-    """Opens the directory ``name`` in ``dfd``; OSError if it is a link (whatever the runtime
-    does with ``O_DIRECTORY | O_NOFOLLOW``), not a directory, or swapped while opened."""
-    fd = os.open(name, _DIR_FLAGS, dir_fd=dfd)
+def _open_verified(dfd: int, name: str, flags: int, kind: int) -> int:
+    fd = os.open(name, flags, dir_fd=dfd)
     try:
-        _verify(dfd, name, fd, stat.S_IFDIR)
+        _verify(dfd, name, fd, kind)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def open_subdir(dfd: int, name: str) -> int:
+    """Opens the directory ``name`` in ``dfd``; OSError if it is a link (whatever the runtime
+    does with ``O_DIRECTORY | O_NOFOLLOW``), not a directory, or swapped while opened."""
+    return _open_verified(dfd, name, _DIR_FLAGS, stat.S_IFDIR)
 
 
 def open_regular(dfd: int, name: str) -> int:
     """Opens the regular file ``name`` in ``dfd`` for reading (never blocking on a FIFO);
     OSError if it is a link, not a regular file, or swapped while opened."""
-    fd = os.open(name, _FILE_FLAGS, dir_fd=dfd)
-    try:
-        _verify(dfd, name, fd, stat.S_IFREG)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return _open_verified(dfd, name, _FILE_FLAGS, stat.S_IFREG)
 
 
 def open_dir(root_fd: int, parts: list[str]) -> int:
