@@ -49,7 +49,7 @@ def owned_temp_dir(prefix: str, root: Path | None = None) -> Path:
     import socket
     import tempfile
 
-    from controller.sandbox.labels import current_identity
+    from controller.sandbox.labels import current_identity  # labels imports this module
 
     root = root or patchbox_home() / "tmp"
     root.mkdir(mode=0o700, exist_ok=True)

@@ -9,6 +9,7 @@ with its error code, and the diagnostics gathered so far are kept.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections.abc import Callable
@@ -18,13 +19,14 @@ from pathlib import Path
 import docker
 import structlog
 
+from controller.changes.apply import apply_changeset
 from controller.changes.collect import Collected, baseline_sha256, collect
 from controller.changes.validate import ChangeSet, validate_changeset
 from controller.config.checks import resolve_checks
 from controller.config.host import HostConfig
 from controller.config.task import CheckSpec, TaskSpec
 from controller.crash import internal_message, write_report
-from controller.errors import ErrorCode, InternalError, PatchboxError
+from controller.errors import ApplyConflictError, ErrorCode, InternalError, PatchboxError
 from controller.jobs.decision import DecisionInputs, decide, skips_checks, with_conflict
 from controller.jobs.evidence import write_evidence
 from controller.jobs.loop import ToolLoop, cancelled_error
@@ -42,6 +44,7 @@ from controller.jobs.records import (
 from controller.jobs.required import run_required_checks
 from controller.providers.base import Provider
 from controller.repo.baseline import Baseline
+from controller.repo.layout import locate, operations_in_progress, resolve_head
 from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.docker import DockerSandbox
 from controller.sandbox.image import ImageBuilder
@@ -439,9 +442,6 @@ class Job:
         self._move("applied" if decision.applied else "awaiting_review")
 
     def _apply(self, baseline: Baseline, decision: Decision) -> Decision:
-        from controller.changes.apply import apply_changeset
-        from controller.errors import ApplyConflictError
-
         try:
             apply_changeset(
                 baseline,
@@ -458,10 +458,6 @@ class Job:
 def baseline_unchanged(baseline: Baseline, changeset: ChangeSet) -> bool:
     """Same HEAD, no git operation in progress, and every touched path as in the baseline
     (other paths may differ). A diagnosis only: apply re-checks under its own lock."""
-    import hashlib
-
-    from controller.repo.layout import locate, operations_in_progress, resolve_head
-
     try:
         layout = locate(Path(baseline.repo))
     except PatchboxError:

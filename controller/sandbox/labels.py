@@ -10,6 +10,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from controller.paths import patchbox_home
+
 OWNER = "io.patchbox.owner"
 OWNER_VALUE = "patchbox"
 JOB = "io.patchbox.job"
@@ -86,8 +88,6 @@ def controller_alive(token: str, host: str) -> bool:
 
 def home_id(home: Path | None = None) -> str:
     """A short, path-free name of a state directory, for the ``HOME`` label."""
-    from controller.paths import patchbox_home
-
     where = str((home or patchbox_home()).resolve())
     return hashlib.sha256(where.encode("utf-8", "surrogateescape")).hexdigest()[:16]
 

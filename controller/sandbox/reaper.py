@@ -6,7 +6,6 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import docker
 import docker.errors
@@ -23,9 +22,7 @@ from controller.sandbox.labels import (
     labels_of,
     status_of,
 )
-
-if TYPE_CHECKING:
-    from controller.sandbox.prepare import SparePool
+from controller.sandbox.prepare import SparePool
 
 log = structlog.get_logger(__name__)
 
@@ -57,8 +54,6 @@ def _spare_orphaned(pool: SparePool, labels: dict[str, str], cid: str, running: 
 
 
 def _reap_containers(client: docker.DockerClient, everything: bool, report: ReapReport) -> None:
-    from controller.sandbox.prepare import SparePool  # prepare imports the sandbox: import late
-
     pool = SparePool(client)
     try:
         found = client.containers.list(all=True, filters={"label": OWNER_FILTER}, sparse=True)
@@ -143,8 +138,6 @@ def reap(
     """
     report = ReapReport()
     _reap_containers(client, everything, report)
-    from controller.sandbox.prepare import SparePool  # prepare imports the sandbox: import late
-
     SparePool(client).sweep()
     _reap_volumes(client, everything, report)
     if tmp_root is not None and tmp_root.is_dir():
