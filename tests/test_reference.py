@@ -43,3 +43,11 @@ def test_every_environment_variable_is_documented() -> None:
 
 def test_the_readme_links_the_reference() -> None:
     assert "docs/reference.md" in (ROOT / "README.md").read_text()
+
+
+def test_help_names_the_reference(capsys: pytest.CaptureFixture[str]) -> None:
+    from controller.cli.main import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "docs/reference.md" in capsys.readouterr().out

@@ -31,7 +31,14 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="patchbox", description="A hardened sandbox for AI coding agents.")
+    parser = _Parser(
+        prog="patchbox",
+        description="A hardened sandbox for AI coding agents.",
+        epilog=(
+            "Every command, file format, configuration key, error code and exit code is "
+            "described in docs/reference.md."
+        ),
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     doctor = sub.add_parser("doctor", help="is this machine (and a repository) ready?")
     doctor.add_argument("--json", action="store_true")
