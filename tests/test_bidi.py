@@ -7,9 +7,6 @@ them from a check and from the model's calls."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -21,6 +18,7 @@ from controller.jobs.evidence import junit
 from controller.jobs.records import CheckResult, JobRecord, JobStore
 from controller.logs import Scrubber, redact
 from controller.tools.text import BIDI_CONTROLS, strip_control
+from tests.support.cli import patchbox
 from tests.support.jobs import EDIT, GREET, call, check_call, make_repo
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,18 +111,6 @@ PRINT_BIDI = (
 """A failing check (so its tail lands in the JUnit ``failure`` too) printing every bidi
 control, written with escapes so the task file itself holds none."""
 EXPECTED_TAIL = "access enimda granted\nmarks  embeds  x\nisolates  y\n"
-
-
-def patchbox(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "controller", *args],
-        capture_output=True,
-        text=True,
-        env=os.environ.copy(),
-        cwd=ROOT,
-        timeout=300,
-        check=False,
-    )
 
 
 def decoded(text: str) -> str:

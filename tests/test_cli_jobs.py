@@ -4,9 +4,7 @@ revert, discard; their JSON, exit codes and refusals."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +13,7 @@ import pytest
 
 from controller.jobs.records import JobStore
 from controller.paths import patchbox_home
+from tests.support.cli import patchbox
 from tests.support.git import git
 from tests.support.jobs import (
     APP,
@@ -40,18 +39,6 @@ DIFF = (
     "@@ -1,2 +1,2 @@\n def greet(name):\n"
     '-    return "hello " + name\n+    return "Hello " + name\n'
 )
-
-
-def patchbox(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "controller", *args],
-        capture_output=True,
-        text=True,
-        env=os.environ.copy(),
-        cwd=ROOT,
-        timeout=300,
-        check=False,
-    )
 
 
 def as_json(done: subprocess.CompletedProcess[str]) -> Any:

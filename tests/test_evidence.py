@@ -4,9 +4,6 @@ reaches it, the ``run --json`` output, or the CLI's stderr; the JUnit XML of the
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -18,6 +15,7 @@ from controller.jobs.evidence import junit
 from controller.jobs.records import CheckResult, JobRecord, JobStore
 from controller.logs import REDACTED, Scrubber
 from controller.paths import patchbox_home
+from tests.support.cli import patchbox
 from tests.support.jobs import (
     EDIT,
     GREET,
@@ -113,18 +111,6 @@ def test_evidence_holds_the_job_and_no_secret_or_host_path(
     assert failure is not None
     assert failure.get("message") == "failed (exit 1)"
     assert failure.text == f"key: {REDACTED}\n"
-
-
-def patchbox(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "controller", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        cwd=ROOT,
-        timeout=300,
-        check=False,
-    )
 
 
 def cli_inputs(tmp_path: Path, prompt: str) -> list[str]:

@@ -15,6 +15,7 @@ from controller.cli import main as cli
 from controller.jobs.records import JobStore
 from controller.paths import patchbox_home
 from controller.sandbox.labels import JOB
+from tests.support.cli import job_files
 from tests.support.jobs import EDIT, GREET, call, check_call, make_repo
 
 SECRET = "sk-crash-9f8e7d6c5b4a3210"  # noqa: S105 - a planted fake key
@@ -49,21 +50,7 @@ def job_args(tmp_path: Path) -> list[str]:
         "limits": {"memory_mb": 512, "workspace_mb": 64, "tmp_mb": 32, "wall_seconds": 120},
     }
     calls = {"turns": [[call("c1", EDIT)], [check_call("c2", "greet")]], "final": "done"}
-    (tmp_path / "task.json").write_text(json.dumps(task))
-    (tmp_path / "calls.json").write_text(json.dumps(calls))
-    (tmp_path / "config.toml").write_text("spare_sandboxes = 0\n")
-    return [
-        "run",
-        "--repo",
-        str(repo),
-        "--task",
-        str(tmp_path / "task.json"),
-        "--calls",
-        str(tmp_path / "calls.json"),
-        "--config",
-        str(tmp_path / "config.toml"),
-        "--json",
-    ]
+    return ["run", "--repo", str(repo), *job_files(tmp_path, task, calls), "--json"]
 
 
 def crash_report(message: str) -> str:

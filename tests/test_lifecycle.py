@@ -40,6 +40,7 @@ from controller.sandbox.labels import (
 )
 from controller.sandbox.prepare import BaselineCache, SparePool, pool_key, prepare
 from controller.sandbox.reaper import reap
+from tests.support.cli import job_files, patchbox
 from tests.support.jobs import EDIT, GREET, call, check_call, make_repo
 
 pytestmark = pytest.mark.docker
@@ -48,42 +49,17 @@ ROOT = Path(__file__).resolve().parent.parent
 HOLD_CHECK = {"argv": ["sh", "-c", "echo holding; sleep 120"], "timeout_seconds": 300}
 
 
-def patchbox(*args: str, home: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = os.environ.copy()
-    if home is not None:
-        env["PATCHBOX_HOME"] = str(home)
-    return subprocess.run(
-        [sys.executable, "-m", "controller", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=300,
-        check=False,
-    )
-
-
 def write_inputs(
     folder: Path, checks: dict[str, Any], turns: list[list[dict[str, Any]]], spares: int = 0
 ) -> list[str]:
     """The task, calls and config files; returns their CLI arguments."""
-    folder.mkdir(parents=True, exist_ok=True)
     task = {
         "prompt": "Capitalize the greeting.",
         "checks": checks,
         "limits": {"memory_mb": 512, "workspace_mb": 64, "tmp_mb": 32, "wall_seconds": 240},
     }
-    (folder / "task.json").write_text(json.dumps(task))
-    (folder / "calls.json").write_text(json.dumps({"turns": turns, "final": "done"}))
-    (folder / "config.toml").write_text(f"spare_sandboxes = {spares}\n")
-    return [
-        "--task",
-        str(folder / "task.json"),
-        "--calls",
-        str(folder / "calls.json"),
-        "--config",
-        str(folder / "config.toml"),
-    ]
+    calls = {"turns": turns, "final": "done"}
+    return job_files(folder, task, calls, f"spare_sandboxes = {spares}\n")
 
 
 def start_holding_job(repo: Path, tmp: Path, runtime: Runtime) -> subprocess.Popen[str]:

@@ -22,6 +22,7 @@ import docker.errors
 import pytest
 
 from controller.sandbox.labels import HOME, JOB, KIND, home_id
+from tests.support.cli import job_files
 from tests.support.jobs import EDIT, GREET, call, check_call, make_repo
 
 pytestmark = pytest.mark.docker
@@ -37,7 +38,6 @@ READ = {"name": "read_file", "arguments": {"path": "app.py"}}
 
 
 def inputs(folder: Path, check: dict[str, Any]) -> list[str]:
-    folder.mkdir(parents=True)
     task = {
         "prompt": "Capitalize the greeting.",
         "checks": {"greet": check},
@@ -47,17 +47,7 @@ def inputs(folder: Path, check: dict[str, Any]) -> list[str]:
         "turns": [[call("c1", READ)], [call("c2", EDIT)], [check_call("c3", "greet")]],
         "final": "done",
     }
-    (folder / "task.json").write_text(json.dumps(task))
-    (folder / "calls.json").write_text(json.dumps(calls))
-    (folder / "config.toml").write_text("spare_sandboxes = 1\nspare_idle_seconds = 30\n")
-    return [
-        "--task",
-        str(folder / "task.json"),
-        "--calls",
-        str(folder / "calls.json"),
-        "--config",
-        str(folder / "config.toml"),
-    ]
+    return job_files(folder, task, calls, "spare_sandboxes = 1\nspare_idle_seconds = 30\n")
 
 
 def start(repo: Path, args: list[str], home: Path) -> subprocess.Popen[str]:
