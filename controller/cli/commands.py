@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from controller.providers.base import Provider
     from controller.repo.baseline import Baseline
 
-EXIT_OK, EXIT_FAILED, EXIT_INTERNAL = ExitCode.OK, ExitCode.FAILED, ExitCode.INTERNAL
 
 Outcome = tuple[int, dict[str, Any], str]
 
@@ -165,8 +164,8 @@ def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcom
     if internal is not None:
         # A fault after the job's end (its evidence) leaves the record as it was: say so.
         data["error"] = data["error"] or Scrubber(record.repo, secrets).value(internal.to_dict())
-        return EXIT_INTERNAL, data, text
-    return (EXIT_OK if ok else EXIT_FAILED), data, text
+        return ExitCode.INTERNAL, data, text
+    return (ExitCode.OK if ok else ExitCode.FAILED), data, text
 
 
 def settle(client: docker.DockerClient | None, store: JobStore | None = None) -> None:
@@ -203,7 +202,7 @@ def cmd_jobs(args: argparse.Namespace) -> Outcome:
         ]
     }
     text = "\n".join(f"{r.job_id}  {r.state:<16} {Path(r.repo).name}" for r in records)
-    return EXIT_OK, data, text or "no jobs"
+    return ExitCode.OK, data, text or "no jobs"
 
 
 def _diff_of(store: JobStore, job_id: str) -> str | None:
@@ -231,7 +230,7 @@ def cmd_show(args: argparse.Namespace) -> Outcome:
     text += f"\nevidence: {evidence}"
     if args.diff and diff:
         text += "\n" + diff
-    return EXIT_OK, data, text
+    return ExitCode.OK, data, text
 
 
 def _baseline(record: JobRecord) -> Baseline:
@@ -291,7 +290,7 @@ def cmd_apply(args: argparse.Namespace) -> Outcome:
     text = f"job {record.job_id} applied: {len(files)} file(s)" + (
         f"; merged three-way: {', '.join(result.merged)}" if result.merged else ""
     )
-    return EXIT_OK, data, text
+    return ExitCode.OK, data, text
 
 
 def _applied_by_user(record: JobRecord, merged: list[str]) -> Decision:
@@ -318,7 +317,7 @@ def cmd_revert(args: argparse.Namespace) -> Outcome:
     write_evidence(record, _diff_of(store, record.job_id), store)
     files = [f.model_dump(mode="json") for f in result.files]
     return (
-        EXIT_OK,
+        ExitCode.OK,
         {"job_id": record.job_id, "status": record.state, "files": files},
         (f"job {record.job_id} reverted: {len(files)} file(s) restored"),
     )
@@ -340,7 +339,7 @@ def cmd_discard(args: argparse.Namespace) -> Outcome:
     store.save(record)
     write_evidence(record, _diff_of(store, record.job_id), store)
     return (
-        EXIT_OK,
+        ExitCode.OK,
         {"job_id": record.job_id, "status": record.state},
         (f"job {record.job_id} discarded; the repository was not touched"),
     )
