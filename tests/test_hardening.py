@@ -28,6 +28,7 @@ from docker.types import LogConfig
 
 from controller.config.limits import SHM_MB, Limits
 from controller.errors import ErrorCode, LimitExceededError, SandboxError
+from controller.sandbox import docker as sandbox_docker
 from controller.sandbox.base import RunResult, Runtime, SandboxSpec
 from controller.sandbox.docker import SANDBOX_UID, DockerSandbox, container_config, pids_limit
 from controller.sandbox.labels import OWNER, OWNER_FILTER, OWNER_VALUE, current_identity, new_job_id
@@ -426,6 +427,44 @@ def test_memory_balloon_is_limit_exceeded(
     else:
         state = _state(box, until_exited=True)
         assert (state["Running"], state["OOMKilled"], state["ExitCode"]) == (False, True, 137)
+
+
+def test_late_oom_event_still_fails_that_call(
+    make_sandbox: SandboxFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a busy host Docker's ``oom`` event can come after the run's response. A grandchild
+    OOM-killed under a shell that exits 0 still fails that very call, not the next one: the
+    agent's cgroup count says an event is due and the controller waits for it (here it is
+    held back 2 s)."""
+
+    def late_follow(self: Any) -> None:
+        try:
+            for event in self._stream:
+                if (
+                    isinstance(event, dict)
+                    and (event.get("Action") or event.get("status")) == "oom"
+                ):
+                    time.sleep(2.0)
+                    self.oom.set()
+        except Exception:
+            return
+
+    monkeypatch.setattr(sandbox_docker._OomWatcher, "_follow", late_follow)
+    box = make_sandbox("runc", limits=SMALL)
+    argv = ["sh", "-c", 'python3 -c "$1"; echo "balloon exit $?"', "sh", textwrap.dedent(BALLOON)]
+    started = time.monotonic()
+    with pytest.raises(LimitExceededError) as info:
+        box.run(argv, timeout=60)
+    assert 2.0 <= time.monotonic() - started < 20.0
+    assert "memory limit of 256 MB" in info.value.message
+
+
+def test_run_reports_the_cgroup_oom_count(make_sandbox: SandboxFactory) -> None:
+    """A run without an OOM kill reports a count of 0 under runc (the kernel's memory cgroup
+    is readable in the container); the agent reads it before and after each run."""
+    box = make_sandbox("runc", limits=SMALL)
+    result = box.run(["true"], timeout=10)
+    assert (result.exit_code, result.oom_kills) == (0, 0)
 
 
 # -- 7. pids ------------------------------------------------------------------------------

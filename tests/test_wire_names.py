@@ -86,6 +86,7 @@ RESULTS: dict[type[BaseModel], dict[str, Any]] = {
         "truncated": False,
         "durationMs": 12,
         "changes": {"added": ["n.py"], "removed": [], "modified": [], "count": 1},
+        "oomKills": 0,
     },
 }
 

@@ -174,10 +174,7 @@ class RawChunk(_Result):
 
 
 class RunResult(_Result):
-    """The outcome of one process in the sandbox, as the agent reports it.
-
-    ``oom_killed`` is not the agent's word: the controller sets it from the Docker API.
-    """
+    """The outcome of one process in the sandbox, as the agent reports it."""
 
     exit_code: int | None
     signal: int | None
@@ -190,6 +187,10 @@ class RunResult(_Result):
     duration_ms: int = Field(ge=0)
     changes: FileChanges | None = None
     """Present when the run was asked to track changes."""
+    oom_kills: int | None = Field(default=None, ge=0)
+    """How many processes the kernel OOM-killed in the container during the run, as the
+    agent read its memory cgroup (None where it cannot). Never a verdict on its own: the
+    controller waits for Docker's own ``oom`` event when this is above zero."""
 
 
 class Channel(Protocol):

@@ -39,6 +39,8 @@ _MUX_HEADER = struct.Struct(">BxxxI")
 _MAX_MUX_PAYLOAD = 16 * 1024 * 1024
 _STDERR_TAIL = 8192
 _OOM_GRACE = 1.0
+# How long a run that the agent saw OOM-killed waits for Docker's ``oom`` event.
+_OOM_CONFIRM = 10.0
 
 
 RUNSC_THREADS_IDLE = 64
@@ -396,9 +398,15 @@ class DockerSandbox(AgentCalls):
         """Raises LimitExceededError when Docker reports that the container hit its memory
         limit during the run (the job's wall clock is enforced by ``_call``)."""
         # An OOM kill anywhere in the run (also of a grandchild whose parent then exits
-        # normally) comes as a Docker event, in practice before the response; a later one
-        # is caught at the next call.
+        # normally) comes as a Docker event, which may arrive after the response on a busy
+        # host. The agent's count of the cgroup's OOM kills says one is on its way: then the
+        # controller waits for Docker's word (a count alone, the agent's word, is no
+        # verdict). A later event is still caught at the next call.
         self._raise_if_oom()
+        if result.oom_kills and self._watcher is not None:
+            if self._watcher.oom.wait(_OOM_CONFIRM):
+                raise self._oom_error()
+            log.warning("oom_count_without_event", oom_kills=result.oom_kills)
         if (
             result.signal == 9
             and not result.timed_out

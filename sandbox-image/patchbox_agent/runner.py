@@ -48,9 +48,11 @@ def result(  # noqa: PLR0913 - one field per keyword of the wire result
     tail: bytes = b"",
     total: int = 0,
     spawn_error: str | None = None,
+    oom_kills: int | None = None,
 ) -> dict[str, Any]:
     """The wire result of a run that began at ``started`` (``time.monotonic``): a negative
-    ``code`` is a signal; ``tail`` is the output kept out of ``total`` bytes."""
+    ``code`` is a signal; ``tail`` is the output kept out of ``total`` bytes; ``oom_kills``
+    is how many processes the kernel OOM-killed in the container during the run."""
     return {
         "exitCode": code if code is not None and code >= 0 else None,
         "signal": -code if code is not None and code < 0 else None,
@@ -61,7 +63,31 @@ def result(  # noqa: PLR0913 - one field per keyword of the wire result
         "outputBytes": total,
         "truncated": total > len(tail),
         "durationMs": int((time.monotonic() - started) * 1000),
+        "oomKills": oom_kills,
     }
+
+
+# Where the kernel counts the OOM kills of the container's memory cgroup (v1, then v2).
+_OOM_COUNTERS = ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events")
+
+
+def oom_kills() -> int | None:
+    """The container's OOM-kill count so far, or None where the kernel does not show it.
+
+    A hint only: the controller takes the verdict from Docker, and uses a rise in this
+    count to know that Docker's word is on its way.
+    """
+    for path in _OOM_COUNTERS:
+        try:
+            with open(path, "rb") as stream:
+                text = stream.read(4096)
+        except OSError:
+            continue
+        for line in text.splitlines():
+            name, _, value = line.partition(b" ")
+            if name == b"oom_kill" and value.strip().isdigit():
+                return int(value)
+    return None
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:

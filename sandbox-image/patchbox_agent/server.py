@@ -481,6 +481,7 @@ class Agent:
                 before = self.index.snapshot()
         from . import runner  # imported on first use: a faster start
 
+        oom_before = runner.oom_kills()
         started = time.monotonic()
         try:
             proc = runner.spawn(argv, env, self._workspace)
@@ -492,6 +493,7 @@ class Agent:
         tail, total, timed_out = runner.collect(proc, proc.stdout, started + timeout, cap)
         self._changed()
         procs.reap_orphans()  # what the killed process group left behind
+        oom_after = runner.oom_kills()
         with self._state_lock:
             self._running.pop(rid, None)
             cancelled = rid in self._cancelled
@@ -503,6 +505,11 @@ class Agent:
             cancelled=cancelled,
             tail=tail,
             total=total,
+            oom_kills=(
+                max(0, oom_after - oom_before)
+                if oom_before is not None and oom_after is not None
+                else None
+            ),
         )
         if track:
             with self._index_lock:
