@@ -27,6 +27,8 @@ third-party errors into it.
      |    +-- DuplicateToolCallIdError    two tool calls of one turn share an id
      +-- CancelledError               CANCELLED: cancelled while a model turn was pending
      +-- InternalError                INTERNAL_ERROR: a bug; exit 70 with a crash report
+     +-- EnvironmentBuildError        ENVIRONMENT_BUILD_FAILED: a project environment's build
+     +-- EnvironmentInputError        ENVIRONMENT_INPUT_INVALID: its inputs select badly
 
 The error codes are :class:`ErrorCode`; the process exit statuses are :class:`ExitCode`.
 
@@ -84,6 +86,8 @@ class ErrorCode(StrEnum):
     INTERRUPTED = "INTERRUPTED"
     INTERNAL_ERROR = "INTERNAL_ERROR"
     ENVIRONMENT_NOT_READY = "ENVIRONMENT_NOT_READY"
+    ENVIRONMENT_BUILD_FAILED = "ENVIRONMENT_BUILD_FAILED"
+    ENVIRONMENT_INPUT_INVALID = "ENVIRONMENT_INPUT_INVALID"
     USAGE_ERROR = "USAGE_ERROR"
 
 
@@ -244,6 +248,19 @@ class InternalError(PatchboxError):
     def __init__(self, message: str, *, report: str | None = None) -> None:
         super().__init__(message)
         self.report = report
+
+
+class EnvironmentBuildError(PatchboxError):
+    """A project environment's image could not be made: its base, python3 for the agent, a
+    setup step (the message names it, its exit code and the log's tail), or its time."""
+
+    code = ErrorCode.ENVIRONMENT_BUILD_FAILED
+
+
+class EnvironmentInputError(PatchboxError):
+    """An environment's inputs select nothing, a link or submodule, or too much."""
+
+    code = ErrorCode.ENVIRONMENT_INPUT_INVALID
 
 
 _THIRD_PARTY: tuple[tuple[str, type[PatchboxError]], ...] = (

@@ -47,11 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     doctor.add_argument("--max-local-bytes", type=int, default=None, metavar="N")
     image = sub.add_parser("image", help="the sandbox image")
     image_sub = image.add_subparsers(dest="image_command", required=True, parser_class=_Parser)
-    build = image_sub.add_parser("build", help="build the sandbox image")
-    build.add_argument(
-        "--base", help="base image with python3 >= 3.9 (default: a slim Python image)"
-    )
+    build = image_sub.add_parser("build", help="build the default sandbox image")
     build.add_argument("--json", action="store_true")
+    _env_parsers(sub)
     run = sub.add_parser("run", help="one job, to its decision")
     run.add_argument("--repo", required=True)
     run.add_argument("--task", required=True, help="the task file")
@@ -83,6 +81,24 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--runtime", choices=["runc", "runsc"], default="runc")
     demo.add_argument("--json", action="store_true")
     return parser
+
+
+def _env_parsers(sub: Any) -> None:
+    env = sub.add_parser("env", help="project environments: toolchain and test dependencies")
+    env_sub = env.add_subparsers(dest="env_command", required=True, parser_class=_Parser)
+    env_build = env_sub.add_parser("build", help="build a task's environment image")
+    env_build.add_argument("--task", required=True, help="the task file")
+    env_build.add_argument("--repo", required=True, help="the repository its inputs come from")
+    env_build.add_argument("--include-local-changes", action="store_true")
+    env_build.add_argument("--config", help="host configuration")
+    env_build.add_argument("--json", action="store_true")
+    env_list = env_sub.add_parser("list", help="environment images on this Docker host")
+    env_list.add_argument("--json", action="store_true")
+    env_show = env_sub.add_parser("show", help="one environment image")
+    env_show.add_argument("id", help="its id, tag or key")
+    env_show.add_argument("--json", action="store_true")
+    env_prune = env_sub.add_parser("prune", help="remove environment images no container uses")
+    env_prune.add_argument("--json", action="store_true")
 
 
 def _emit(data: dict[str, Any], *, as_json: bool, text: str) -> None:
@@ -164,7 +180,7 @@ def _image_build(args: argparse.Namespace) -> int:
     from controller.sandbox.dockerclient import connect
     from controller.sandbox.image import ImageBuilder
 
-    info = ImageBuilder(connect(), _progress).ensure(args.base)
+    info = ImageBuilder(connect(), _progress).ensure()
     data = {
         "tag": info.tag,
         "image_id": info.image_id,
@@ -178,6 +194,22 @@ def _image_build(args: argparse.Namespace) -> int:
         data, as_json=args.json, text=f"{info.tag} {state} (base {info.base}, {info.base_source})"
     )
     return ExitCode.OK
+
+
+def _env(args: argparse.Namespace) -> int:
+    from controller.cli import envs
+
+    if args.env_command == "build":
+        code, data, text = envs.cmd_env_build(args, _progress)
+    else:
+        handler = {
+            "list": envs.cmd_env_list,
+            "show": envs.cmd_env_show,
+            "prune": envs.cmd_env_prune,
+        }[args.env_command]
+        code, data, text = handler(args)
+    _emit(data, as_json=args.json, text=text)
+    return code
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -253,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args: argparse.Namespace | None = None
     try:
         args = _parser().parse_args(argv)
-        handlers = {"doctor": _doctor, "image": _image_build, "demo": _demo}
+        handlers = {"doctor": _doctor, "image": _image_build, "env": _env, "demo": _demo}
         if args.command in handlers:
             return handlers[args.command](args)
         return _job_command(args)

@@ -13,11 +13,16 @@ import os
 import stat
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import TypeAdapter, ValidationError
 
-from controller.config.task import CheckId, CheckSpec
+from controller.config.environment import EnvironmentSpec
+from controller.config.task import CheckId, CheckSpec, TaskSpec
 from controller.errors import UsageError
+
+if TYPE_CHECKING:
+    from controller.config.host import HostConfig
 
 REPO_CHECKS_FILE = ".patchbox/checks.json"
 MAX_REPO_CHECKS_BYTES = 64 * 1024
@@ -76,3 +81,29 @@ def resolve_checks(
         for check_id, spec in read_repo_checks(repo_root).items():
             checks.setdefault(check_id, spec)
     return checks
+
+
+def resolve_environment(task: TaskSpec, config: HostConfig) -> EnvironmentSpec | None:
+    """The task's environment: given inline, or named from the host configuration
+    (``UsageError`` for a name the configuration does not define)."""
+    chosen = task.environment
+    if chosen is None or isinstance(chosen, EnvironmentSpec):
+        return chosen
+    try:
+        return config.environments[chosen]
+    except KeyError:
+        known = ", ".join(sorted(config.environments)) or "none"
+        msg = f"the task names environment {chosen!r}, which the host configuration does not "
+        msg += f"define (defined: {known})"
+        raise UsageError(msg) from None
+
+
+def with_environment(
+    checks: Mapping[str, CheckSpec], environment: EnvironmentSpec
+) -> dict[str, CheckSpec]:
+    """Every check with the environment's variables (a check's own win)."""
+    if not environment.env:
+        return dict(checks)
+    return {
+        cid: c.model_copy(update={"env": {**environment.env, **c.env}}) for cid, c in checks.items()
+    }

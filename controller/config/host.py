@@ -12,6 +12,12 @@
     [limits]                     # defaults for tasks that do not say
     memory_mb = 1024
 
+    ca_bundle = "/etc/ssl/certs/ca-certificates.crt"  # CAs for environment builds
+
+    [environments.py]            # project environments tasks may name
+    setup = [["python3", "-m", "pip", "install", "-r", "requirements-test.txt"]]
+    inputs = ["requirements-test.txt"]
+
     [checks.tests]               # default checks for tasks that name none
     argv = ["python3", "-m", "pytest", "-q"]
 
@@ -30,6 +36,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from controller.config.environment import EnvironmentName, EnvironmentSpec
 from controller.config.limits import Limits
 from controller.config.task import CheckId, CheckSpec
 from controller.errors import UsageError, describe_validation
@@ -48,6 +55,11 @@ class HostConfig(BaseModel):
     limits: Limits | None = None
     checks: dict[CheckId, CheckSpec] = Field(default_factory=dict)
     provider: dict[str, Any] = Field(default_factory=dict)
+    environments: dict[EnvironmentName, EnvironmentSpec] = Field(default_factory=dict)
+    ca_bundle: str | None = Field(default=None, max_length=4096)
+    """PEM file of the CAs environment builds trust; by default the one the host's own
+    TLS clients use (``PIP_CERT``, ``REQUESTS_CA_BUNDLE``, ``SSL_CERT_FILE``, ...); ``""``
+    gives none."""
 
 
 def load_config(path: Path | None = None) -> HostConfig:

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from controller.config.environment import EnvironmentRef, check_env_names
 from controller.config.limits import Limits
-from controller.logs import SECRET_NAME
 from patchbox_agent import server
 
 CheckId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
-_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
-_PROXY_NAME = re.compile(r"(?i)_proxy$")
 
 CHECK_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -46,16 +43,7 @@ class CheckSpec(BaseModel):
 
     @model_validator(mode="after")
     def _safe_env(self) -> Self:
-        for name, value in self.env.items():
-            if not _ENV_NAME.match(name):
-                msg = f"environment name {name[:64]!r} is not allowed"
-                raise ValueError(msg)
-            if SECRET_NAME.search(name) or _PROXY_NAME.search(name):
-                msg = f"environment variable {name} looks like a secret or a proxy and is refused"
-                raise ValueError(msg)
-            if "\x00" in value:
-                msg = f"environment variable {name} contains NUL"
-                raise ValueError(msg)
+        check_env_names(self.env)
         if any("\x00" in a for a in self.argv):
             msg = "argv contains NUL"
             raise ValueError(msg)
@@ -77,3 +65,5 @@ class TaskSpec(BaseModel):
     checks: dict[CheckId, CheckSpec] = Field(default_factory=dict)
     mode: Literal["review", "auto", "trusted-auto"] = "review"
     limits: Limits = Field(default_factory=Limits)
+    environment: EnvironmentRef | None = None
+    """The project's environment: a name from the host configuration, or given here."""

@@ -22,7 +22,7 @@ import structlog
 from controller.changes.apply import apply_changeset
 from controller.changes.collect import Collected, baseline_sha256, collect
 from controller.changes.validate import ChangeSet, validate_changeset
-from controller.config.checks import resolve_checks
+from controller.config.checks import resolve_checks, resolve_environment, with_environment
 from controller.config.host import HostConfig
 from controller.config.task import CheckSpec, TaskSpec
 from controller.crash import internal_message, write_report
@@ -47,6 +47,7 @@ from controller.repo.baseline import Baseline
 from controller.repo.layout import locate, operations_in_progress, resolve_head
 from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.docker import DockerSandbox
+from controller.sandbox.environment import EnvironmentBuilder
 from controller.sandbox.image import ImageBuilder
 from controller.sandbox.labels import ControllerIdentity, current_identity, new_job_id
 from controller.sandbox.prepare import BaselineCache, Prepared, SparePool, prepare
@@ -196,8 +197,8 @@ class Job:
             self.record.move("cancelled" if cancelled else "failed")
         self.store.save(self.record)
 
-    def _spec(self, limits_from: TaskSpec) -> SandboxSpec:
-        image = ImageBuilder(self.client, self.progress).ensure().tag
+    def _spec(self, limits_from: TaskSpec, *, default_image: bool = True) -> SandboxSpec:
+        image = ImageBuilder(self.client, self.progress).ensure().tag if default_image else ""
         runtime = self.record.runtime
         return SandboxSpec(
             image=image,
@@ -217,7 +218,29 @@ class Job:
             Path(record.repo),
             trust_repo_config=request.trust_repo_config,
         )
-        spec = self._spec(task)
+        environment = resolve_environment(task, request.config)
+        spec = self._spec(task, default_image=environment is None)
+        image_for = None
+        if environment is not None:
+            checks = with_environment(checks, environment)
+
+            def image_for(baseline: Baseline) -> str:
+                nonlocal spec
+                built = EnvironmentBuilder(
+                    self.client, self.progress, request.config.ca_bundle
+                ).ensure(environment, baseline, cancel=self.cancelled)
+                record.environment = {
+                    "tag": built.tag,
+                    "key": built.key,
+                    "base": built.base,
+                    "built": built.built,
+                    "seconds": round(built.seconds, 3),
+                    "steps": built.steps,
+                }
+                self.store.save(record)
+                spec = spec.model_copy(update={"image": built.tag})
+                return built.tag
+
         config = request.config
         pool = (
             SparePool(
@@ -236,12 +259,15 @@ class Job:
             self.identity,
             mode="include-local-changes" if request.include_local_changes else "require-clean",
             pool=pool,
+            image_for=image_for,
         )
         self._box = prepared.sandbox
         self._prepared = prepared
         baseline = prepared.baseline
         record.baseline = baseline
         record.timings_ms["prepare"] = round((time.perf_counter() - t) * 1000)
+        if "environment" in prepared.timings_ms:
+            record.timings_ms["environment"] = prepared.timings_ms["environment"]
         record.diagnostics["baseline_source"] = prepared.source
         if self.cancelled.is_set():
             raise cancelled_error()

@@ -193,6 +193,9 @@ class JobRecord(BaseModel):
     consent: dict[str, bool] = Field(default_factory=dict)
     runtime: str = "runc"
     baseline: Baseline | None = None
+    environment: dict[str, Any] | None = Field(default=None, exclude_if=lambda v: v is None)
+    """The project environment's image (``tag``, ``key``, ``base``, ``built``, ``seconds``,
+    ``steps``), when the task has one."""
     error: dict[str, str] | None = None
     """``{"code", "message"}``: an error as data, the shape every error has."""
     diagnostics: dict[str, Any] = Field(default_factory=dict)

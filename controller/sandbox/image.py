@@ -87,7 +87,7 @@ def _has_image(client: docker.DockerClient, ref: str) -> str | None:
 
 
 @contextlib.contextmanager
-def _build_lock() -> Iterator[None]:
+def build_lock() -> Iterator[None]:
     """Held while an image is built: processes of one state directory wait for it (the
     kernel drops the lock with a process that dies)."""
     folder = patchbox_home() / "locks"
@@ -108,13 +108,13 @@ class ImageBuilder:
     def ensure(self, base: str | None = None) -> ImageInfo:
         """Returns an up-to-date sandbox image, building what is missing."""
         started = time.monotonic()
-        base_ref, source = self._resolve_base(base)
+        base_ref, source = self.resolve_base(base)
         base_id = _has_image(self._client, base_ref) or ""
         folder = sandbox_image_dir()
         tag = _sandbox_tag(base_id)
         existing = _has_image(self._client, tag)
         if existing is None:
-            with _build_lock():  # many jobs at once build a missing image once
+            with build_lock():  # many jobs at once build a missing image once
                 existing = _has_image(self._client, tag)
                 if existing is None:
                     return self._build(tag, folder, base_ref, source, started)
@@ -157,7 +157,7 @@ class ImageBuilder:
         tag = _sandbox_tag(base_id)
         return {"base": base_ref, "tag": tag, "ready": _has_image(self._client, tag) is not None}
 
-    def _resolve_base(self, base: str | None) -> tuple[str, str]:
+    def resolve_base(self, base: str | None) -> tuple[str, str]:
         wanted = base or DEFAULT_BASE
         if _has_image(self._client, wanted):
             return wanted, "present"

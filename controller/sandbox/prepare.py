@@ -27,7 +27,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
@@ -360,14 +360,22 @@ def prepare(  # noqa: PLR0913 - the inputs of a job's start, all keyword-only
     snapshot: SnapshotLimits | None = None,
     cache: BaselineCache | None = None,
     pool: SparePool | None = None,
+    image_for: Callable[[Baseline], str] | None = None,
 ) -> Prepared:
     """Health gate, baseline, and a greeted sandbox holding it (see the module docstring
     for the order of sources). Raises the baseline's errors (``NOT_A_REPOSITORY``,
     ``REPO_BLOCKED``, ``CONSENT_REQUIRED``) before any container exists, and
-    ``SANDBOX_FAILED`` with nothing left running."""
+    ``SANDBOX_FAILED`` with nothing left running.
+
+    ``image_for``, when given, names the sandbox's image once the baseline exists (a project
+    environment reads its inputs from it, and builds the image if it is missing)."""
     started = time.perf_counter()
     baseline, report = build_baseline(repo, mode, snapshot)
     timings = {"baseline": _ms(started)}
+    if image_for is not None:
+        t = time.perf_counter()
+        spec = spec.model_copy(update={"image": image_for(baseline)})
+        timings["environment"] = _ms(t)
     local = daemon_is_local(client)
     cache = cache or BaselineCache()
     key = pool_key(baseline.tree, spec)

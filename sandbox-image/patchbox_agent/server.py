@@ -60,6 +60,8 @@ DEFAULT_RUN_OUTPUT = 64 * 1024
 MAX_RUN_SECONDS = 24 * 3600
 MAX_EXPORT_PATHS = 10000
 MAX_CHANGE_PATHS = 200
+SEED = "/opt/patchbox-seed"
+"""Where a project environment keeps what its setup left in /workspace."""
 RAW_CHUNK = 2 * 1024 * 1024
 WRITE_OPS = frozenset({"replace_text", "apply_patch", "run"})
 """Operations that may change the workspace: the first one marks the baseline state."""
@@ -346,6 +348,8 @@ class Agent:
         files the rules of change detection (none written later can hide a change)."""
         if self._base is None:
             with self._index_lock:
+                if link_seed(self._root_fd, SEED):
+                    self.index.invalidate()
                 self._base = self.index.mark_base()
 
     def _changes_since_base(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -517,6 +521,26 @@ class Agent:
                     before, self.index.snapshot(), MAX_CHANGE_PATHS
                 )
         return result
+
+
+def link_seed(root_fd: int, seed: str) -> list[str]:
+    """Links each top-level entry of a project environment's seed (what its setup left in
+    /workspace: ``node_modules``, ``.venv``) into the workspace, where the baseline has no
+    entry of that name. The links are read-only image content; tools refuse them (they are
+    links) and checks follow them. Made before the change reference, so they are no change.
+    Returns the names linked."""
+    try:
+        names = sorted(os.listdir(seed))
+    except OSError:
+        return []
+    linked = []
+    for name in names:
+        try:
+            os.symlink(f"{seed}/{name}", name, dir_fd=root_fd)
+        except OSError:
+            continue  # the baseline has it: the project's own wins
+        linked.append(name)
+    return linked
 
 
 def _run_args(args: dict[str, Any]) -> tuple[list[str], dict[str, str], float, int]:

@@ -1,0 +1,122 @@
+"""A project's environment: the base image, the setup steps that install its toolchain and
+test dependencies (run once, with network), the repository files they may read, and the
+variables every check gets. Named in the host configuration (``[environments.NAME]``) or
+given inline in the task; trusted configuration, validated strictly."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Self
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StringConstraints,
+    Tag,
+    model_validator,
+)
+
+from controller.logs import SECRET_NAME
+from patchbox_agent.globs import Glob, GlobError
+
+EnvironmentName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
+_PROXY_NAME = re.compile(r"(?i)_proxy$")
+# An image reference as Docker spells it: [host[:port]/]path[:tag][@digest].
+_IMAGE_REF = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$"
+
+MAX_SETUP_STEPS = 32
+MAX_INPUT_PATTERNS = 256
+MAX_INPUT_FILES = 2000
+"""Files the inputs may select from the baseline."""
+MAX_INPUT_BYTES = 64 * 1024 * 1024
+"""Bytes the inputs may select from the baseline, all files together."""
+
+
+def check_env_names(env: dict[str, str]) -> None:
+    """Refuses a variable whose name is not a plain upper-case name, or looks like a secret
+    or a proxy, or whose value holds NUL (ValueError naming the variable, not the value)."""
+    for name, value in env.items():
+        if not ENV_NAME.match(name):
+            msg = f"environment name {name[:64]!r} is not allowed"
+            raise ValueError(msg)
+        if SECRET_NAME.search(name) or _PROXY_NAME.search(name):
+            msg = f"environment variable {name} looks like a secret or a proxy and is refused"
+            raise ValueError(msg)
+        if "\x00" in value:
+            msg = f"environment variable {name} contains NUL"
+            raise ValueError(msg)
+
+
+def check_input_pattern(pattern: str) -> None:
+    """An input is a repository path or glob: relative, ``/``-separated, no ``..`` or ``.``
+    component, no backslash, no NUL."""
+    if pattern.startswith("/") or "\\" in pattern or "\x00" in pattern:
+        msg = f"input {pattern[:200]!r} must be a relative repository path or glob"
+        raise ValueError(msg)
+    parts = pattern.removesuffix("/").split("/")
+    if any(part in {"", ".", ".."} for part in parts):
+        msg = f"input {pattern[:200]!r} leaves the repository or has an empty component"
+        raise ValueError(msg)
+    if parts[0] == ".git":
+        msg = f"input {pattern[:200]!r} names the git directory"
+        raise ValueError(msg)
+    try:
+        Glob(pattern)
+    except GlobError as exc:
+        msg = f"input {pattern[:200]!r} is not a valid glob: {exc}"
+        raise ValueError(msg) from None
+
+
+class EnvironmentSpec(BaseModel):
+    """How a project's environment image is made. Every field is optional."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    base: Annotated[str, StringConstraints(pattern=_IMAGE_REF)] | None = None
+    """The base image; by default the default sandbox base."""
+    setup: list[
+        Annotated[
+            list[Annotated[str, StringConstraints(min_length=1, max_length=8192)]],
+            Field(min_length=1, max_length=256),
+        ]
+    ] = Field(default_factory=list, max_length=MAX_SETUP_STEPS)
+    """Commands (argv lists, no shell unless the argv names one), run in order as root in
+    /workspace, with network."""
+    inputs: list[Annotated[str, StringConstraints(min_length=1, max_length=1024)]] = Field(
+        default_factory=list, max_length=MAX_INPUT_PATTERNS
+    )
+    """Repository paths or globs copied from the job's baseline into /workspace for the setup:
+    the only repository files it sees."""
+    env: dict[str, Annotated[str, StringConstraints(max_length=4096)]] = Field(
+        default_factory=dict, max_length=128
+    )
+    """Variables of the setup steps and of every check (a check's own ``env`` wins)."""
+    setup_timeout_seconds: float = Field(default=1800.0, gt=0, le=6 * 3600)
+    """Wall-clock bound of the whole build."""
+    setup_memory_mb: int = Field(default=4096, ge=128, le=65536)
+    """Memory bound of each build step."""
+
+    @model_validator(mode="after")
+    def _valid(self) -> Self:
+        check_env_names(self.env)
+        for pattern in self.inputs:
+            check_input_pattern(pattern)
+        for step in self.setup:
+            if any("\x00" in arg for arg in step):
+                msg = "a setup step contains NUL"
+                raise ValueError(msg)
+        return self
+
+
+def _kind(value: object) -> str:
+    return "name" if isinstance(value, str) else "inline"
+
+
+EnvironmentRef = Annotated[
+    Annotated[EnvironmentName, Tag("name")] | Annotated[EnvironmentSpec, Tag("inline")],
+    Discriminator(_kind),
+]
+"""A task's ``environment``: a name from the host configuration, or the block itself."""
