@@ -208,17 +208,19 @@ def test_a_created_file_removed_by_the_user_makes_revert_refuse(
     assert (repo / "gone.txt").read_bytes() == b"user's own new file\n"
 
 
-def test_head_moved_is_a_conflict(
+def test_head_moved_with_the_touched_paths_as_they_were_is_no_conflict(
     repo: Path, baseline: Baseline, diff: str, journal: Journal
 ) -> None:
-    git(repo, "commit", "-qm", "user commit")
+    old_head = git(repo, "rev-parse", "HEAD")
+    git(repo, "commit", "-qm", "user commit")  # the staged work: the work tree is as it was
+    assert git(repo, "rev-parse", "HEAD") != old_head
     before = snapshot(repo)
-    with pytest.raises(ApplyConflictError) as info:
-        apply_changeset(baseline, diff, job_id="j", journal=journal)
-    assert info.value.code == ErrorCode.APPLY_CONFLICT
-    assert [c.code for c in info.value.conflicts] == ["head_moved"]
+    apply_changeset(baseline, diff, job_id="j", journal=journal)
+    after = snapshot(repo)
+    assert after == expected_after(before)
+    assert after.index == before.index
+    revert_changeset("j", journal=journal)
     assert snapshot(repo) == before
-    assert journal.jobs() == []
 
 
 def test_a_merge_started_during_the_job_blocks_apply(

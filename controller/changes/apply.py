@@ -1,21 +1,25 @@
 """Apply and revert of a validated change set on the user's work tree.
 
-No git command runs in the user's repository: HEAD and operations in progress are read as
-files (:mod:`controller.repo.layout`), baseline contents come from the controller's private git
+No git command runs in the user's repository: operations in progress are read as files
+(:mod:`controller.repo.layout`), baseline contents come from the controller's private git
 dir, and the work tree is reached only through folder descriptors opened without following
 symlinks (:mod:`controller.changes.worktree`). The index is never opened.
 
 :func:`apply_changeset` validates the diff again (:func:`controller.changes.validate
 .prepare_changeset`: rules, patch check, every new content computed in memory), then plans
-the apply on the work tree (:mod:`controller.changes.plan`: HEAD is the baseline's, no git
-operation is in progress, and every touched path has its baseline content, else
-``APPLY_CONFLICT`` with nothing written; ``merge=True`` merges a path the user changed
-meanwhile three-way). The journal record (every before and after content) is written and
-fsync'd before the first write; then the paths are moved to their new contents
-(:mod:`controller.changes.transaction`) and the apply is marked done.
+the apply on the work tree (:mod:`controller.changes.plan`: no git operation is in
+progress, and every touched path has its baseline content, else ``APPLY_CONFLICT`` with
+nothing written and a message naming the files that differ; ``merge=True`` merges a file
+the user changed meanwhile three-way, and a file that does not merge cleanly is a conflict
+of its own). Where HEAD points does not matter: commits or a branch switch since the
+baseline that leave the touched paths as they were do not stop an apply. The journal
+record (every before and after content: for a merged file, the user's content it
+replaced) is written and fsync'd before the first write; then the paths are moved to their
+new contents (:mod:`controller.changes.transaction`) and the apply is marked done.
 
 :func:`revert_changeset` requires every touched path to still have its post-apply content,
-restores the pre-apply contents and modes the same way, and verifies them.
+restores the pre-apply contents and modes the same way (what the apply replaced, the
+user's own changes included), and verifies them; HEAD may have moved in between.
 
 Both start through :func:`controller.changes.recovery.job_at_rest`: an interrupted apply or
 revert of the job is settled by the journal rule first. The recovery functions, the
@@ -30,7 +34,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from controller.changes.conflicts import Conflict, check_repo, state_conflict
+from controller.changes.conflicts import Conflict, apply_refused, check_repo, state_conflict
 from controller.changes.journal import (
     ApplyRecord,
     Journal,
@@ -109,8 +113,9 @@ def apply_changeset(  # noqa: PLR0913 - the change set and keyword-only job inpu
 
     Raises :class:`~controller.changes.validate.ChangesetInvalidError` when the diff fails
     validation, :class:`ApplyConflictError` when the work tree is not as expected (also for
-    a job already applied); in both cases nothing was written. A job that was rolled back
-    or reverted may be applied again."""
+    a job already applied; its ``conflicts`` name every path and why, its message the files
+    that differ and, where ``merge`` would merge them, the command); in both cases nothing
+    was written. A job that was rolled back or reverted may be applied again."""
     check_job_id(job_id)
     journal = journal or Journal()
     prepared = prepare_changeset(
@@ -131,7 +136,7 @@ def apply_changeset(  # noqa: PLR0913 - the change set and keyword-only job inpu
         with WorkTree(layout.top) as wt:
             plan = plan_apply(prepared, layout, baseline, wt, merge)
             if plan.conflicts:
-                raise ApplyConflictError(plan.conflicts)
+                raise apply_refused(plan.conflicts, job_id=job_id, suggest_merge=plan.suggest_merge)
             fault_point("apply.checked")
             record = ApplyRecord(
                 job_id=job_id,
@@ -174,7 +179,7 @@ def revert_changeset(job_id: str, *, journal: Journal | None = None) -> RevertRe
 
 def _revert_locked(journal: Journal, rec: Recorded) -> None:
     record = rec.record
-    conflicts = check_repo(locate(Path(record.repo)), None)
+    conflicts = check_repo(locate(Path(record.repo)))
     with WorkTree(Path(record.repo)) as wt:
         for entry in record.paths:
             state = wt.state(entry.path)
