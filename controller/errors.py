@@ -63,7 +63,17 @@ class ExitCode(IntEnum):
     """A job or a check failed, or a repository is not healthy."""
     USAGE = 2
     NOT_READY = 3
+    PROVIDER = 4
+    """The model provider failed (outage, authentication, a model that does not use tools)."""
     INTERNAL = 70
+
+
+_EXIT_BY_CODE: dict[str, ExitCode] = {}
+
+
+def exit_code_for_error(code: str) -> ExitCode:
+    """The exit status of a command that ended with the error ``code``."""
+    return _EXIT_BY_CODE.get(code, ExitCode.FAILED)
 
 
 class ErrorCode(StrEnum):
@@ -89,6 +99,18 @@ class ErrorCode(StrEnum):
     ENVIRONMENT_BUILD_FAILED = "ENVIRONMENT_BUILD_FAILED"
     ENVIRONMENT_INPUT_INVALID = "ENVIRONMENT_INPUT_INVALID"
     USAGE_ERROR = "USAGE_ERROR"
+
+
+_EXIT_BY_CODE.update(
+    {
+        ErrorCode.USAGE_ERROR: ExitCode.USAGE,
+        ErrorCode.NOT_A_REPOSITORY: ExitCode.USAGE,
+        ErrorCode.ENVIRONMENT_NOT_READY: ExitCode.NOT_READY,
+        ErrorCode.PROVIDER_ERROR: ExitCode.PROVIDER,
+        ErrorCode.MODEL_TOOL_CALL_UNSUPPORTED: ExitCode.PROVIDER,
+        ErrorCode.INTERNAL_ERROR: ExitCode.INTERNAL,
+    }
+)
 
 
 class PatchboxError(Exception):
@@ -209,9 +231,9 @@ class ConflictError(PatchboxError):
 
     verb = ""
 
-    def __init__(self, conflicts: Sequence[Conflict]) -> None:
+    def __init__(self, conflicts: Sequence[Conflict], message: str | None = None) -> None:
         listed = ", ".join(c.code + (f" ({c.path})" if c.path else "") for c in conflicts)
-        super().__init__(f"{self.verb}: {listed[:1000]}")
+        super().__init__(message or f"{self.verb}: {listed[:1000]}")
         self.conflicts = list(conflicts)
 
 

@@ -51,13 +51,15 @@ class Scrubber:
     is inside): each one of two or more components becomes ``<repo>/..``, ``<repo>/../..``
     and so on. A path is replaced only where its name ends (``/a/b`` not in ``/a/bc``)."""
 
-    def __init__(self, repo: str, secrets: Iterable[str] = ()) -> None:
+    def __init__(self, repo: str, secrets: Iterable[str] = (), *, paths: bool = True) -> None:
+        """``paths=False`` keeps host paths (the local CLI's own output names the user's
+        paths; evidence and crash reports, which may be shared, never do)."""
         self.secrets = sorted(
             {s for s in [*secret_values(), *secrets] if s and len(s) >= 6},
             key=len,
             reverse=True,
         )
-        roots = _repo_roots(repo) + [(r, "<path>") for r in private_roots()]
+        roots = (_repo_roots(repo) + [(r, "<path>") for r in private_roots()]) if paths else []
         self.roots = [
             (re.compile(re.escape(root) + r"(?![\w-]|\.[\w.-])"), mark)
             for root, mark in sorted(roots, key=lambda item: len(item[0]), reverse=True)

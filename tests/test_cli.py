@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -87,6 +88,39 @@ def test_doctor_reports_daemon_runtimes_and_image(
     if runsc_available:
         assert report["runsc"]["works"] is True
     assert report["git"]
+    assert isinstance(report["spares"], list)
+
+
+def test_doctor_names_the_state_the_config_and_the_provider(
+    sandbox_image: str, tmp_path: Path
+) -> None:
+    del sandbox_image
+    config = tmp_path / "config.toml"
+    config.write_text(
+        'spare_sandboxes = 3\n[provider]\nmodel = "m1"\nbase_url = "http://127.0.0.1:9/v1"\n'
+        'api_key_env = "DOCTOR_TEST_KEY"\n'
+    )
+    res = _patchbox("doctor", "--config", str(config), "--json")
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    assert report["home"] == os.environ["PATCHBOX_HOME"]
+    assert report["config"] == str(config)
+    assert report["spare_sandboxes"] == 3
+    assert report["provider"] == {
+        "configured": True,
+        "model": "m1",
+        "base_url": "http://127.0.0.1:9/v1",
+        "key_variable": "DOCTOR_TEST_KEY",
+        "key_set": False,
+    }
+    text = _patchbox("doctor", "--config", str(config)).stdout
+    assert f"config: {config}" in text
+    assert "provider: m1 at http://127.0.0.1:9/v1 (key DOCTOR_TEST_KEY not set)" in text
+    bad = tmp_path / "bad.toml"
+    bad.write_text("spare_sandboxes = [")
+    broken = json.loads(_patchbox("doctor", "--config", str(bad), "--json").stdout)
+    assert str(bad) in broken["config_error"]
+    assert broken["config_error"] in broken["problems"]
 
 
 @pytest.mark.docker

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from controller.jobs.decision import DecisionInputs, decide, skips_checks, with_conflict
+from controller.jobs.decision import GATE_HINTS, DecisionInputs, decide, skips_checks, with_conflict
 from controller.jobs.records import CheckResult, Decision, FileChange
 
 ALL_GATES = {
@@ -60,7 +60,8 @@ def fell_back(*failing: str, failed_checks: list[str] | None = None) -> dict[str
         "mode": "auto",
         "applied": False,
         "gates": ALL_GATES | dict.fromkeys(failing, False),
-        "reason": "auto fell back to review: " + ", ".join(failing),
+        "reason": "auto fell back to review: "
+        + ", ".join(f"{name} ({GATE_HINTS[name]})" for name in failing),
     }
     return expected | ({"failed_checks": failed_checks} if failed_checks else {})
 
@@ -153,7 +154,8 @@ CASES: list[tuple[str, DecisionInputs, dict[str, Any]]] = [
             "mode": "trusted-auto",
             "applied": False,
             "gates": {},
-            "reason": "trusted-auto fell back to review: not enabled by the operator",
+            "reason": "trusted-auto fell back to review: not enabled by the operator "
+            "(allow_trusted_auto = false in the host configuration)",
         },
     ),
     (
@@ -163,7 +165,7 @@ CASES: list[tuple[str, DecisionInputs, dict[str, Any]]] = [
             "mode": "trusted-auto",
             "applied": False,
             "gates": {},
-            "reason": "trusted-auto fell back to review: no consent flag",
+            "reason": "trusted-auto fell back to review: no consent flag (--consent-trusted-auto)",
             "failed_checks": ["t"],
         },
     ),

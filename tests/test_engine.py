@@ -21,6 +21,7 @@ from controller.changes.collect import ChangedFile, Collected
 from controller.config.host import HostConfig
 from controller.config.task import TaskSpec
 from controller.errors import ErrorCode, InternalError, PatchboxError
+from controller.jobs.decision import GATE_HINTS
 from controller.jobs.engine import Job, JobRequest
 from controller.jobs.records import JobRecord, JobStore, LedgerEntry
 from controller.providers import (
@@ -378,7 +379,9 @@ def test_auto_without_operator_enablement_falls_back_to_review(
         "baseline_unchanged": True,
     }
     assert data["decision"]["applied"] is False
-    assert data["decision"]["reason"] == "auto fell back to review: operator_enabled"
+    assert data["decision"]["reason"] == (
+        "auto fell back to review: operator_enabled (allow_auto = false in the host configuration)"
+    )
     assert snapshot(repo) == before
 
 
@@ -443,7 +446,7 @@ def test_auto_falls_back_when_a_gate_fails(
     data = stored(record)
     gates = data["decision"]["gates"]
     assert {name for name, ok in gates.items() if not ok} == {gate}
-    assert data["decision"]["reason"] == f"auto fell back to review: {gate}"
+    assert data["decision"]["reason"] == f"auto fell back to review: {gate} ({GATE_HINTS[gate]})"
     assert snapshot(repo) == before
 
 
@@ -468,6 +471,33 @@ def test_auto_falls_back_when_the_users_file_changed_during_the_job(
     data = stored(record)
     assert data["decision"]["gates"]["baseline_unchanged"] is False
     assert (repo / "app.py").read_text() == APP + "# mine\n"
+
+
+def test_auto_applies_after_an_unrelated_commit_during_the_job(
+    client: docker.DockerClient, repo: Path
+) -> None:
+    """HEAD moving (a commit of another file) does not block auto: the touched paths are as
+    in the baseline, which is what apply needs."""
+
+    def commit_during_checks(message: str) -> None:
+        if message == "checking":
+            (repo / "README.md").write_text("# changed meanwhile\n")
+            git(repo, "commit", "-qam", "meanwhile")
+
+    config = HostConfig(spare_sandboxes=0, allow_auto=True)
+    task = make_task(mode="auto", checks={"ok": {"argv": ["true"]}})
+    job = new_job(
+        client,
+        repo,
+        task,
+        scripted([call("c1", EDIT)]),
+        config=config,
+        progress=commit_during_checks,
+    )
+    record = job.run()
+    assert record.state == "applied", (record.error, record.decision)
+    assert (repo / "app.py").read_text() == APP_AFTER
+    assert (repo / "README.md").read_text() == "# changed meanwhile\n"
 
 
 def test_auto_apply_conflict_is_reported_in_the_decision(
@@ -501,8 +531,15 @@ def test_auto_apply_conflict_is_reported_in_the_decision(
 @pytest.mark.parametrize(
     ("allow", "consent", "reason"),
     [
-        (True, False, "trusted-auto fell back to review: no consent flag"),
-        (False, True, "trusted-auto fell back to review: not enabled by the operator"),
+        (True, False, "trusted-auto fell back to review: no consent flag (--consent-trusted-auto)"),
+        (
+            False,
+            True,
+            (
+                "trusted-auto fell back to review: not enabled by the operator "
+                "(allow_trusted_auto = false in the host configuration)"
+            ),
+        ),
     ],
     ids=["no_consent", "not_enabled"],
 )
@@ -616,7 +653,14 @@ def test_cancel_kills_a_check_running_in_the_loop(client: docker.DockerClient, r
     assert code_of(record) == "CANCELLED"
     data = stored(record)
     assert data["tool_calls"] == [
-        {"turn": 1, "id": "c1", "name": "run_check", "ok": False, "error_code": "CANCELLED"}
+        {
+            "turn": 1,
+            "id": "c1",
+            "name": "run_check",
+            "ok": False,
+            "error_code": "CANCELLED",
+            "error_message": "the job was cancelled while the call ran",
+        }
     ]
     assert [(e["id"], e["outcome"]) for e in data["ledger"]] == [("c1", "unknown")]
     assert containers_of(client, record.job_id) == []

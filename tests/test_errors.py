@@ -25,6 +25,7 @@ from controller.errors import (
     SandboxError,
     TransientProviderError,
     describe_validation,
+    exit_code_for_error,
     map_error,
     map_git_error,
     mapped_class,
@@ -152,8 +153,16 @@ def test_the_tree_names_every_subclass_and_all_live_here() -> None:
 
 
 def test_exit_codes() -> None:
-    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 70]
+    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 4, 70]
     assert ErrorCode.INTERNAL_ERROR == "INTERNAL_ERROR"
+    by_code = {code: exit_code_for_error(code) for code in ErrorCode}
+    assert by_code.pop(ErrorCode.USAGE_ERROR) is ExitCode.USAGE
+    assert by_code.pop(ErrorCode.NOT_A_REPOSITORY) is ExitCode.USAGE
+    assert by_code.pop(ErrorCode.ENVIRONMENT_NOT_READY) is ExitCode.NOT_READY
+    assert by_code.pop(ErrorCode.PROVIDER_ERROR) is ExitCode.PROVIDER
+    assert by_code.pop(ErrorCode.MODEL_TOOL_CALL_UNSUPPORTED) is ExitCode.PROVIDER
+    assert by_code.pop(ErrorCode.INTERNAL_ERROR) is ExitCode.INTERNAL
+    assert set(by_code.values()) == {ExitCode.FAILED}
 
 
 class _Model(BaseModel):

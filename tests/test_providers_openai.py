@@ -637,19 +637,22 @@ def test_stream_requested_but_json_answered(server: LoopbackServer, api: str) ->
     assert server.received[0].json()["stream"] is True
 
 
-# Streams cut mid-way.
+# Streams cut mid-way (more in tests/test_providers_disconnect.py).
 
 
 @pytest.mark.parametrize("api", APIS)
 @pytest.mark.parametrize("chunked", [True, False])
 def test_stream_cut_midway(server: LoopbackServer, api: str, chunked: bool) -> None:
+    """A disconnect is retried like a 5xx; every attempt cut: PROVIDER_ERROR naming it."""
     events = chat_sse([READ]) if api == "chat" else responses_sse([READ])
-    server.play(sse_reply(events, cut_after=len(events) - 2, chunked=chunked))
+    server.play(*[sse_reply(events, cut_after=len(events) - 2, chunked=chunked)] * 3)
     with provider_for(server, api, stream=True) as provider, pytest.raises(ProviderError) as caught:
         provider.next_turn([])
-    expected = "transport failed (RemoteProtocolError)" if chunked else "event stream ended before"
-    assert expected in caught.value.message
-    assert len(server.received) == 1
+    assert caught.value.code == ErrorCode.PROVIDER_ERROR
+    expected = "(RemoteProtocolError after " if chunked else "(the event stream ended before "
+    assert "the server disconnected mid-stream " + expected in caught.value.message
+    assert caught.value.message.endswith("; gave up after 3 attempts")
+    assert len(server.received) == 3
 
 
 def test_sse_parser_drops_an_unterminated_event() -> None:
@@ -1113,10 +1116,14 @@ def test_config_from_mapping() -> None:
     assert config.api_key is not None
     assert config.api_key.get_secret_value() == KEY
     named = ProviderConfig.from_mapping(
-        table | {"api_key_env": "LLM_KEY"}, {"LLM_KEY": "other-key", "OPENAI_API_KEY": KEY}
+        table | {"api_key_env": "LLM_KEY"}, {"LLM_KEY": "other-key"}
     )
     assert named.api_key is not None
     assert named.api_key.get_secret_value() == "other-key"
+    with pytest.raises(UsageError, match=r"OPENAI_API_KEY is set but .* provider\.api_key_env"):
+        ProviderConfig.from_mapping(
+            table | {"api_key_env": "LLM_KEY"}, {"LLM_KEY": "other-key", "OPENAI_API_KEY": KEY}
+        )
     assert ProviderConfig.from_mapping(table, {}).api_key is None
     inline = ProviderConfig.from_mapping(table | {"api_key": KEY}, {})
     assert inline.api_key is not None

@@ -389,7 +389,7 @@ def test_subfolder_of_a_repository(repo: Repo) -> None:
     assert codes(report) == ["NOT_TOP_LEVEL"]
     with pytest.raises(RepoBlockedError) as caught:
         build_baseline(sub)
-    assert caught.value.code == ErrorCode.REPO_BLOCKED
+    assert caught.value.code == ErrorCode.NOT_A_REPOSITORY
     assert [r.code for r in caught.value.reasons] == ["NOT_TOP_LEVEL"]
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from pydantic import ValidationError
 
@@ -18,9 +18,18 @@ from controller.errors import (
     PatchboxError,
     UsageError,
     describe_validation,
+    exit_code_for_error,
 )
 from controller.jobs.evidence import relative_to_home, write_evidence
-from controller.jobs.records import ACTIVE, JobRecord, JobStore, mark_interrupted, write_lock
+from controller.jobs.records import (
+    ACTIVE,
+    FINAL,
+    JobRecord,
+    JobState,
+    JobStore,
+    mark_interrupted,
+    write_lock,
+)
 from controller.logs import Scrubber
 
 if TYPE_CHECKING:
@@ -77,7 +86,7 @@ def run_view(
 ) -> dict[str, Any]:
     """The one JSON object of ``run --json``. Messages and check output are
     scrubbed of secrets and host paths like the evidence; the diff is shown as it is."""
-    view = Scrubber(record.repo, secrets).value(_view(record, evidence))
+    view = Scrubber(record.repo, secrets, paths=False).value(_view(record, evidence))
     view["diff"] = diff or ""
     return dict(view)
 
@@ -102,7 +111,13 @@ def _view(record: JobRecord, evidence: str) -> dict[str, Any]:
     }
 
 
+FAILED_STATES = frozenset({"failed", "cancelled"})
+TAIL_LINES = 20
+
+
 def _summary(record: JobRecord) -> str:
+    """The plain-text account of a job; for a failed one, why: its error, the failing
+    checks' last output lines and every refused tool call with its code and message."""
     lines = [f"job {record.job_id}: {record.state}"]
     if record.error:
         lines.append(f"error {record.error['code']}: {record.error['message']}")
@@ -113,9 +128,42 @@ def _summary(record: JobRecord) -> str:
         f"  check {c.id}: {c.status} (exit {c.exit_code}, {c.duration_ms} ms)"
         for c in record.checks
     ]
-    if record.decision is not None and record.decision.reason:
+    if record.state in FAILED_STATES:
+        for c in record.checks:
+            if c.status in {"failed", "timed_out"} and c.output_tail.strip():
+                tail = c.output_tail.rstrip("\n").splitlines()[-TAIL_LINES:]
+                lines.append(f"output of check {c.id} (last {len(tail)} lines):")
+                lines += [f"  | {line}" for line in tail]
+        refused = [t for t in record.tool_calls if not t.ok]
+        if refused:
+            lines.append("failed tool calls:")
+            for t in refused:
+                message = f": {t.error_message}" if t.error_message else ""
+                lines.append(f"  turn {t.turn} {t.id} {t.name}: {t.error_code}{message}")
+    elif record.decision is not None and record.decision.reason:
         lines.append(f"decision: {record.decision.reason}")
     return "\n".join(lines)
+
+
+def transcript_text(record: JobRecord, width: int = 400) -> str:
+    """The conversation, readably: each turn's message, cost and calls with their results
+    (long texts cut at ``width`` characters; the evidence keeps them whole, bounded)."""
+
+    def cut(text: str) -> str:
+        one = text.replace("\n", "\\n")
+        return one if len(one) <= width else one[: width - 3] + "..."
+
+    lines: list[str] = []
+    for turn in record.transcript:
+        cost = ", ".join(f"{k} {v}" for k, v in sorted(turn.usage.items()))
+        lines.append(f"turn {turn.turn} (model {turn.model_ms} ms{'; ' + cost if cost else ''})")
+        if turn.text:
+            lines.append(f"  model: {cut(turn.text)}")
+        for c in turn.calls:
+            state = "ok" if c.ok else "error"
+            lines.append(f"  call {c.id} {c.name} {cut(c.arguments)}")
+            lines.append(f"    -> {state} ({c.duration_ms} ms): {cut(c.result)}")
+    return "\n".join(lines) or "no transcript (the job made no model turn)"
 
 
 def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcome:
@@ -124,6 +172,8 @@ def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcom
     from controller.sandbox.dockerclient import connect
 
     config = load_config(Path(args.config) if args.config else None)
+    if getattr(args, "no_spare", False):
+        config = config.model_copy(update={"spare_sandboxes": 0})
     task = load_task(Path(args.task))
     repo = Path(args.repo)
     provider, secrets = _provider(args, task, config.provider)
@@ -153,7 +203,12 @@ def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcom
     evidence = relative_to_home(store.folder(record.job_id) / "evidence.json")
     data = run_view(record, job.diff, evidence, secrets)
     ok = record.state in {"awaiting_review", "applied"}
-    text = Scrubber(record.repo, secrets).text(_summary(record))
+    text = Scrubber(record.repo, secrets, paths=False).text(_summary(record))
+    fallback = review_fallback(record)
+    if fallback is not None:
+        data["review_fallback"] = fallback
+        with contextlib.suppress(OSError):
+            progress(f"{record.mode} mode fell back to review: {fallback}")
     if record.state == "awaiting_review":
         jid = record.job_id
         text += f"\nreview: patchbox show {jid} --diff; then patchbox apply {jid}"
@@ -163,9 +218,21 @@ def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcom
         return cancellation.exit_code, data, text
     if internal is not None:
         # A fault after the job's end (its evidence) leaves the record as it was: say so.
-        data["error"] = data["error"] or Scrubber(record.repo, secrets).value(internal.to_dict())
+        data["error"] = data["error"] or Scrubber(record.repo, secrets, paths=False).value(
+            internal.to_dict()
+        )
         return ExitCode.INTERNAL, data, text
-    return (ExitCode.OK if ok else ExitCode.FAILED), data, text
+    if ok:
+        return ExitCode.OK, data, text
+    return exit_code_for_error(record.error["code"] if record.error else ""), data, text
+
+
+def review_fallback(record: JobRecord) -> str | None:
+    """Why a job in an auto mode stopped for review instead of applying (None otherwise)."""
+    if record.mode == "review" or record.state != "awaiting_review":
+        return None
+    decision = record.decision
+    return decision.reason if decision is not None else "not decided"
 
 
 def settle(client: docker.DockerClient | None, store: JobStore | None = None) -> None:
@@ -185,24 +252,101 @@ def settle(client: docker.DockerClient | None, store: JobStore | None = None) ->
         reap(client, patchbox_home() / "tmp")
 
 
+def parse_age(text: str, option: str) -> float:
+    """Seconds in ``text``: a number with a unit, ``90s``, ``45m``, ``12h``, ``7d`` or ``2w``
+    (``UsageError`` naming ``option`` otherwise)."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+    number, unit = text[:-1], text[-1:]
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit not in units or not 0 <= value < 1e9:
+        msg = f"{option} takes an age like 90s, 45m, 12h, 7d or 2w, not {text[:40]!r}"
+        raise UsageError(msg)
+    return value * units[unit]
+
+
+def parse_since(text: str) -> float:
+    """The epoch time ``--since`` names: an age (``2d``: two days ago) or an ISO date or
+    date and time (``2026-12-01``, ``2026-12-01T08:00``, local time unless it says)."""
+    import datetime as dt
+    import time
+
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        return time.time() - parse_age(text, "--since")
+    return when.timestamp()
+
+
+def _duration(record: JobRecord) -> float | None:
+    if record.state in ACTIVE:
+        return None
+    return round(max(0.0, record.updated_at - record.created_at), 1)
+
+
+def _when(epoch: float) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(epoch).astimezone().isoformat(timespec="seconds")
+
+
 def cmd_jobs(args: argparse.Namespace) -> Outcome:
     store = JobStore()
     repo = str(Path(args.repo).resolve()) if args.repo else None
     records = store.all(repo)
-    data = {
-        "jobs": [
-            {
-                "job_id": r.job_id,
-                "status": r.state,
-                "repository": Path(r.repo).name,
-                "created_at": r.created_at,
-                "error": Scrubber(r.repo).value(r.error),
-            }
-            for r in records
-        ]
-    }
-    text = "\n".join(f"{r.job_id}  {r.state:<16} {Path(r.repo).name}" for r in records)
-    return ExitCode.OK, data, text or "no jobs"
+    wanted = {s for arg in (args.status or []) for s in arg.split(",") if s}
+    known = set(get_args(JobState))
+    unknown = sorted(wanted - known)
+    if unknown:
+        msg = f"--status takes job states ({', '.join(sorted(known))}), not {', '.join(unknown)}"
+        raise UsageError(msg[:500])
+    if wanted:
+        records = [r for r in records if r.state in wanted]
+    if args.since:
+        since = parse_since(args.since)
+        records = [r for r in records if r.created_at >= since]
+    jobs = [
+        {
+            "job_id": r.job_id,
+            "status": r.state,
+            "repository": Path(r.repo).name,
+            "repo": r.repo,
+            "created_at": r.created_at,
+            "created": _when(r.created_at),
+            "duration_seconds": _duration(r),
+            "error_code": r.error["code"] if r.error else None,
+            "error": Scrubber(r.repo, paths=False).value(r.error),
+        }
+        for r in records
+    ]
+    lines = []
+    for job in jobs:
+        took = "-" if job["duration_seconds"] is None else f"{job['duration_seconds']:.1f}s"
+        lines.append(
+            f"{job['job_id']}  {job['status']:<16} {job['created'][:19]}  {took:>8}  "
+            f"{job['error_code'] or '-':<24} {job['repository']}"
+        )
+    return ExitCode.OK, {"jobs": jobs}, "\n".join(lines) or "no jobs"
+
+
+def cmd_prune(args: argparse.Namespace) -> Outcome:
+    """Removes the records and evidence of ended jobs (reverted, discarded, failed,
+    cancelled) older than ``--older-than``; jobs awaiting review or applied stay (their
+    diff and journal are what apply and revert need)."""
+    import shutil
+    import time
+
+    cutoff = time.time() - parse_age(args.older_than, "--older-than")
+    store = JobStore()
+    removed = []
+    for record in store.all():
+        if record.state in FINAL and record.updated_at < cutoff:
+            shutil.rmtree(store.folder(record.job_id), ignore_errors=True)
+            removed.append(record.job_id)
+    text = f"removed {len(removed)} job(s)" + (": " + ", ".join(removed) if removed else "")
+    return ExitCode.OK, {"removed": removed}, text
 
 
 def _diff_of(store: JobStore, job_id: str) -> str | None:
@@ -221,7 +365,7 @@ def cmd_show(args: argparse.Namespace) -> Outcome:
     data = run_view(record, diff if args.diff else None, evidence)
     data["ledger"] = record.model_dump(mode="json")["ledger"]
     data["state_history"] = record.history
-    text = Scrubber(record.repo).text(_summary(record))
+    text = Scrubber(record.repo, paths=False).text(_summary(record))
     if record.ledger:
         text += "\nledger:"
         for e in record.ledger:
@@ -230,6 +374,9 @@ def cmd_show(args: argparse.Namespace) -> Outcome:
     text += f"\nevidence: {evidence}"
     if args.diff and diff:
         text += "\n" + diff
+    if getattr(args, "transcript", False):
+        data["transcript"] = record.model_dump(mode="json").get("transcript", [])
+        text += "\ntranscript:\n" + Scrubber(record.repo, paths=False).text(transcript_text(record))
     return ExitCode.OK, data, text
 
 

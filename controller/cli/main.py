@@ -15,7 +15,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from controller.errors import ExitCode, InternalError, NotReadyError, PatchboxError, UsageError
+from controller.errors import (
+    ConflictError,
+    ExitCode,
+    InternalError,
+    NotReadyError,
+    PatchboxError,
+    UsageError,
+    exit_code_for_error,
+)
 
 if TYPE_CHECKING:
     from controller.repo.baseline import HealthReport
@@ -30,6 +38,15 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("patchbox")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="patchbox",
@@ -39,12 +56,14 @@ def _parser() -> argparse.ArgumentParser:
             "described in docs/reference.md."
         ),
     )
+    parser.add_argument("--version", action="version", version=f"patchbox {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     doctor = sub.add_parser("doctor", help="is this machine (and a repository) ready?")
     doctor.add_argument("--json", action="store_true")
     doctor.add_argument("--repo", help="also check this repository's health")
     doctor.add_argument("--max-local-files", type=int, default=None, metavar="N")
     doctor.add_argument("--max-local-bytes", type=int, default=None, metavar="N")
+    doctor.add_argument("--config", help="host configuration (default $PATCHBOX_HOME/config.toml)")
     image = sub.add_parser("image", help="the sandbox image")
     image_sub = image.add_subparsers(dest="image_command", required=True, parser_class=_Parser)
     build = image_sub.add_parser("build", help="build the default sandbox image")
@@ -58,14 +77,27 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--trust-repo-config", action="store_true")
     run.add_argument("--consent-trusted-auto", action="store_true")
     run.add_argument("--runtime", choices=["runc", "runsc"], default=None)
+    run.add_argument(
+        "--no-spare", action="store_true", help="start no spare sandbox for the next job"
+    )
     run.add_argument("--config", help="host configuration (default $PATCHBOX_HOME/config.toml)")
     run.add_argument("--json", action="store_true")
     jobs = sub.add_parser("jobs", help="jobs and their states")
     jobs.add_argument("--repo")
+    jobs.add_argument(
+        "--status", action="append", metavar="STATE", help="only jobs in these states (a,b)"
+    )
+    jobs.add_argument("--since", metavar="WHEN", help="only jobs created since: 2d, 2026-12-01")
     jobs.add_argument("--json", action="store_true")
+    prune = sub.add_parser("prune", help="remove ended jobs' records and evidence")
+    prune.add_argument("--older-than", required=True, metavar="AGE", help="90m, 12h, 7d, 2w")
+    prune.add_argument("--json", action="store_true")
     show = sub.add_parser("show", help="summary, ledger, checks, evidence path")
     show.add_argument("job")
     show.add_argument("--diff", action="store_true")
+    show.add_argument(
+        "--transcript", action="store_true", help="the conversation: messages, calls, results"
+    )
     show.add_argument("--json", action="store_true")
     for name, what in (
         ("apply", "apply a job's diff to the work tree"),
@@ -102,19 +134,43 @@ def _env_parsers(sub: Any) -> None:
 
 
 def _emit(data: dict[str, Any], *, as_json: bool, text: str) -> None:
-    """Prints the result; a closed terminal (SIGHUP) or pipe loses it, nothing else."""
-    with contextlib.suppress(OSError):
+    """Prints the result; a closed terminal (SIGHUP) or pipe (``| head``) loses it, nothing
+    else: stdout then points at /dev/null, so the interpreter's last flush is quiet too."""
+    try:
         if as_json:
             print(json.dumps(data, indent=2, sort_keys=True), flush=True)
         else:
             print(text, flush=True)
+    except OSError:
+        _quiet_stdout()
+
+
+def _quiet_stdout() -> None:
+    import os
+
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def _doctor(args: argparse.Namespace) -> int:
     from controller.cli.doctor import diagnose
 
-    report = diagnose()
+    report = diagnose(config_path=Path(args.config) if args.config else None)
     lines = [f"ready: {'yes' if report['ready'] else 'no'}"]
+    lines.append(f"state: {report['home']}")
+    lines.append(f"config: {report['config'] or 'none (defaults)'}")
+    prov = report["provider"]
+    if prov["configured"]:
+        key = "set" if prov["key_set"] else "not set"
+        lines.append(
+            f"provider: {prov['model']} at {prov['base_url']} (key {prov['key_variable']} {key})"
+        )
+    else:
+        lines.append(
+            "provider: not configured (set PATCHBOX_MODEL and OPENAI_BASE_URL, or [provider])"
+        )
     if report.get("docker"):
         d = report["docker"]
         runtimes = ", ".join(d["runtimes"])
@@ -131,6 +187,9 @@ def _doctor(args: argparse.Namespace) -> int:
             "works" if r.get("works") else ("registered" if r["registered"] else "not registered")
         )
         lines.append(f"gVisor (runsc): {state}")
+    if "spares" in report:
+        wanted = report.get("spare_sandboxes", "?")
+        lines.append(f"spare sandboxes: {len(report['spares'])} (spare_sandboxes = {wanted})")
     lines += [f"problem: {p}" for p in report["problems"]]
     lines += [f"to do: {a}" for a in report["advice"]]
     repo_ok = True
@@ -256,6 +315,7 @@ def _job_command(args: argparse.Namespace) -> int:
     else:
         handler = {
             "jobs": commands.cmd_jobs,
+            "prune": commands.cmd_prune,
             "show": commands.cmd_show,
             "apply": commands.cmd_apply,
             "revert": commands.cmd_revert,
@@ -274,7 +334,7 @@ def exit_code_of(exc: PatchboxError) -> int:
         return ExitCode.NOT_READY
     if isinstance(exc, InternalError):
         return ExitCode.INTERNAL
-    return ExitCode.FAILED
+    return exit_code_for_error(str(exc.code))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -290,7 +350,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return handlers[args.command](args)
         return _job_command(args)
     except PatchboxError as exc:
-        _report_error(str(exc.code), exc.message, args, as_json=as_json)
+        extra: dict[str, Any] = {}
+        if isinstance(exc, ConflictError):  # each file and why, never a merge's contents
+            extra["conflicts"] = [c.model_dump(exclude={"detail"}) for c in exc.conflicts]
+        _report_error(str(exc.code), exc.message, args, as_json=as_json, extra=extra)
         return exit_code_of(exc)
     except KeyboardInterrupt:
         with contextlib.suppress(OSError):
@@ -312,16 +375,24 @@ def _repo_root(args: argparse.Namespace | None) -> str:
 
 
 def _report_error(
-    code: str, message: str, args: argparse.Namespace | None, *, as_json: bool
+    code: str,
+    message: str,
+    args: argparse.Namespace | None,
+    *,
+    as_json: bool,
+    extra: dict[str, Any] | None = None,
 ) -> None:
     """The error contract: ``{"error": {code, message}}`` on stdout with ``--json``, one
-    line on stderr always; messages scrubbed of the repository's path and secrets."""
+    line on stderr always; messages scrubbed of secrets (the user's own paths stay)."""
     from controller.logs import Scrubber
 
-    message = Scrubber(_repo_root(args)).text(message)
+    message = Scrubber(_repo_root(args), paths=False).text(message)
     with contextlib.suppress(OSError):
         if as_json:
-            print(json.dumps({"error": {"code": code, "message": message}}))
+            error = {"code": code, "message": message}
+            if extra:
+                error.update(Scrubber(_repo_root(args), paths=False).value(extra))
+            print(json.dumps({"error": error}))
         print(f"patchbox: error {code}: {message}", file=sys.stderr)
 
 

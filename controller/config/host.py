@@ -71,18 +71,19 @@ def load_config(path: Path | None = None) -> HostConfig:
         raw = target.read_bytes()
     except FileNotFoundError as exc:
         if explicit:
-            msg = "the configuration file given with --config does not exist"
+            msg = f"the configuration file {str(target)!r} given with --config does not exist"
             raise UsageError(msg) from exc
         return HostConfig()
     except OSError as exc:
-        msg = f"the configuration file cannot be read: {exc.strerror}"
+        msg = f"the configuration file {str(target)!r} cannot be read: {exc.strerror}"
         raise UsageError(msg) from exc
     try:
         data = tomllib.loads(raw.decode("utf-8"))
         return HostConfig.model_validate(data)
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        msg = "the configuration file is not valid TOML"
+        msg = f"the configuration file {str(target)!r} is not valid TOML"
         raise UsageError(msg) from exc
     except ValidationError as exc:
-        msg = f"the configuration file has invalid fields: {describe_validation(exc, subject='')}"
+        fields = describe_validation(exc, subject="")
+        msg = f"the configuration file {str(target)!r} has invalid fields: {fields}"
         raise UsageError(msg) from exc

@@ -27,7 +27,7 @@ def read_input_file(path: Path | str, what: str, limit: int) -> bytes:
     read, or holds more than ``limit`` bytes (whatever its size claims: a file that grows
     while read is caught too)."""
     path = Path(path)
-    label = f"{what} {path.name!r}"
+    label = f"{what} {str(path)!r}"
     try:
         _require_regular(path.stat().st_mode, label)
         fd = os.open(path, _FLAGS)

@@ -63,7 +63,9 @@ def decide(inputs: DecisionInputs) -> Decision:
         gates = auto_gates(inputs, checks_passed=not failed and bool(inputs.checks))
         failing = [name for name, ok in gates.items() if not ok]
         if failing:
-            reason = "auto fell back to review: " + ", ".join(failing)
+            reason = "auto fell back to review: " + ", ".join(
+                f"{name} ({GATE_HINTS[name]})" if name in GATE_HINTS else name for name in failing
+            )
             return Decision(mode=mode, gates=gates, reason=reason, failed_checks=failed)
         return Decision(mode=mode, applied=True, gates=gates, reason="auto: every gate holds")
     if skipped:
@@ -73,7 +75,11 @@ def decide(inputs: DecisionInputs) -> Decision:
             checks="skipped (trusted-auto): no claim that checks passed",
             reason="trusted-auto with operator enablement and consent",
         )
-    why = "not enabled by the operator" if not inputs.allow_trusted_auto else "no consent flag"
+    why = (
+        "not enabled by the operator (allow_trusted_auto = false in the host configuration)"
+        if not inputs.allow_trusted_auto
+        else "no consent flag (--consent-trusted-auto)"
+    )
     return Decision(
         mode=mode, reason="trusted-auto fell back to review: " + why, failed_checks=failed
     )
@@ -91,6 +97,16 @@ def auto_gates(inputs: DecisionInputs, *, checks_passed: bool) -> dict[str, bool
         "no_dependency_or_config_path": all(write_denial(p, None, ()) is None for p in paths),
         "baseline_unchanged": inputs.baseline_unchanged,
     }
+
+
+GATE_HINTS = {
+    "operator_enabled": "allow_auto = false in the host configuration",
+    "checks_passed": "a required check did not pass, or there is none",
+    "no_deleted_file": "the diff deletes a file",
+    "no_dependency_or_config_path": "the diff touches a manifest, lock file or config",
+    "baseline_unchanged": "a file the diff touches changed since the baseline",
+}
+"""What a failing auto gate means, in the user's words (the switch that blocks it)."""
 
 
 def with_conflict(decision: Decision, message: str) -> Decision:

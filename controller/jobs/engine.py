@@ -44,7 +44,7 @@ from controller.jobs.records import (
 from controller.jobs.required import run_required_checks
 from controller.providers.base import Provider
 from controller.repo.baseline import Baseline
-from controller.repo.layout import locate, operations_in_progress, resolve_head
+from controller.repo.layout import locate, operations_in_progress
 from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.docker import DockerSandbox
 from controller.sandbox.environment import EnvironmentBuilder
@@ -482,14 +482,14 @@ class Job:
 
 
 def baseline_unchanged(baseline: Baseline, changeset: ChangeSet) -> bool:
-    """Same HEAD, no git operation in progress, and every touched path as in the baseline
-    (other paths may differ). A diagnosis only: apply re-checks under its own lock."""
+    """No git operation in progress, and every touched path as in the baseline (other paths
+    and HEAD may differ, as apply allows). A diagnosis only: apply re-checks under its own
+    lock."""
     try:
         layout = locate(Path(baseline.repo))
     except PatchboxError:
         return False
-    head, _ = resolve_head(layout)
-    if head != baseline.head or operations_in_progress(layout):
+    if operations_in_progress(layout):
         return False
     for f in changeset.files:
         for path, want in ((f.old_path or f.path, f.sha256_before),):

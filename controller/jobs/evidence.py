@@ -49,6 +49,7 @@ def bundle(record: JobRecord, diff: str | None) -> dict[str, Any]:
         if baseline is None
         else baseline.model_dump(mode="json", include=set(BASELINE_KEYS)),
         "tool_calls": stored["tool_calls"],
+        "transcript": stored.get("transcript", []),
         "ledger": stored["ledger"],
         "diff": {
             "sha256": record.diff_sha256,

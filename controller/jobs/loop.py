@@ -6,6 +6,12 @@ one that may change the workspace (an edit, a patch, a check run) to the effect 
 (a :class:`LedgerEntry`). The loop's other exits are exceptions, which the job records in one
 place: ``CANCELLED``, ``LIMIT_EXCEEDED`` (turns, tool calls, result bytes, wall clock),
 ``MODEL_TOOL_CALL_UNSUPPORTED`` (a first turn without a tool call) and whatever a tool raised.
+
+A first turn with text but no tool call gets one nudge first, where the provider can take
+the conversation up again (:class:`~controller.providers.base.Nudgeable`): a user message
+naming the tools (:data:`NUDGE_MESSAGE`). The nudge's answer is the next turn (it counts
+against ``max_turns``); only if it has no tool call either does the job end with
+``MODEL_TOOL_CALL_UNSUPPORTED``.
 """
 
 from __future__ import annotations
@@ -17,20 +23,25 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from controller.errors import CancelledError, ErrorCode, LimitExceededError, PatchboxError
 from controller.jobs.records import (
+    TRANSCRIPT_TEXT,
     EffectTool,
     JobRecord,
     LedgerEntry,
     LedgerFile,
     ToolCallRecord,
+    TranscriptCall,
+    TranscriptTurn,
 )
-from controller.providers.base import ToolResult
+from controller.providers.base import Nudgeable, ToolResult
+from controller.tools.schemas import ARGUMENT_MODELS
+from controller.tools.text import strip_control
 
 if TYPE_CHECKING:
     import threading
     from collections.abc import Callable
 
     from controller.config.limits import Limits
-    from controller.providers.base import Provider, ToolCall
+    from controller.providers.base import ModelTurn, Provider, ToolCall
     from controller.tools.executor import ToolOutcome
 
 MAX_RESULT_BYTES = 64 * 1024 * 1024
@@ -42,6 +53,12 @@ INTENTS: dict[str, Literal["edit", "patch", "check"]] = {
     "run_check": "check",
 }
 """The tools that may change the workspace, each with its ledger intent."""
+NUDGE_MESSAGE = (
+    "Use the tools to work on the task: answer with a tool call ("
+    + ", ".join(ARGUMENT_MODELS)
+    + "), not with text alone. Answer without a tool call only when the task is done."
+)
+"""Sent once, as a user message, when the model's first turn is text without a tool call."""
 
 
 class Tools(Protocol):
@@ -80,35 +97,82 @@ class ToolLoop:
         deadline = time.monotonic() + limits.wall_seconds
         self.calls_left, self.bytes_left = limits.max_tool_calls, MAX_RESULT_BYTES
         results: list[ToolResult] = []
+        nudged = False
         for turn in range(1, limits.max_turns + 2):
             if self.cancelled.is_set():
                 raise cancelled_error()
             if time.monotonic() > deadline:
                 raise LimitExceededError(f"wall-clock limit of {limits.wall_seconds:g} s reached")
+            asked = time.monotonic()
             try:
-                model_turn = self.provider.next_turn(results)
+                model_turn = self._ask(results, nudge=nudged and turn == 2)
             except CancelledError as exc:
                 raise cancelled_error() from exc
+            model_ms = round((time.monotonic() - asked) * 1000)
             if not model_turn.tool_calls:
-                if turn == 1:
-                    raise PatchboxError(
-                        "the model's first turn has no tool call: it does not use tools",
-                        code=ErrorCode.MODEL_TOOL_CALL_UNSUPPORTED,
-                    )
+                self._transcribe(turn, model_turn, model_ms, [])
+                if turn == 1 or (nudged and turn == 2):
+                    nudged = self._without_tools(model_turn, nudged=nudged)
+                    continue
                 return (model_turn.text or "")[:FINAL_MESSAGE_CHARS]
             if turn > limits.max_turns:
                 break
-            results = [self._call(turn, call) for call in model_turn.tool_calls]
+            calls: list[TranscriptCall] = []
+            try:
+                results = [self._call(turn, call, calls) for call in model_turn.tool_calls]
+            finally:
+                self._transcribe(turn, model_turn, model_ms, calls)
             self.save()
         raise LimitExceededError(f"more than {limits.max_turns} turns")
 
-    def _call(self, turn: int, call: ToolCall) -> ToolResult:
+    def _ask(self, results: list[ToolResult], *, nudge: bool) -> ModelTurn:
+        """The model's next turn: after ``results``, or after the nudge."""
+        if nudge and isinstance(self.provider, Nudgeable):
+            return self.provider.nudge(NUDGE_MESSAGE)
+        return self.provider.next_turn(results)
+
+    def _without_tools(self, model_turn: ModelTurn, *, nudged: bool) -> bool:
+        """A first turn (or the nudge's answer) without a tool call: True when the model is
+        to be nudged, else ``MODEL_TOOL_CALL_UNSUPPORTED``."""
+        if not nudged and model_turn.text and isinstance(self.provider, Nudgeable):
+            return True
+        reason = (
+            "the model answered without a tool call, also after being asked to use the tools"
+            if nudged
+            else "the model's first turn has no tool call"
+        )
+        raise PatchboxError(
+            f"{reason}: it does not use tools", code=ErrorCode.MODEL_TOOL_CALL_UNSUPPORTED
+        )
+
+    def _transcribe(
+        self, turn: int, model_turn: ModelTurn, model_ms: int, calls: list[TranscriptCall]
+    ) -> None:
+        text = model_turn.text
+        self.record.transcript.append(
+            TranscriptTurn(
+                turn=turn,
+                text=None if text is None else strip_control(text)[:TRANSCRIPT_TEXT],
+                usage=dict(model_turn.usage),
+                model_ms=model_ms,
+                calls=calls,
+            )
+        )
+
+    def _call(self, turn: int, call: ToolCall, transcript: list[TranscriptCall]) -> ToolResult:
         """Runs one call, counting the job's calls and result bytes down."""
         self.calls_left -= 1
         if self.calls_left < 0:
             raise LimitExceededError(f"more than {self.limits.max_tool_calls} tool calls")
-        outcome = self._execute(turn, call)
+        started = time.monotonic()
+        try:
+            outcome = self._execute(turn, call)
+        except PatchboxError as exc:
+            error = {"ok": False, "error": exc.to_dict()}
+            transcript.append(_transcript_call(call, json.dumps(error), started, ok=False))
+            raise
         content = json.dumps(outcome.for_model(), ensure_ascii=False)
+        transcript.append(_transcript_call(call, content, started, ok=outcome.ok))
         self.bytes_left -= len(content.encode())
         if self.bytes_left < 0:
             raise LimitExceededError("tool results exceed the job's byte limit")
@@ -121,12 +185,32 @@ class ToolLoop:
             outcome = self.tools.execute(turn, call.id, call.name, call.arguments)
         except PatchboxError as exc:
             failed = ErrorCode.CANCELLED if self.cancelled.is_set() else exc.code
-            calls.append(_call_record(turn, call, ok=False, error_code=str(failed)))
+            calls.append(
+                _call_record(
+                    turn,
+                    call,
+                    ok=False,
+                    error_code=str(failed),
+                    error_message=(
+                        "the job was cancelled while the call ran"
+                        if failed is ErrorCode.CANCELLED
+                        else exc.message[:1000]
+                    ),
+                )
+            )
             if call.name in INTENTS:
                 ledger.append(self._entry(turn, call, {}, "unknown"))
             raise
-        code = (outcome.error or {}).get("code")
-        calls.append(_call_record(turn, call, ok=outcome.ok, error_code=code))
+        error = outcome.error or {}
+        calls.append(
+            _call_record(
+                turn,
+                call,
+                ok=outcome.ok,
+                error_code=error.get("code"),
+                error_message=str(error["message"])[:1000] if "message" in error else None,
+            )
+        )
         if outcome.effect != "none" or call.name in {"replace_text", "apply_patch"}:
             ledger.append(self._entry(turn, call, outcome.result or {}, _done(outcome)))
         result = outcome.result or {}
@@ -154,12 +238,39 @@ class ToolLoop:
         )
 
 
+def _transcript_call(call: ToolCall, content: str, started: float, *, ok: bool) -> TranscriptCall:
+    result = strip_control(content)
+    return TranscriptCall(
+        id=call.id,
+        name=call.name,
+        arguments=call.arguments[:TRANSCRIPT_TEXT],
+        ok=ok,
+        result=result[:TRANSCRIPT_TEXT],
+        truncated=len(result) > TRANSCRIPT_TEXT or len(call.arguments) > TRANSCRIPT_TEXT,
+        duration_ms=round((time.monotonic() - started) * 1000),
+    )
+
+
 def _done(outcome: ToolOutcome) -> Literal["done", "rejected"]:
     return "done" if outcome.ok else "rejected"
 
 
-def _call_record(turn: int, call: ToolCall, *, ok: bool, error_code: str | None) -> ToolCallRecord:
-    return ToolCallRecord(turn=turn, id=call.id, name=call.name, ok=ok, error_code=error_code)
+def _call_record(
+    turn: int,
+    call: ToolCall,
+    *,
+    ok: bool,
+    error_code: str | None,
+    error_message: str | None = None,
+) -> ToolCallRecord:
+    return ToolCallRecord(
+        turn=turn,
+        id=call.id,
+        name=call.name,
+        ok=ok,
+        error_code=error_code,
+        error_message=error_message,
+    )
 
 
 def ledger_files(tool: str, result: dict[str, Any]) -> list[LedgerFile]:

@@ -96,6 +96,38 @@ class ToolCallRecord(_Value):
     error_code: str | None = None
     """The tool's error code when ``ok`` is false (``CANCELLED`` when the job was
     cancelled while it ran); None when it succeeded."""
+    error_message: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    """The error's message, as the model got it (bounded)."""
+
+
+TRANSCRIPT_TEXT = 16 * 1024
+"""Characters kept of each model message, tool arguments and tool result in the transcript."""
+
+
+class TranscriptCall(_Value):
+    """One tool call in the transcript: what the model asked and what it got back."""
+
+    id: str
+    name: str
+    arguments: str
+    """The raw arguments, cut at :data:`TRANSCRIPT_TEXT` characters."""
+    ok: bool
+    result: str
+    """The JSON text the model got back (result or error), cleaned of control characters
+    and cut at :data:`TRANSCRIPT_TEXT` characters."""
+    truncated: bool = False
+    duration_ms: int = 0
+
+
+class TranscriptTurn(_Value):
+    """One model turn: its message, its cost where the provider says, and its calls."""
+
+    turn: int
+    text: str | None = None
+    usage: dict[str, int] = Field(default_factory=dict)
+    model_ms: int = 0
+    """How long the model took to answer."""
+    calls: list[TranscriptCall] = Field(default_factory=list)
 
 
 EffectTool = Literal["replace_text", "apply_patch", "run_check"]
@@ -202,6 +234,8 @@ class JobRecord(BaseModel):
     """What was found on the way (paths, reasons, where the baseline came from): shown and
     stored whole, never read back by the controller."""
     tool_calls: list[ToolCallRecord] = Field(default_factory=list)
+    transcript: list[TranscriptTurn] = Field(default_factory=list, exclude_if=lambda v: not v)
+    """The conversation: each turn's message, calls with their arguments and results."""
     ledger: list[LedgerEntry] = Field(default_factory=list)
     diff_sha256: str | None = None
     files: list[FileChange] = Field(default_factory=list)

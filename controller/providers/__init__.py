@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from controller.errors import CancelledError, DuplicateToolCallIdError, ProviderError
-    from controller.providers.base import ModelTurn, Provider, ToolCall, ToolResult
+    from controller.providers.base import ModelTurn, Nudgeable, Provider, ToolCall, ToolResult
     from controller.providers.chat import ChatCompletionsProvider
     from controller.providers.config import ProviderConfig
     from controller.providers.openai import SYSTEM_PROMPT, OpenAIProvider
@@ -28,6 +28,7 @@ _WHERE = {
     "DuplicateToolCallIdError": "controller.errors",
     "ProviderError": "controller.errors",
     "ModelTurn": "controller.providers.base",
+    "Nudgeable": "controller.providers.base",
     "Provider": "controller.providers.base",
     "ToolCall": "controller.providers.base",
     "ToolResult": "controller.providers.base",
@@ -70,6 +71,7 @@ __all__ = [
     "ChatCompletionsProvider",
     "DuplicateToolCallIdError",
     "ModelTurn",
+    "Nudgeable",
     "OpenAIProvider",
     "Provider",
     "ProviderConfig",

@@ -12,7 +12,7 @@ turns is accepted.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Annotated, Protocol, Self
+from typing import Annotated, Protocol, Self, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
@@ -108,7 +108,8 @@ class Provider(Protocol):
     The provider is made with the task prompt. The loop calls :meth:`next_turn` with an
     empty list first (the provider sends the prompt), then with one result for every tool
     call of the previous turn, in any order (``ValueError`` otherwise). A turn without tool
-    calls ends the conversation: a further ``next_turn`` raises :class:`ProviderError`.
+    calls ends the conversation: a further ``next_turn`` raises :class:`ProviderError`, and
+    only :meth:`Nudgeable.nudge`, where the provider has it, takes it up again.
     """
 
     def next_turn(self, results: list[ToolResult]) -> ModelTurn:
@@ -122,4 +123,20 @@ class Provider(Protocol):
 
     def close(self) -> None:
         """Releases connections; idempotent. Call it after the last turn, from the loop's thread."""
+        ...
+
+
+@runtime_checkable
+class Nudgeable(Protocol):
+    """A provider that can take the conversation up again after a turn without tool calls.
+
+    The loop uses it once, when the model's first turn is text without a tool call
+    (:mod:`controller.jobs.loop`); a provider without it fails that job at once.
+    """
+
+    def nudge(self, message: str) -> ModelTurn:
+        """Sends ``message`` as a user message after a turn without tool calls, and returns
+        the model's answer, which the loop handles like any other turn (results for its tool
+        calls go to :meth:`Provider.next_turn`). Raises :class:`ProviderError` unless the
+        previous turn had no tool calls, and like :meth:`Provider.next_turn` otherwise."""
         ...

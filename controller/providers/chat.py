@@ -2,8 +2,10 @@
 
 The conversation is a ``messages`` list: the system prompt, the task as the user message,
 then for each turn the assistant message (with its ``tool_calls``) followed by one
-``role: tool`` message per result. Only the first choice is read. A streamed answer must end
-with ``data: [DONE]``; tool calls are assembled from their deltas by ``index``.
+``role: tool`` message per result (a nudge, :meth:`OpenAIProvider.nudge`, is a user message).
+Only the first choice is read. A streamed answer must end with ``data: [DONE]``: one that
+ends before it was cut short, a disconnect that is retried. Tool calls are assembled from
+their deltas by ``index``.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from controller.errors import ProviderError
+from controller.errors import ProviderError, TransientProviderError
 from controller.providers.base import ModelTurn, ToolCall, ToolResult, new_turn
 from controller.providers.config import ProviderConfig
 from controller.providers.openai import (
@@ -117,13 +119,13 @@ class ChatCompletionsProvider(OpenAIProvider):
         self._tools = [{"type": "function", "function": schema} for schema in tool_schemas()]
 
     @staticmethod
-    def _result_messages(results: list[ToolResult]) -> list[dict[str, Any]]:
+    def _result_items(results: list[ToolResult]) -> list[dict[str, Any]]:
         return [{"role": "tool", "tool_call_id": r.call_id, "content": r.content} for r in results]
 
-    def _body(self, results: list[ToolResult]) -> dict[str, Any]:
+    def _body(self, items: list[dict[str, Any]]) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self._config.model,
-            "messages": self._messages + self._result_messages(results),
+            "messages": self._messages + items,
             "tools": self._tools,
             "stream": self._config.stream,
         }
@@ -131,8 +133,8 @@ class ChatCompletionsProvider(OpenAIProvider):
             body["stream_options"] = {"include_usage": True}
         return body
 
-    def _commit(self, results: list[ToolResult], answer: list[dict[str, Any]]) -> None:
-        self._messages.extend(self._result_messages(results))
+    def _commit(self, items: list[dict[str, Any]], answer: list[dict[str, Any]]) -> None:
+        self._messages.extend(items)
         self._messages.extend(answer)
 
     def _parse(self, reply: Reply) -> tuple[ModelTurn, list[dict[str, Any]]]:
@@ -211,4 +213,6 @@ def _chunks(body: bytes) -> list[_Chunk]:
             code = error_code(data.encode("utf-8"))
             raise ProviderError("stream reported an error" + (f" ({code})" if code else ""))
         chunks.append(parse_with(_Chunk, value, "stream event"))
-    raise ProviderError("event stream ended before [DONE]")
+    raise TransientProviderError(
+        "the server disconnected mid-stream (the event stream ended before [DONE])"
+    )

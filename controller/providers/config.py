@@ -1,4 +1,5 @@
-"""Which model endpoint to use, from the environment or the host config's ``[provider]`` table.
+"""Which model endpoint to use: the host config's ``[provider]`` table, with the environment
+variables of :data:`ENV_NAMES` on top (a variable that is set wins over the table's key).
 
 The API key is a :class:`pydantic.SecretStr`: ``repr``, ``str`` and ``model_dump`` show it
 masked, validation errors never echo it, and it is read only where the request is made.
@@ -38,7 +39,8 @@ ENV_NAMES = {
     "api": "PATCHBOX_PROVIDER_API",
     "stream": "PATCHBOX_PROVIDER_STREAM",
 }
-"""The environment variable read for each setting by :meth:`ProviderConfig.from_env`."""
+"""The environment variable read for each setting; a variable that is set and not empty wins
+over the host config's key for the same setting (:meth:`ProviderConfig.from_mapping`)."""
 
 _KEY_CHARS = re.compile(r"[\x21-\x7e]{1,4096}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -131,28 +133,35 @@ class ProviderConfig(BaseModel):
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ProviderConfig:
-        """From ``OPENAI_BASE_URL``, ``OPENAI_API_KEY``, ``PATCHBOX_MODEL``,
-        ``PATCHBOX_PROVIDER_API`` and ``PATCHBOX_PROVIDER_STREAM`` (empty counts as unset).
+        """From the environment alone (no ``[provider]`` table): ``OPENAI_BASE_URL``,
+        ``OPENAI_API_KEY``, ``PATCHBOX_MODEL``, ``PATCHBOX_PROVIDER_API`` and
+        ``PATCHBOX_PROVIDER_STREAM`` (empty counts as unset); the same as
+        ``from_mapping({}, environ)``.
 
         Raises :class:`UsageError` naming the variable that is missing or wrong.
         """
-        env = os.environ if environ is None else environ
-        values = {field: env[name] for field, name in ENV_NAMES.items() if env.get(name)}
-        if "model" not in values:
-            raise UsageError(f"no model configured: set {ENV_NAMES['model']}")
-        return _build(values, ENV_NAMES, "environment")
+        return cls.from_mapping({}, environ)
 
     @classmethod
     def from_mapping(
         cls, table: Mapping[str, Any], environ: Mapping[str, str] | None = None
     ) -> ProviderConfig:
-        """From the host config's ``[provider]`` table: the fields of this class, plus
-        ``api_key_env`` naming the environment variable that holds the key when the table
-        has no ``api_key`` (default ``OPENAI_API_KEY``).
+        """From the host config's ``[provider]`` table with the environment on top.
 
-        Raises :class:`UsageError` for unknown keys and invalid values.
+        The table holds the fields of this class, plus ``api_key_env`` naming the environment
+        variable that holds the key when the table has no ``api_key`` (default
+        ``OPENAI_API_KEY``). Each variable of :data:`ENV_NAMES` that is set and not empty
+        wins over the table's key for the same setting; a setting given by neither keeps its
+        default. ``OPENAI_API_KEY`` set together with an ``api_key_env`` that names another
+        variable is a contradiction, not a precedence question: :class:`UsageError` naming
+        both.
+
+        Raises :class:`UsageError` for unknown keys, invalid values (naming the variable or
+        the key the value came from), a missing model and the contradiction above.
         """
+        env = os.environ if environ is None else environ
         values = dict(table)
+        names = {field: f"provider.{field}" for field in cls.model_fields}
         env_name = values.pop("api_key_env", None)
         if env_name is not None and (
             not isinstance(env_name, str) or not _ENV_NAME.fullmatch(env_name)
@@ -160,20 +169,31 @@ class ProviderConfig(BaseModel):
             raise UsageError("provider.api_key_env must be an environment variable name")
         if "api_key" in values and env_name is not None:
             raise UsageError("provider: give api_key or api_key_env, not both")
-        if "api_key" not in values:
-            env = os.environ if environ is None else environ
-            key = env.get(env_name or ENV_NAMES["api_key"])
-            if key:
-                values["api_key"] = key
-        names = {field: f"provider.{field}" for field in cls.model_fields}
-        if env_name is not None:
+        key_name = ENV_NAMES["api_key"]
+        if env_name is not None and env_name != key_name:
+            if env.get(key_name):
+                raise UsageError(
+                    f"{key_name} is set but the host config's provider.api_key_env names "
+                    f"{env_name}: the key would come from two variables; unset {key_name} "
+                    "or remove provider.api_key_env"
+                )
+            if env.get(env_name):
+                values["api_key"] = env[env_name]
             names["api_key"] = env_name
-        return _build(values, names, "host config")
+        for field, name in ENV_NAMES.items():
+            if env.get(name):
+                values[field] = env[name]
+                names[field] = name
+        if "model" not in values:
+            raise UsageError(
+                f"no model configured: set {ENV_NAMES['model']} or the host config's provider.model"
+            )
+        return _build(values, names)
 
 
-def _build(values: Mapping[str, Any], names: Mapping[str, str], source: str) -> ProviderConfig:
+def _build(values: Mapping[str, Any], names: Mapping[str, str]) -> ProviderConfig:
     try:
         return ProviderConfig.model_validate(values)
     except ValidationError as exc:
         detail = describe_validation(exc, subject="provider", names=names, max_chars=10_000)
-        raise UsageError(f"provider settings from the {source}: {detail}") from None
+        raise UsageError(f"invalid provider settings: {detail}") from None

@@ -8,8 +8,14 @@ known (from httpx's ``trace`` extension) and can be shut from another thread.
 
 Retries (tenacity, exponential backoff, at most ``max_attempts``) cover only transient
 failures: connect errors, timeouts, HTTP 429, 500, 502, 503 and 504, honouring a
-``Retry-After`` up to ``max_retry_after_seconds``. Anything else, a passed deadline included,
-is a :class:`ProviderError` at once.
+``Retry-After`` up to ``max_retry_after_seconds``, and a server that disconnects mid-answer:
+the connection closes or resets inside a framed body (``Content-Length`` or chunked), an
+event stream ends before its last event (``[DONE]``, ``response.completed``), or an unframed
+JSON answer ends inside its JSON. Each attempt is read and parsed whole before anything of it
+is used, so a turn cut short is dropped entirely (never half a tool call) and the whole
+request is sent again. Anything else, a passed deadline included, is a
+:class:`ProviderError` at once; so is a disconnect once the attempts are used up, its
+message naming it (``the server disconnected mid-stream ...; gave up after N attempts``).
 
 Answers are read raw (``Accept-Encoding: identity``; a compressed answer is refused) up to
 ``max_response_bytes``, then parsed strictly: the fields read must have the documented
@@ -97,6 +103,43 @@ class Reply:
 
     content_type: str
     body: bytes
+    framed: bool = True
+    """The body's end was announced (``Content-Length`` or chunked), so a cut was seen by
+    httpx; an unframed body simply ends where the connection closed."""
+
+
+_LITERAL_HEADS = frozenset(w[:n] for w in ("null", "true", "false") for n in range(1, len(w)))
+_NUMBER_TAIL = re.compile(r"(?:\.[0-9]*)?(?:[eE][-+]?[0-9]*)?")
+_ESCAPE_HEAD = re.compile(r"u[0-9a-fA-F]{0,4}")
+
+
+def ends_early(body: bytes) -> bool:
+    """Whether ``body`` stops inside a JSON document, as an answer cut short does: decoding
+    fails at its very end, inside a string, a literal, a number, an escape or a UTF-8
+    sequence, and never before."""
+    try:
+        json.loads(body.decode("utf-8"))
+    except json.JSONDecodeError as exc:
+        return _cut_at(exc.msg, exc.doc[exc.pos :])
+    except UnicodeDecodeError as exc:
+        return exc.reason == "unexpected end of data"
+    except (ValueError, RecursionError):
+        return False
+    return False
+
+
+def _cut_at(problem: str, rest: str) -> bool:
+    """Whether a JSON decoding ``problem`` with ``rest`` left to read is the end of the text
+    arriving too soon."""
+    if problem.startswith("Unterminated string"):
+        return True
+    if problem.startswith("Invalid \\uXXXX escape"):
+        return _ESCAPE_HEAD.fullmatch(rest) is not None
+    if problem.startswith("Expecting value"):
+        return rest in ("", "-") or rest in _LITERAL_HEADS
+    if problem.startswith("Expecting ',' delimiter"):
+        return _NUMBER_TAIL.fullmatch(rest) is not None  # "1." or "1e" and no more
+    return not rest
 
 
 class _Request:
@@ -288,16 +331,27 @@ class OpenAIProvider(ABC):
         self._last: ModelTurn | None = None
 
     @abstractmethod
-    def _body(self, results: list[ToolResult]) -> dict[str, Any]:
-        """The request for the next turn: the conversation so far plus ``results``."""
+    def _body(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        """The request for the next turn: the conversation so far plus ``items`` (the
+        results of the previous turn's calls, or a user message)."""
 
     @abstractmethod
     def _parse(self, reply: Reply) -> tuple[ModelTurn, list[dict[str, Any]]]:
         """The turn in ``reply`` and the items that record it in the conversation."""
 
     @abstractmethod
-    def _commit(self, results: list[ToolResult], answer: list[dict[str, Any]]) -> None:
-        """Adds ``results`` and the model's answer to the conversation."""
+    def _commit(self, items: list[dict[str, Any]], answer: list[dict[str, Any]]) -> None:
+        """Adds ``items`` and the model's answer to the conversation."""
+
+    @staticmethod
+    @abstractmethod
+    def _result_items(results: list[ToolResult]) -> list[dict[str, Any]]:
+        """``results`` as conversation items, in the order given."""
+
+    @staticmethod
+    def _user_item(text: str) -> dict[str, Any]:
+        """A user message as a conversation item (the same in both APIs)."""
+        return {"role": "user", "content": text}
 
     def next_turn(self, results: list[ToolResult]) -> ModelTurn:
         """Sends the conversation and returns the model's turn.
@@ -306,31 +360,42 @@ class OpenAIProvider(ABC):
         transport failure, a refusal, a malformed or oversized answer, a passed deadline, a
         duplicate tool-call id, or a call after the conversation ended or after :meth:`close`.
         """
+        self._usable()
+        if self._ended:
+            raise ProviderError(f"{self.label}: the model already gave its final answer")
+        check_results(self._last, results)
+        return self._send(self._result_items(self._ordered(results)))
+
+    def nudge(self, message: str) -> ModelTurn:
+        """Takes the conversation up again after a turn without tool calls: ``message`` goes
+        as a user message after the model's answer (:class:`~.base.Nudgeable`)."""
+        self._usable()
+        if not self._ended:
+            raise ProviderError(f"{self.label}: a nudge follows only a turn without tool calls")
+        return self._send([self._user_item(message)])
+
+    def _usable(self) -> None:
         if self._cancelled.is_set():
             raise CancelledError("the model request was cancelled")
         if self._closed:
             raise ProviderError(f"{self.label}: provider is closed")
-        if self._ended:
-            raise ProviderError(f"{self.label}: the model already gave its final answer")
-        check_results(self._last, results)
-        ordered = self._ordered(results)
-        payload = json.dumps(self._body(ordered), ensure_ascii=False).encode("utf-8")
-        reply = self._post(payload)
-        try:
-            turn, answer = self._parse(reply)
-        except ProviderError as exc:
-            raise type(exc)(self._clean(f"{self.label}: {exc.message}")) from None
+
+    def _send(self, items: list[dict[str, Any]]) -> ModelTurn:
+        """One turn: ``items`` after the conversation so far; both join it only when a whole
+        answer was read and parsed."""
+        payload = json.dumps(self._body(items), ensure_ascii=False).encode("utf-8")
+        turn, answer = self._post(payload)
         turn = turn.model_copy(
             update={"usage": turn.usage | {"request_bytes": len(payload)}}, deep=True
         )
-        self._commit(ordered, answer)
+        self._commit(items, answer)
         self._last = turn
         self._ended = not turn.tool_calls
         log.info(
             "provider_turn",
             api=self.label,
             tool_calls=len(turn.tool_calls),
-            response_bytes=len(reply.body),
+            response_bytes=turn.usage.get("response_bytes", 0),
         )
         return turn
 
@@ -367,7 +432,7 @@ class OpenAIProvider(ABC):
     def _fail(self, message: str) -> ProviderError:
         return ProviderError(self._clean(f"{self.label}: {message}"))
 
-    def _post(self, payload: bytes) -> Reply:
+    def _post(self, payload: bytes) -> tuple[ModelTurn, list[dict[str, Any]]]:
         retrying = Retrying(
             stop=stop_after_attempt(self._config.max_attempts),
             wait=self._wait,
@@ -416,12 +481,36 @@ class OpenAIProvider(ABC):
             headers["Authorization"] = f"Bearer {self._config.api_key.get_secret_value()}"
         return headers
 
-    def _attempt(self, payload: bytes) -> Reply:
+    def _attempt(self, payload: bytes) -> tuple[ModelTurn, list[dict[str, Any]]]:
+        """One HTTP request, its answer read and parsed whole, or an error classified for
+        the retry policy: an answer cut short is a :class:`TransientProviderError`."""
+        reply = self._reply(payload)
+        try:
+            return self._parse(reply)
+        except TransientProviderError:
+            raise
+        except ProviderError as exc:
+            if (
+                not reply.framed
+                and reply.content_type != "text/event-stream"
+                and ends_early(reply.body)
+            ):
+                raise TransientProviderError(
+                    f"the server disconnected mid-answer (the answer ends inside its JSON "
+                    f"after {len(reply.body)} bytes)"
+                ) from None
+            raise type(exc)(self._clean(f"{self.label}: {exc.message}")) from None
+
+    def _reply(self, payload: bytes) -> Reply:
         """One HTTP request: a :class:`Reply`, or an error classified for the retry policy."""
         status, headers, body = self._exchange(payload)
         if status == 200:
             media = headers.get("content-type", "").split(";")[0]
-            return Reply(content_type=media.strip().lower(), body=body)
+            framed = (
+                "content-length" in headers
+                or "chunked" in headers.get("transfer-encoding", "").lower()
+            )
+            return Reply(content_type=media.strip().lower(), body=body, framed=framed)
         code = error_code(body)
         detail = f"HTTP {status}" + (f" ({code})" if code else "")
         if status in TRANSIENT_STATUS:
@@ -511,17 +600,37 @@ class OpenAIProvider(ABC):
         if ok and declared.isdigit() and int(declared) > limit:
             raise self._fail(f"answer larger than {limit} bytes")
         chunks: list[bytes] = []
+        try:
+            self._read_into(chunks, request, response, limit)
+        except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+            # The connection closed (or was reset) before the announced end of the body.
+            if request.aborted:
+                raise _AbortedError from exc
+            if not ok:
+                return b"".join(chunks)  # a refusal's status says enough; its code may be lost
+            media = response.headers.get("content-type", "").split(";")[0].strip().lower()
+            where = "mid-stream" if media == "text/event-stream" else "mid-answer"
+            size = sum(len(c) for c in chunks)
+            raise TransientProviderError(
+                f"the server disconnected {where} ({type(exc).__name__} after {size} bytes)"
+            ) from exc
+        return b"".join(chunks)
+
+    def _read_into(
+        self, chunks: list[bytes], request: _Request, response: httpx.Response, limit: int
+    ) -> None:
+        """Appends the body's chunks to ``chunks``, up to ``limit`` bytes (more is an error
+        for an answer; a refusal's body is cut there)."""
         size = 0
         for chunk in response.iter_raw():
             if request.aborted:
                 raise _AbortedError
             size += len(chunk)
             if size > limit:
-                if ok:
+                if response.status_code == 200:
                     raise self._fail(f"answer larger than {limit} bytes")
-                break
+                return
             chunks.append(chunk)
-        return b"".join(chunks)
 
 
 def parse_with(model: type[_M], value: Any, what: str) -> _M:

@@ -3,8 +3,9 @@
 The system prompt goes in ``instructions``; ``input`` holds the task as a user message, then
 for each turn the model's text as an assistant message and its ``function_call`` items,
 followed by one ``function_call_output`` item per result. Output items other than
-``message`` and ``function_call`` (reasoning, for instance) are skipped. A streamed answer
-must reach ``response.completed`` (or ``response.incomplete``); its response object is read
+``message`` and ``function_call`` (reasoning, for instance) are skipped. A nudge is a user
+message. A streamed answer must reach ``response.completed`` (or ``response.incomplete``;
+one that ends before is a disconnect, retried); its response object is read
 as a non-streamed answer, with the ``response.output_item.done`` items standing in when the
 server leaves its ``output`` empty.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from controller.errors import ProviderError
+from controller.errors import ProviderError, TransientProviderError
 from controller.providers.base import ModelTurn, ToolCall, ToolResult, new_turn
 from controller.providers.config import ProviderConfig
 from controller.providers.openai import (
@@ -101,18 +102,18 @@ class ResponsesProvider(OpenAIProvider):
             for r in results
         ]
 
-    def _body(self, results: list[ToolResult]) -> dict[str, Any]:
+    def _body(self, items: list[dict[str, Any]]) -> dict[str, Any]:
         return {
             "model": self._config.model,
             "instructions": self._system_prompt,
-            "input": self._input + self._result_items(results),
+            "input": self._input + items,
             "tools": self._tools,
             "stream": self._config.stream,
             "store": False,
         }
 
-    def _commit(self, results: list[ToolResult], answer: list[dict[str, Any]]) -> None:
-        self._input.extend(self._result_items(results))
+    def _commit(self, items: list[dict[str, Any]], answer: list[dict[str, Any]]) -> None:
+        self._input.extend(items)
         self._input.extend(answer)
 
     def _parse(self, reply: Reply) -> tuple[ModelTurn, list[dict[str, Any]]]:
@@ -180,4 +181,6 @@ class ResponsesProvider(OpenAIProvider):
                     "stream reported an error"
                     + _code_of(event.error or ({"code": event.code} if event.code else None))
                 )
-        raise ProviderError("event stream ended before response.completed")
+        raise TransientProviderError(
+            "the server disconnected mid-stream (the event stream ended before response.completed)"
+        )

@@ -99,7 +99,9 @@ class ScriptedProvider:
     """Plays a :class:`CallsFile`: one turn per scripted turn, then the final turn.
 
     The tool results the loop sends are checked against the previous turn and kept in
-    :attr:`received`; they do not change what is played.
+    :attr:`received`; they do not change what is played. The script has no more tool calls
+    after its final turn, so a :meth:`nudge` there is answered with the final text again
+    (a calls file without turns fails as a model that does not use tools does).
     """
 
     def __init__(self, calls: CallsFile) -> None:
@@ -109,11 +111,26 @@ class ScriptedProvider:
         self._ended = False
         self._cancelled = threading.Event()
         self._received: list[list[ToolResult]] = []
+        self._nudges: list[str] = []
 
     @property
     def received(self) -> list[list[ToolResult]]:
         """The results of every ``next_turn`` call so far (the first one is empty)."""
         return [list(r) for r in self._received]
+
+    @property
+    def nudges(self) -> list[str]:
+        """The messages of every :meth:`nudge` so far."""
+        return list(self._nudges)
+
+    def nudge(self, message: str) -> ModelTurn:
+        """After the final turn, the final text again (:class:`~.base.Nudgeable`)."""
+        if self._cancelled.is_set():
+            raise CancelledError("the model conversation was cancelled")
+        if not self._ended:
+            raise ProviderError("a nudge follows only a turn without tool calls")
+        self._nudges.append(message)
+        return ModelTurn(text=self._calls.final)
 
     def next_turn(self, results: list[ToolResult]) -> ModelTurn:
         if self._cancelled.is_set():

@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from controller.errors import BareRepositoryError, NotARepositoryError, RepoBlockedError
+from controller.errors import BareRepositoryError, ErrorCode, NotARepositoryError, RepoBlockedError
 from controller.paths import patchbox_home
 from controller.repo.git import GitContext, run_git
 
@@ -98,6 +98,7 @@ def _git_dir_of(
             raise RepoBlockedError(
                 f"{path} is inside the work tree at {parent}; give its top level",
                 [Reason(code="NOT_TOP_LEVEL", detail="a folder inside a work tree")],
+                code=ErrorCode.NOT_A_REPOSITORY,
             )
     raise NotARepositoryError(f"{path} is not a git repository")
 
