@@ -202,6 +202,8 @@ def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcom
     store = JobStore()
     evidence = relative_to_home(store.folder(record.job_id) / "evidence.json")
     data = run_view(record, job.diff, evidence, secrets)
+    if getattr(args, "output_dir", None):
+        data["artifacts"] = _artifacts(Path(args.output_dir), record, job.diff, secrets, data)
     ok = record.state in {"awaiting_review", "applied"}
     text = Scrubber(record.repo, secrets, paths=False).text(_summary(record))
     fallback = review_fallback(record)
@@ -225,6 +227,32 @@ def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcom
     if ok:
         return ExitCode.OK, data, text
     return exit_code_for_error(record.error["code"] if record.error else ""), data, text
+
+
+def _artifacts(
+    folder: Path,
+    record: JobRecord,
+    diff: str | None,
+    secrets: tuple[str, ...],
+    view: dict[str, Any],
+) -> dict[str, Any]:
+    from controller.cli.artifacts import write_artifacts
+    from controller.cli.main import version
+
+    try:
+        written = write_artifacts(
+            folder,
+            record=record,
+            diff=diff,
+            store=JobStore(),
+            secrets=secrets,
+            version=version(),
+            view=view,
+        )
+    except OSError as exc:
+        msg = f"the output folder {str(folder)!r} cannot be written: {exc.strerror}"
+        raise UsageError(msg) from exc
+    return {"folder": str(folder), "files": written}
 
 
 def review_fallback(record: JobRecord) -> str | None:

@@ -38,7 +38,7 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def _version() -> str:
+def version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -56,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
             "described in docs/reference.md."
         ),
     )
-    parser.add_argument("--version", action="version", version=f"patchbox {_version()}")
+    parser.add_argument("--version", action="version", version=f"patchbox {version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     doctor = sub.add_parser("doctor", help="is this machine (and a repository) ready?")
     doctor.add_argument("--json", action="store_true")
@@ -79,6 +79,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--runtime", choices=["runc", "runsc"], default=None)
     run.add_argument(
         "--no-spare", action="store_true", help="start no spare sandbox for the next job"
+    )
+    run.add_argument(
+        "--output-dir",
+        metavar="DIR",
+        help="write evidence.json, diff.patch, junit.xml and the transcript here (for CI)",
     )
     run.add_argument("--config", help="host configuration (default $PATCHBOX_HOME/config.toml)")
     run.add_argument("--json", action="store_true")
@@ -354,6 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, ConflictError):  # each file and why, never a merge's contents
             extra["conflicts"] = [c.model_dump(exclude={"detail"}) for c in exc.conflicts]
         _report_error(str(exc.code), exc.message, args, as_json=as_json, extra=extra)
+        _failure_artifacts(args, str(exc.code), exc.message)
         return exit_code_of(exc)
     except KeyboardInterrupt:
         with contextlib.suppress(OSError):
@@ -365,8 +371,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = write_report(
             exc, context=f"command {getattr(args, 'command', None)}", repo=_repo_root(args)
         )
-        _report_error("INTERNAL_ERROR", internal_message(exc, report), args, as_json=as_json)
+        message = internal_message(exc, report)
+        _report_error("INTERNAL_ERROR", message, args, as_json=as_json)
+        _failure_artifacts(args, "INTERNAL_ERROR", message)
         return ExitCode.INTERNAL
+
+
+def _failure_artifacts(args: argparse.Namespace | None, code: str, message: str) -> None:
+    """``run --output-dir`` that ended before its job: a failing JUnit case, never none."""
+    folder = getattr(args, "output_dir", None)
+    if not folder:
+        return
+    from controller.cli.artifacts import write_failure
+    from controller.logs import Scrubber
+
+    write_failure(Path(folder), code, Scrubber(_repo_root(args)).text(message))
 
 
 def _repo_root(args: argparse.Namespace | None) -> str:

@@ -40,12 +40,19 @@ class CheckSpec(BaseModel):
     """Extra variables; names must not look like secrets or proxies."""
     output_limit: int = Field(default=server.DEFAULT_RUN_OUTPUT, ge=1024, le=server.MAX_RUN_OUTPUT)
     """Bytes of output kept (the agent's bounds: its default, at most its maximum)."""
+    junit: Annotated[str, StringConstraints(min_length=1, max_length=1024)] | None = None
+    """Where the check writes its own JUnit XML (``pytest --junitxml=/tmp/junit.xml``): an
+    absolute path in the sandbox or one relative to /workspace. Its test cases go into the
+    job's report instead of one case for the check."""
 
     @model_validator(mode="after")
     def _safe_env(self) -> Self:
         check_env_names(self.env)
         if any("\x00" in a for a in self.argv):
             msg = "argv contains NUL"
+            raise ValueError(msg)
+        if self.junit is not None and ("\x00" in self.junit or self.junit.startswith("-")):
+            msg = "junit must be a path"
             raise ValueError(msg)
         return self
 

@@ -10,11 +10,11 @@ names, such as the provider key).
 from __future__ import annotations
 
 import json
-import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from controller.jobs.junit import report
 from controller.jobs.records import JobRecord, JobStore, write_atomic
 from controller.logs import Scrubber
 from controller.paths import patchbox_home
@@ -66,33 +66,8 @@ def bundle(record: JobRecord, diff: str | None) -> dict[str, Any]:
 
 
 def junit(record: JobRecord, scrub: Scrubber) -> bytes:
-    checks = record.checks
-    suite = ET.Element(
-        "testsuite",
-        name="patchbox",
-        tests=str(len(checks)),
-        failures=str(sum(c.status in {"failed", "timed_out"} for c in checks)),
-        skipped=str(sum(c.status == "skipped" for c in checks)),
-    )
-    for check in checks:
-        case = ET.SubElement(
-            suite,
-            "testcase",
-            classname=f"patchbox.{record.job_id}",
-            name=scrub.text(check.id),
-            time=f"{check.duration_ms / 1000:.3f}",
-        )
-        if check.status in {"failed", "timed_out"}:
-            failure = ET.SubElement(
-                case, "failure", message=f"{check.status} (exit {check.exit_code})"
-            )
-            failure.text = scrub.text(check.output_tail)
-        elif check.status == "skipped":
-            ET.SubElement(case, "skipped", message=scrub.text(check.reason or "skipped"))
-        out = ET.SubElement(case, "system-out")
-        out.text = scrub.text(check.output_tail)
-    data: bytes = ET.tostring(suite, encoding="utf-8", xml_declaration=True)
-    return data
+    """The job's JUnit XML (:func:`controller.jobs.junit.report`)."""
+    return report(record, scrub)
 
 
 def write_evidence(

@@ -28,6 +28,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
 from controller.errors import ErrorCode, InvalidTransitionError, PatchboxError, UsageError
+from controller.jobs.junit import TestCase
 from controller.paths import patchbox_home
 from controller.repo.baseline import Baseline
 from controller.sandbox.labels import controller_alive
@@ -184,6 +185,10 @@ class CheckResult(_Value):
     """Why it was skipped; absent for a check that ran."""
     source: Literal["docker-exec", "none"]
     """Where the status comes from: Docker's exit code for the exec, or nowhere."""
+    tests: list[TestCase] | None = _OMITTED
+    """The test cases of the JUnit XML the check wrote (its ``junit``), when it did."""
+    junit_error: str | None = _OMITTED
+    """Why the check's JUnit XML could not be used (missing, too large, not XML)."""
 
 
 class Decision(_Value):

@@ -20,6 +20,7 @@ import docker.errors
 
 from controller.config.task import CheckSpec
 from controller.errors import ErrorCode, PatchboxError, SandboxError, ToolError
+from controller.jobs.junit import MAX_JUNIT_BYTES, JunitError, parse_cases
 from controller.jobs.records import CheckResult
 from controller.repo.baseline import Baseline
 from controller.sandbox.base import SandboxSpec
@@ -119,6 +120,12 @@ def _run_one(
         status = "timed_out"
     elif code == 0:
         status = "passed"
+    tests, junit_error = None, None
+    if spec.junit is not None:
+        try:
+            tests = parse_cases(_read_junit(client, container_id, spec.junit))
+        except JunitError as exc:
+            junit_error = f"{spec.junit}: {exc}"
     return CheckResult(
         id=check_id,
         status=status,
@@ -128,7 +135,33 @@ def _run_one(
         diff_sha256=diff_sha256,
         required=spec.required,
         source="docker-exec",
+        tests=tests,
+        junit_error=junit_error,
     )
+
+
+def _read_junit(client: docker.DockerClient, container_id: str, path: str) -> bytes:
+    """The check's JUnit file, read in the sandbox as the sandbox user (a link in it reaches
+    only what that user may read there), at most one byte over the bound."""
+    try:
+        exec_id = client.api.exec_create(
+            container_id,
+            ["head", "-c", str(MAX_JUNIT_BYTES + 1), "--", path],
+            stdout=True,
+            stderr=False,
+            user=f"{SANDBOX_UID}:{SANDBOX_UID}",
+            workdir="/workspace",
+            environment={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+        )["Id"]
+        data = client.api.exec_start(exec_id, stream=False, demux=False)
+        code = client.api.exec_inspect(exec_id).get("ExitCode")
+    except (docker.errors.DockerException, OSError) as exc:
+        msg = f"it could not be read ({type(exc).__name__})"
+        raise JunitError(msg) from exc
+    if code != 0:
+        msg = "the check did not write it (or it cannot be read)"
+        raise JunitError(msg)
+    return bytes(data or b"")
 
 
 @contextlib.contextmanager

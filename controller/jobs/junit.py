@@ -1,0 +1,177 @@
+"""JUnit XML: the test cases a check wrote itself (``junit`` in the check), read back
+safely, and the report of a job: each check's own cases where it wrote them, one case per
+check otherwise, and a failing case for a job that failed outside its checks, so a CI that
+reads the report never shows a failed job as green.
+
+A check's file is written by the repository's code: it is bounded, refused when it holds a
+DOCTYPE or an entity (no expansion can blow up), and only test cases are taken from it.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from controller.jobs.records import JobRecord
+    from controller.logs import Scrubber
+
+MAX_JUNIT_BYTES = 4 * 1024 * 1024
+MAX_CASES = 5000
+CASE_TEXT = 4096
+
+
+class JunitError(ValueError):
+    """The check's JUnit file cannot be used (the message says why)."""
+
+
+class TestCase(BaseModel):
+    """One test case from a check's JUnit XML."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    __test__ = False  # not a pytest class
+
+    classname: str = ""
+    name: str
+    time: float = 0.0
+    status: Literal["passed", "failed", "error", "skipped"]
+    message: str = ""
+    text: str = ""
+
+
+def parse_cases(data: bytes) -> list[TestCase]:
+    """The test cases of a JUnit XML document (``testsuites``, ``testsuite`` or a bare
+    ``testcase``). Raises :class:`JunitError` for a file too large, with a DOCTYPE or an
+    entity, not well-formed, or with more than :data:`MAX_CASES` cases."""
+    if len(data) > MAX_JUNIT_BYTES:
+        msg = f"larger than {MAX_JUNIT_BYTES} bytes"
+        raise JunitError(msg)
+    head = data.upper()
+    if b"<!DOCTYPE" in head or b"<!ENTITY" in head:
+        msg = "it has a DOCTYPE or an entity declaration"
+        raise JunitError(msg)
+    try:
+        root = ET.fromstring(data)  # noqa: S314 - bounded, no DOCTYPE, no entity
+    except ET.ParseError as exc:
+        msg = f"not well-formed XML ({exc})"
+        raise JunitError(msg) from None
+    found = [root] if root.tag == "testcase" else list(root.iter("testcase"))
+    if len(found) > MAX_CASES:
+        msg = f"more than {MAX_CASES} test cases"
+        raise JunitError(msg)
+    return [_case(element) for element in found]
+
+
+def _case(element: ET.Element) -> TestCase:
+    status: Literal["passed", "failed", "error", "skipped"] = "passed"
+    message, text = "", ""
+    for tag, kind in (("failure", "failed"), ("error", "error"), ("skipped", "skipped")):
+        child = element.find(tag)
+        if child is not None:
+            status = kind  # type: ignore[assignment]
+            message = (child.get("message") or "")[:CASE_TEXT]
+            text = (child.text or "")[-CASE_TEXT:]
+            break
+    try:
+        seconds = float(element.get("time") or 0)
+    except ValueError:
+        seconds = 0.0
+    return TestCase(
+        classname=(element.get("classname") or "")[:512],
+        name=(element.get("name") or "unnamed")[:512],
+        time=seconds if seconds >= 0 else 0.0,
+        status=status,
+        message=message,
+        text=text,
+    )
+
+
+def report(record: JobRecord, scrub: Scrubber) -> bytes:
+    """The job's JUnit XML (see the module docstring)."""
+    suites = ET.Element("testsuites", name=f"patchbox {record.job_id}")
+    for check in record.checks:
+        suite = ET.SubElement(suites, "testsuite", name=scrub.text(check.id))
+        if check.tests:
+            for case in check.tests:
+                _add_case(suite, scrub, case)
+            if check.status in {"failed", "timed_out"} and not any(
+                c.status in {"failed", "error"} for c in check.tests
+            ):  # the command failed although its own cases passed: say so
+                _add_case(suite, scrub, _check_case(record, check.id, check.status, check))
+        else:
+            _add_case(suite, scrub, _check_case(record, check.id, check.status, check))
+        _count(suite)
+    failed_check = any(c.status in {"failed", "timed_out"} for c in record.checks)
+    if record.state in {"failed", "cancelled"} and not failed_check:
+        suite = ET.SubElement(suites, "testsuite", name="patchbox")
+        error = record.error or {"code": record.state.upper(), "message": record.state}
+        ET.SubElement(
+            ET.SubElement(suite, "testcase", classname="patchbox", name="job"),
+            "failure",
+            message=scrub.text(f"{error['code']}: {error['message']}")[:CASE_TEXT],
+        ).text = scrub.text(error["message"])
+        _count(suite)
+    _count(suites)
+    data: bytes = ET.tostring(suites, encoding="utf-8", xml_declaration=True)
+    return data
+
+
+def failed_command_report(code: str, message: str) -> bytes:
+    """The JUnit XML of a command that ended before any job: one failing case."""
+    suites = ET.Element("testsuites", name="patchbox")
+    suite = ET.SubElement(suites, "testsuite", name="patchbox")
+    case = ET.SubElement(suite, "testcase", classname="patchbox", name="run")
+    ET.SubElement(case, "failure", message=f"{code}: {message}"[:CASE_TEXT]).text = message
+    _count(suite)
+    _count(suites)
+    data: bytes = ET.tostring(suites, encoding="utf-8", xml_declaration=True)
+    return data
+
+
+def _check_case(record: JobRecord, check_id: str, status: str, check: object) -> TestCase:
+    exit_code = getattr(check, "exit_code", None)
+    tail = str(getattr(check, "output_tail", ""))
+    kind: Literal["passed", "failed", "error", "skipped"] = (
+        "failed"
+        if status in {"failed", "timed_out"}
+        else "skipped"
+        if status == "skipped"
+        else "passed"
+    )
+    reason = getattr(check, "reason", None) or ""
+    message = f"{status} (exit {exit_code})" if kind == "failed" else reason
+    return TestCase(
+        classname=f"patchbox.{record.job_id}",
+        name=check_id,
+        time=float(getattr(check, "duration_ms", 0)) / 1000,
+        status=kind,
+        message=message,
+        text=tail,
+    )
+
+
+def _add_case(suite: ET.Element, scrub: Scrubber, case: TestCase) -> None:
+    element = ET.SubElement(
+        suite,
+        "testcase",
+        classname=scrub.text(case.classname),
+        name=scrub.text(case.name),
+        time=f"{case.time:.3f}",
+    )
+    if case.status in {"failed", "error"}:
+        tag = "failure" if case.status == "failed" else "error"
+        ET.SubElement(element, tag, message=scrub.text(case.message)).text = scrub.text(case.text)
+    elif case.status == "skipped":
+        ET.SubElement(element, "skipped", message=scrub.text(case.message or "skipped"))
+    elif case.text:
+        ET.SubElement(element, "system-out").text = scrub.text(case.text)
+
+
+def _count(element: ET.Element) -> None:
+    cases = list(element.iter("testcase"))
+    element.set("tests", str(len(cases)))
+    element.set("failures", str(sum(c.find("failure") is not None for c in cases)))
+    element.set("errors", str(sum(c.find("error") is not None for c in cases)))
+    element.set("skipped", str(sum(c.find("skipped") is not None for c in cases)))
