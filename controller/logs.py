@@ -11,10 +11,12 @@ variables and absolute host paths under a known private root.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
 import sys
+import threading
 from collections.abc import Iterable, MutableMapping
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -113,33 +115,87 @@ def redact(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> Mutable
     return event
 
 
+_LINE_LOCK = threading.Lock()
+LOG_FILE_BYTES = 10 * 1024 * 1024
+"""The log file is rotated (one older copy kept) past this size."""
+
+
+def write_line(text: str) -> None:
+    """One whole line to ``sys.stderr`` as it is at that moment (a test or a daemon may swap
+    it), in one write under one lock, so progress and log lines never interleave. A closed
+    stream loses the line and never raises into the caller."""
+    with _LINE_LOCK, contextlib.suppress(ValueError, OSError):
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
+
 class _StderrLogger:
-    """Writes each line to ``sys.stderr`` as it is at that moment (a test or a daemon may swap
-    it); a closed stream loses the line and never raises into the caller."""
+    """Writes each rendered line with :func:`write_line`."""
 
     def msg(self, message: str) -> None:
-        with contextlib.suppress(ValueError, OSError):
-            sys.stderr.write(message + "\n")
-            sys.stderr.flush()
+        write_line(message)
 
     log = debug = info = warning = warn = error = critical = exception = fatal = msg
 
 
-def configure(*, json_output: bool = False, level: int = logging.INFO) -> None:
-    """Sends logs to stderr; called once by the CLI."""
+class _FileSink:
+    """Appends every event, as one JSON line, to the log file in the state directory
+    (rotated past :data:`LOG_FILE_BYTES`); an unwritable file loses the line, nothing else."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __call__(
+        self, _logger: Any, _name: str, event: MutableMapping[str, Any]
+    ) -> MutableMapping[str, Any]:
+        line = json.dumps(dict(event), default=str, sort_keys=True) + "\n"
+        with _LINE_LOCK, contextlib.suppress(OSError):
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                if self.path.stat().st_size > LOG_FILE_BYTES:
+                    self.path.replace(self.path.with_suffix(".log.1"))
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, line.encode("utf-8", "replace"))
+            finally:
+                os.close(fd)
+        return event
+
+
+def _below(level: int) -> Any:
+    """Drops an event under ``level`` from stderr (after the file sink saw it)."""
+
+    def drop(_logger: Any, name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+        if logging.getLevelName(name.upper()) < level:
+            raise structlog.DropEvent
+        return event
+
+    return drop
+
+
+def configure(
+    *, json_output: bool = False, level: int = logging.INFO, log_file: Path | None = None
+) -> None:
+    """Sends logs at ``level`` and above to stderr (console lines, or JSON lines), and every
+    event from debug up to ``log_file`` when given; called once by the CLI."""
     renderer: Any = (
         structlog.processors.JSONRenderer()
         if json_output
         else structlog.dev.ConsoleRenderer(colors=False)
     )
+    processors: list[Any] = [
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso"),
+        redact,
+    ]
+    if log_file is not None:
+        processors.append(_FileSink(log_file))
+    processors += [_below(level), renderer]
     structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso"),
-            redact,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(level),
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.DEBUG if log_file is not None else level
+        ),
         logger_factory=lambda *_args: _StderrLogger(),
         cache_logger_on_first_use=True,
     )

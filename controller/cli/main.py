@@ -10,10 +10,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
+import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import structlog
 
 from controller.errors import (
     ConflictError,
@@ -29,8 +34,18 @@ if TYPE_CHECKING:
     from controller.repo.baseline import HealthReport
 
 
+_STARTED = time.monotonic()
+_QUIET = False
+
+
 def _progress(message: str) -> None:
-    print(f"patchbox: {message}", file=sys.stderr, flush=True)
+    """One progress line on stderr with the time since the command started (none with
+    ``--quiet``); whole lines, never interleaved with log lines."""
+    if _QUIET:
+        return
+    from controller.logs import write_line
+
+    write_line(f"patchbox: [{time.monotonic() - _STARTED:6.1f}s] {message}")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -117,7 +132,36 @@ def _parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="a sandbox on the bundled example repository")
     demo.add_argument("--runtime", choices=["runc", "runsc"], default="runc")
     demo.add_argument("--json", action="store_true")
+    _add_output_options(parser)
     return parser
+
+
+def _add_output_options(parser: argparse.ArgumentParser) -> None:
+    """``--quiet``, ``--verbose`` and ``--log-format`` on every command (before or after
+    its name)."""
+    leaves: list[argparse.ArgumentParser] = [parser]
+    pending = [parser]
+    while pending:
+        current = pending.pop()
+        for action in current._actions:  # noqa: SLF001 - argparse keeps subparsers there
+            if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+                children = list(dict.fromkeys(action.choices.values()))
+                leaves += children
+                pending += children
+    for leaf in leaves:
+        group = leaf.add_argument_group("output")
+        group.add_argument(
+            "--quiet", action="store_true", default=argparse.SUPPRESS, help="no progress lines"
+        )
+        group.add_argument(
+            "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logs"
+        )
+        group.add_argument(
+            "--log-format",
+            choices=["console", "json"],
+            default=argparse.SUPPRESS,
+            help="log lines on stderr (the log file is always JSON)",
+        )
 
 
 def _env_parsers(sub: Any) -> None:
@@ -331,6 +375,17 @@ def _job_command(args: argparse.Namespace) -> int:
     return code
 
 
+def _output_settings(args: argparse.Namespace) -> tuple[bool, int]:
+    """(quiet, the stderr log level) from ``--quiet`` and ``--verbose``."""
+    quiet, verbose = bool(getattr(args, "quiet", False)), bool(getattr(args, "verbose", False))
+    if quiet and verbose:
+        msg = "--quiet and --verbose exclude each other"
+        raise UsageError(msg)
+    if quiet:
+        return True, logging.WARNING
+    return False, logging.DEBUG if verbose else logging.INFO
+
+
 def exit_code_of(exc: PatchboxError) -> int:
     """The process exit code for an error that ends a command."""
     if isinstance(exc, UsageError):
@@ -344,12 +399,23 @@ def exit_code_of(exc: PatchboxError) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from controller.logs import configure
+    from controller.paths import patchbox_home
 
-    configure()
+    global _QUIET
+    configure(log_file=patchbox_home() / "logs" / "patchbox.log")
     as_json = "--json" in (argv if argv is not None else sys.argv[1:])
     args: argparse.Namespace | None = None
     try:
         args = _parser().parse_args(argv)
+        _QUIET, level = _output_settings(args)
+        configure(
+            json_output=getattr(args, "log_format", "console") == "json",
+            level=level,
+            log_file=patchbox_home() / "logs" / "patchbox.log",
+        )
+        structlog.get_logger(__name__).debug(
+            "command", command=args.command, version=version(), pid=os.getpid()
+        )
         handlers = {"doctor": _doctor, "image": _image_build, "env": _env, "demo": _demo}
         if args.command in handlers:
             return handlers[args.command](args)

@@ -9,10 +9,11 @@ with its error code, and the diagnostics gathered so far are kept.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +55,9 @@ from controller.sandbox.prepare import BaselineCache, Prepared, SparePool, prepa
 from controller.tools.executor import ToolExecutor
 
 log = structlog.get_logger(__name__)
+
+HEARTBEAT_SECONDS = 15.0
+"""How long one step may last before a progress line says it still runs."""
 
 
 @dataclass
@@ -107,6 +111,8 @@ class Job:
         self._box: DockerSandbox | None = None
         self._diff: str | None = None
         self._prepared: Prepared | None = None
+        self._activity = ""
+        self._activity_since = time.monotonic()
 
     # -- public ---------------------------------------------------------------------------
 
@@ -124,6 +130,32 @@ class Job:
         if box is not None:
             box.interrupt()  # the job's own thread closes and removes it
 
+    def _doing(self, what: str) -> None:
+        """What the job is doing now (told by the stages, the loop and the checks)."""
+        self._activity, self._activity_since = what, time.monotonic()
+
+    @contextlib.contextmanager
+    def _heartbeat(self, every: float = HEARTBEAT_SECONDS) -> Iterator[None]:
+        """While the job runs: a progress line every ``every`` seconds that one step has
+        lasted, so a long check, build or model turn shows that it is alive."""
+        done = threading.Event()
+
+        def beat() -> None:
+            while not done.wait(every):
+                since = time.monotonic() - self._activity_since
+                if since >= every:
+                    what = self._activity or self.record.state.replace("_", " ")
+                    with contextlib.suppress(Exception):
+                        self.progress(f"still {what} ({since:.0f} s)")
+
+        thread = threading.Thread(target=beat, name="job-heartbeat", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
+
     def run(self) -> JobRecord:
         """Runs the job to its end state.
 
@@ -135,7 +167,7 @@ class Job:
         started = time.perf_counter()
         unexpected: InternalError | None = None
         try:
-            with write_lock(record.repo):
+            with self._heartbeat(), write_lock(record.repo):
                 try:
                     self._stages()
                 except PatchboxError as exc:
@@ -182,6 +214,7 @@ class Job:
             raise cancelled_error()
         self.record.move(state)
         self.store.save(self.record)
+        self._doing(state.replace("_", " "))
         self.progress(state.replace("_", " "))
 
     def _fail(self, exc: PatchboxError) -> None:
@@ -286,6 +319,7 @@ class Job:
             record=record,
             cancelled=self.cancelled,
             save=lambda: self.store.save(record),
+            step=self._doing,
         ).run()
         record.timings_ms["loop"] = round((time.perf_counter() - t) * 1000)
         self._move("validating")
@@ -435,6 +469,7 @@ class Job:
             identity=self.identity,
             cache=BaselineCache(),
             stop=self.cancelled,
+            on_check=lambda cid: self._doing(f"running check {cid}"),
         )
         record.timings_ms["checks"] = round((time.perf_counter() - t) * 1000)
         record.checks = outcomes

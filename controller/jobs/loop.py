@@ -83,6 +83,8 @@ class ToolLoop:
     cancelled: threading.Event
     save: Callable[[], None]
     """Called after each turn, so a later process sees the calls made so far."""
+    step: Callable[[str], None] = lambda _what: None
+    """Told what the loop is doing now (waiting for the model, running a call)."""
     version: int = 0
     """The workspace version: as the agent's tools report it; a check run bumps it once."""
     calls_left: int = 0
@@ -165,6 +167,7 @@ class ToolLoop:
         if self.calls_left < 0:
             raise LimitExceededError(f"more than {self.limits.max_tool_calls} tool calls")
         started = time.monotonic()
+        self.step(f"tool call {call.id} {call.name} (turn {turn})")
         try:
             outcome = self._execute(turn, call)
         except PatchboxError as exc:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Literal
 
 import docker
@@ -77,6 +77,7 @@ def run_required_checks(  # noqa: PLR0913 - the inputs of one check stage, all k
     identity: ControllerIdentity,
     cache: BaselineCache | None = None,
     stop: threading.Event | None = None,
+    on_check: Callable[[str], None] | None = None,
 ) -> list[CheckResult]:
     """Runs every check in ``checks`` (required or not) in one fresh sandbox holding the
     baseline plus ``diff``; the container is removed afterwards, whatever happened."""
@@ -91,7 +92,12 @@ def run_required_checks(  # noqa: PLR0913 - the inputs of one check stage, all k
                     msg = f"the validated diff does not apply in the check sandbox: {exc.message}"
                     raise PatchboxError(msg, code=ErrorCode.CHECK_FAILED) from exc
             cid = box.container.id or ""
-            return [_run_one(client, cid, item, diff_sha256, stop) for item in checks.items()]
+            results = []
+            for item in checks.items():
+                if on_check is not None:
+                    on_check(item[0])
+                results.append(_run_one(client, cid, item, diff_sha256, stop))
+            return results
     except SandboxError:
         _raise_if_stopped(stop)
         raise
