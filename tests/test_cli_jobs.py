@@ -109,7 +109,7 @@ def test_run_apply_revert_through_the_cli(
     ]
     assert data["evidence"] == f"jobs/{job_id}/evidence.json"
     assert (patchbox_home() / data["evidence"]).is_file()
-    assert "patchbox: running" in done.stderr
+    assert "s] running\n" in done.stderr
     assert containers_of(docker_client, job_id) == []
     assert snapshot(repo) == before
 

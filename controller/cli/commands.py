@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from pydantic import ValidationError
 
+from controller.api import job_view
 from controller.cli.signals import cancel_on_signals
 from controller.errors import (
     ExitCode,
@@ -20,7 +21,7 @@ from controller.errors import (
     describe_validation,
     exit_code_for_error,
 )
-from controller.jobs.evidence import relative_to_home, write_evidence
+from controller.jobs.evidence import relative_to_home
 from controller.jobs.records import (
     ACTIVE,
     FINAL,
@@ -28,7 +29,6 @@ from controller.jobs.records import (
     JobState,
     JobStore,
     mark_interrupted,
-    write_lock,
 )
 from controller.logs import Scrubber
 
@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     import docker
 
     from controller.config.task import TaskSpec
-    from controller.jobs.records import Decision
     from controller.providers.base import Provider
     from controller.repo.baseline import Baseline
 
@@ -79,36 +78,6 @@ def _provider(
     config = ProviderConfig.from_mapping(table) if table else ProviderConfig.from_env()
     secret = config.api_key.get_secret_value() if config.api_key is not None else ""
     return open_provider(config, task.prompt), (secret,) if secret else ()
-
-
-def run_view(
-    record: JobRecord, diff: str | None, evidence: str, secrets: tuple[str, ...] = ()
-) -> dict[str, Any]:
-    """The one JSON object of ``run --json``. Messages and check output are
-    scrubbed of secrets and host paths like the evidence; the diff is shown as it is."""
-    view = Scrubber(record.repo, secrets, paths=False).value(_view(record, evidence))
-    view["diff"] = diff or ""
-    return dict(view)
-
-
-CHECK_VIEW = frozenset({"id", "status", "exit_code", "duration_ms", "output_tail"})
-
-
-def _view(record: JobRecord, evidence: str) -> dict[str, Any]:
-    stored = record.model_dump(mode="json")
-    return {
-        "job_id": record.job_id,
-        "status": record.state,
-        "error": record.error,
-        "files": [
-            {"path": f.path, "change": f.kind, "added": f.added, "removed": f.removed}
-            for f in record.files
-        ],
-        "checks": [c.model_dump(mode="json", include=set(CHECK_VIEW)) for c in record.checks],
-        "tool_calls": stored["tool_calls"],
-        "evidence": evidence,
-        "decision": stored["decision"],
-    }
 
 
 FAILED_STATES = frozenset({"failed", "cancelled"})
@@ -167,8 +136,8 @@ def transcript_text(record: JobRecord, width: int = 400) -> str:
 
 
 def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcome:
+    from controller import api
     from controller.config.host import load_config
-    from controller.jobs.engine import Job, JobRequest
     from controller.sandbox.dockerclient import connect
 
     config = load_config(Path(args.config) if args.config else None)
@@ -178,18 +147,19 @@ def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcom
     repo = Path(args.repo)
     provider, secrets = _provider(args, task, config.provider)
     client = connect()
-    request = JobRequest(
-        repo=repo,
-        task=task,
-        provider=provider,
+    job = api.make_job(
+        repo,
+        task,
+        provider,
         config=config,
         include_local_changes=args.include_local_changes,
         trust_repo_config=args.trust_repo_config,
         consent_trusted_auto=args.consent_trusted_auto,
         runtime=args.runtime,
         secrets=secrets,
+        client=client,
+        progress=progress,
     )
-    job = Job(client, request, progress=progress)
     internal: InternalError | None = None
     with cancel_on_signals(job.cancel, progress) as cancellation:
         try:
@@ -201,7 +171,7 @@ def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcom
             client.close()
     store = JobStore()
     evidence = relative_to_home(store.folder(record.job_id) / "evidence.json")
-    data = run_view(record, job.diff, evidence, secrets)
+    data = job_view(record, job.diff, evidence, secrets)
     if getattr(args, "output_dir", None):
         data["artifacts"] = _artifacts(Path(args.output_dir), record, job.diff, secrets, data)
     ok = record.state in {"awaiting_review", "applied"}
@@ -390,7 +360,7 @@ def cmd_show(args: argparse.Namespace) -> Outcome:
     record = store.load(args.job)
     diff = _diff_of(store, record.job_id)
     evidence = relative_to_home(store.folder(record.job_id) / "evidence.json")
-    data = run_view(record, diff if args.diff else None, evidence)
+    data = job_view(record, diff if args.diff else None, evidence)
     data["ledger"] = record.model_dump(mode="json")["ledger"]
     data["state_history"] = record.history
     text = Scrubber(record.repo, paths=False).text(_summary(record))
@@ -415,46 +385,10 @@ def _baseline(record: JobRecord) -> Baseline:
     return record.baseline
 
 
-def _sync_with_journal(store: JobStore, record: JobRecord) -> JobRecord:
-    """After a crash the journal knows better than the record: settle it, then agree."""
-    from controller.changes.apply import recover_job
-
-    recovery = recover_job(record.job_id)
-    if recovery.state == "applied" and record.state == "awaiting_review":
-        record.move("applied")
-        store.save(record)
-    elif recovery.state == "not_applied" and record.state == "applied":
-        record.move("reverted")
-        store.save(record)
-    if recovery.state == "needs_attention":
-        record.diagnostics["needs_attention"] = recovery.model_dump()
-        store.save(record)
-    return record
-
-
 def cmd_apply(args: argparse.Namespace) -> Outcome:
-    from controller.changes.apply import apply_changeset
-    from controller.config.host import load_config
+    from controller import api
 
-    store = JobStore()
-    record = _sync_with_journal(store, store.load(args.job))
-    if record.state != "awaiting_review":
-        msg = f"job {record.job_id} is {record.state}; only a job awaiting review is applied"
-        raise UsageError(msg)
-    diff = _diff_of(store, record.job_id) or ""
-    with write_lock(record.repo):
-        result = apply_changeset(
-            _baseline(record),
-            diff,
-            job_id=record.job_id,
-            allowed_paths=record.allowed_paths,
-            extra_protected=tuple(load_config().protected),
-            merge=args.merge,
-        )
-    record.move("applied")
-    record.decision = _applied_by_user(record, result.merged)
-    store.save(record)
-    write_evidence(record, diff, store)
+    record, result = api.apply_job(args.job, merge=args.merge)
     files = [f.model_dump(mode="json") for f in result.files]
     data = {
         "job_id": record.job_id,
@@ -468,28 +402,10 @@ def cmd_apply(args: argparse.Namespace) -> Outcome:
     return ExitCode.OK, data, text
 
 
-def _applied_by_user(record: JobRecord, merged: list[str]) -> Decision:
-    """The job's decision once the user applied it. A job awaiting review was decided; a
-    record that says otherwise still records who applied it."""
-    from controller.jobs.records import Decision
-
-    decision = record.decision or Decision(mode=record.mode, reason="no decision was recorded")
-    return decision.model_copy(update={"applied_by": "user", "merged": merged})
-
-
 def cmd_revert(args: argparse.Namespace) -> Outcome:
-    from controller.changes.apply import revert_changeset
+    from controller import api
 
-    store = JobStore()
-    record = _sync_with_journal(store, store.load(args.job))
-    if record.state != "applied":
-        msg = f"job {record.job_id} is {record.state}; only an applied job is reverted"
-        raise UsageError(msg)
-    with write_lock(record.repo):
-        result = revert_changeset(record.job_id)
-    record.move("reverted")
-    store.save(record)
-    write_evidence(record, _diff_of(store, record.job_id), store)
+    record, result = api.revert_job(args.job)
     files = [f.model_dump(mode="json") for f in result.files]
     return (
         ExitCode.OK,
@@ -498,21 +414,10 @@ def cmd_revert(args: argparse.Namespace) -> Outcome:
     )
 
 
-DISCARDABLE = frozenset({"awaiting_review", "failed", "cancelled"})
-
-
 def cmd_discard(args: argparse.Namespace) -> Outcome:
-    store = JobStore()
-    record = store.load(args.job)
-    if record.state not in DISCARDABLE:
-        msg = (
-            f"job {record.job_id} is {record.state}; only a job awaiting review, failed or "
-            "cancelled is discarded"
-        )
-        raise UsageError(msg)
-    record.move("discarded")
-    store.save(record)
-    write_evidence(record, _diff_of(store, record.job_id), store)
+    from controller import api
+
+    record = api.discard_job(args.job)
     return (
         ExitCode.OK,
         {"job_id": record.job_id, "status": record.state},
