@@ -129,9 +129,11 @@ def _parser() -> argparse.ArgumentParser:
         cmd.add_argument("--json", action="store_true")
         if name == "apply":
             cmd.add_argument("--merge", action="store_true", help="three-way merge")
+    _mcp_parser(sub)
     demo = sub.add_parser("demo", help="a sandbox on the bundled example repository")
     demo.add_argument("--runtime", choices=["runc", "runsc"], default="runc")
     demo.add_argument("--json", action="store_true")
+    _serve_parser(sub)
     _add_output_options(parser)
     return parser
 
@@ -162,6 +164,29 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
             default=argparse.SUPPRESS,
             help="log lines on stderr (the log file is always JSON)",
         )
+
+
+def _serve_parser(sub: Any) -> None:
+    serve = sub.add_parser("serve", help="the multi-tenant HTTP service (docs/service.md)")
+    serve.add_argument("--config", help="host configuration with a [service] table")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8765)
+    serve.add_argument("--json", action="store_true")
+
+
+def _mcp_parser(sub: Any) -> None:
+    mcp = sub.add_parser(
+        "mcp", help="an MCP server (stdio, or --http PORT on 127.0.0.1): a job per session"
+    )
+    mcp.add_argument("--repo", required=True)
+    mcp.add_argument("--task", help="the task file (default: the configured checks and limits)")
+    mcp.add_argument("--include-local-changes", action="store_true")
+    mcp.add_argument("--trust-repo-config", action="store_true")
+    mcp.add_argument("--runtime", choices=["runc", "runsc"], default=None)
+    mcp.add_argument("--config", help="host configuration (default $PATCHBOX_HOME/config.toml)")
+    mcp.add_argument(
+        "--http", type=int, metavar="PORT", help="Streamable HTTP on 127.0.0.1:PORT, not stdio"
+    )
 
 
 def _env_parsers(sub: Any) -> None:
@@ -338,6 +363,22 @@ def _demo(args: argparse.Namespace) -> int:
     return ExitCode.OK if result["status"] == "awaiting_review" else ExitCode.FAILED
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from controller.service.app import serve
+
+    serve(Path(args.config) if args.config else None, args.host, args.port)
+    return ExitCode.OK
+
+
+def _mcp(args: argparse.Namespace) -> int:
+    """``patchbox mcp``: serves until the client goes or a signal (``docs/mcp.md``); nothing
+    but the protocol reaches stdout."""
+    from controller.mcp.serve import serve
+
+    _settle()
+    return serve(args, _progress)
+
+
 def _settle() -> None:
     """Cleans up after controllers that are gone before any job command (see
     :func:`controller.cli.commands.settle`); without a daemon only the job records are settled."""
@@ -416,7 +457,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         structlog.get_logger(__name__).debug(
             "command", command=args.command, version=version(), pid=os.getpid()
         )
-        handlers = {"doctor": _doctor, "image": _image_build, "env": _env, "demo": _demo}
+        handlers = {
+            "doctor": _doctor,
+            "image": _image_build,
+            "env": _env,
+            "demo": _demo,
+            "mcp": _mcp,
+        }
+        handlers["serve"] = _serve
         if args.command in handlers:
             return handlers[args.command](args)
         return _job_command(args)

@@ -56,6 +56,9 @@ class HostConfig(BaseModel):
     checks: dict[CheckId, CheckSpec] = Field(default_factory=dict)
     provider: dict[str, Any] = Field(default_factory=dict)
     environments: dict[EnvironmentName, EnvironmentSpec] = Field(default_factory=dict)
+    service: dict[str, Any] = Field(default_factory=dict)
+    """``patchbox serve``'s table (tenants, workers, database): validated by the service,
+    ignored by every other command."""
     ca_bundle: str | None = Field(default=None, max_length=4096)
     """PEM file of the CAs environment builds trust; by default the one the host's own
     TLS clients use (``PIP_CERT``, ``REQUESTS_CA_BUNDLE``, ``SSL_CERT_FILE``, ...); ``""``

@@ -165,8 +165,7 @@ def _add_case(suite: ET.Element, scrub: Scrubber, case: TestCase) -> None:
         ET.SubElement(element, tag, message=scrub.text(case.message)).text = scrub.text(case.text)
     elif case.status == "skipped":
         ET.SubElement(element, "skipped", message=scrub.text(case.message or "skipped"))
-    elif case.text:
-        ET.SubElement(element, "system-out").text = scrub.text(case.text)
+    ET.SubElement(element, "system-out").text = scrub.text(case.text)
 
 
 def _count(element: ET.Element) -> None:

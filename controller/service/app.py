@@ -1,0 +1,513 @@
+"""The Starlette application of ``patchbox serve``: the ``/v1`` API, health, metrics and the
+OpenAPI document. Every error body is ``{"error": {"code", "message"}}``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from controller.api import job_view
+from controller.config.host import HostConfig
+from controller.errors import ErrorCode, PatchboxError, describe_validation
+from controller.jobs.evidence import relative_to_home
+from controller.jobs.records import JobStore
+from controller.logs import Scrubber
+from controller.sandbox.labels import new_job_id
+from controller.service.config import ServiceConfig, TenantConfig
+from controller.service.openapi import OPENAPI
+from controller.service.runner import Runner
+from controller.service.store import PENDING_STATES, QUEUED, JobRow, ServiceStore, now
+
+MAX_BODY_BYTES = 2 * 1024 * 1024
+"""The largest request body: a task (1 MiB at most) and a calls file."""
+SSE_POLL_SECONDS = 0.2
+SSE_KEEPALIVE_SECONDS = 15.0
+
+
+class ServiceError(Exception):
+    """An error answered as ``{"error": {"code", "message"}}`` with its HTTP status."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def error_response(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+
+
+class Metrics:
+    """Request counts by method, route and status (thread safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests: Counter[tuple[str, str, int]] = Counter()
+
+    def count(self, method: str, route: str, status: int) -> None:
+        with self._lock:
+            self.requests[method, route, status] += 1
+
+    def snapshot(self) -> dict[tuple[str, str, int], int]:
+        with self._lock:
+            return dict(self.requests)
+
+
+class Service:
+    """The application's state: configuration, store, runner and metrics."""
+
+    def __init__(
+        self, store: ServiceStore, host: HostConfig, service: ServiceConfig, runner: Runner
+    ) -> None:
+        self.store = store
+        self.host = host
+        self.config = service
+        self.runner = runner
+        self.metrics = Metrics()
+        self.stopping = threading.Event()
+        self._roots = {t.name: [os.path.realpath(r) for r in t.repo_roots] for t in service.tenants}
+
+    # -- who and what ---------------------------------------------------------------------
+
+    def tenant_of(self, request: Request) -> TenantConfig:
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise ServiceError(401, "UNAUTHORIZED", "a bearer token is required")
+        digest = hashlib.sha256(token.strip().encode("utf-8", "surrogatepass")).hexdigest()
+        found = None
+        for tenant in self.config.tenants:
+            if hmac.compare_digest(digest, tenant.token_sha256):
+                found = tenant
+        if found is None:
+            raise ServiceError(401, "UNAUTHORIZED", "the bearer token is not valid")
+        return found
+
+    def own_job(self, tenant: TenantConfig, job_id: str) -> JobRow:
+        row = self.store.get_job(job_id)
+        if row is None or row.tenant != tenant.name:
+            raise ServiceError(404, "NOT_FOUND", f"no job {job_id[:64]!r}")
+        return row
+
+    def allowed_repo(self, tenant: TenantConfig, repo: str) -> str:
+        real = os.path.realpath(repo)
+        for root in self._roots[tenant.name]:
+            if real == root or real.startswith(root.rstrip(os.sep) + os.sep):
+                return real
+        msg = f"the repository is outside the repo_roots of tenant {tenant.name!r}"
+        raise ServiceError(403, "REPO_NOT_ALLOWED", msg)
+
+    # -- views ----------------------------------------------------------------------------
+
+    def view(self, row: JobRow) -> dict[str, Any]:
+        store = JobStore()
+        try:
+            record = store.load(row.job_id)
+        except PatchboxError:
+            errors = [
+                e.data["error"] for e in self.store.events_after(row.job_id, 0) if "error" in e.data
+            ]
+            return {
+                "job_id": row.job_id,
+                "status": row.state,
+                "error": errors[-1] if errors else None,
+                "files": [],
+                "checks": [],
+                "tool_calls": [],
+                "evidence": "",
+                "decision": None,
+                "diff": "",
+            }
+        evidence = store.folder(row.job_id) / "evidence.json"
+        where = relative_to_home(evidence) if evidence.is_file() else ""
+        return job_view(record, diff_of(row.job_id), where)
+
+
+def diff_of(job_id: str) -> str:
+    try:
+        return (JobStore().folder(job_id) / "diff.patch").read_text("utf-8", "surrogateescape")
+    except FileNotFoundError:
+        return ""
+
+
+Handler = Callable[[Service, Request], Awaitable[Response]]
+
+
+def endpoint(route: str, handler: Handler, *, auth: bool = True) -> Callable[..., Any]:
+    """Wraps a handler: the service from the app state, errors as JSON, request counts."""
+
+    async def wrapped(request: Request) -> Response:
+        service: Service = request.app.state.service
+        try:
+            if auth:
+                request.state.tenant = service.tenant_of(request)
+            response = await handler(service, request)
+        except ServiceError as exc:
+            response = error_response(exc.status, exc.code, exc.message)
+        except PatchboxError as exc:
+            status = STATUS_OF.get(exc.code, 400)
+            message = Scrubber("", paths=False).text(exc.message)
+            response = error_response(status, str(exc.code), message)
+        except Exception as exc:  # never a bare 500: the error shape and a crash report
+            from controller.crash import internal_message, write_report
+
+            report = write_report(exc, context=f"service {request.method} {route}")
+            message = internal_message(exc, report)
+            response = error_response(500, str(ErrorCode.INTERNAL_ERROR), message)
+        service.metrics.count(request.method, route, response.status_code)
+        return response
+
+    return wrapped
+
+
+STATUS_OF = {
+    ErrorCode.USAGE_ERROR: 409,
+    ErrorCode.APPLY_CONFLICT: 409,
+    ErrorCode.REVERT_CONFLICT: 409,
+    ErrorCode.JOB_ALREADY_RUNNING: 409,
+    ErrorCode.ENVIRONMENT_NOT_READY: 503,
+    ErrorCode.INTERNAL_ERROR: 500,
+}
+"""The HTTP status of an engine error raised by an action on a job (400 for the others): a
+job in the wrong state, a changed work tree or a busy repository is a conflict."""
+
+
+async def body_of(request: Request) -> dict[str, Any]:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():  # read no more than the limit
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            msg = f"the body is larger than {MAX_BODY_BYTES} bytes"
+            raise ServiceError(413, "BAD_REQUEST", msg)
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    try:
+        data = json.loads(raw or b"null")
+    except ValueError:
+        raise ServiceError(400, "BAD_REQUEST", "the body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise ServiceError(400, "BAD_REQUEST", "the body must be a JSON object")
+    return data
+
+
+# -- handlers ----------------------------------------------------------------------------
+
+SUBMIT_KEYS = frozenset({"repo", "task", "calls", "include_local_changes"})
+
+
+async def submit(service: Service, request: Request) -> Response:
+    tenant: TenantConfig = request.state.tenant
+    body = await body_of(request)
+    unknown = sorted(set(body) - SUBMIT_KEYS)
+    if unknown:
+        raise ServiceError(400, "BAD_REQUEST", f"unknown fields: {', '.join(unknown)[:200]}")
+    repo, task = body.get("repo"), body.get("task")
+    if not isinstance(repo, str) or not repo or not isinstance(task, dict):
+        raise ServiceError(400, "BAD_REQUEST", "repo (a path) and task (an object) are required")
+    if "\0" in repo or len(repo) > 4096 or not Path(repo).is_absolute():
+        raise ServiceError(400, "BAD_REQUEST", "repo must be an absolute path")
+    local = body.get("include_local_changes", False)
+    if not isinstance(local, bool):
+        raise ServiceError(400, "BAD_REQUEST", "include_local_changes must be a boolean")
+    real = service.allowed_repo(tenant, repo)
+    _validate_task(task, body.get("calls"), service.host)
+    if service.store.count_pending(tenant.name) >= tenant.max_queued_jobs:
+        msg = (
+            f"tenant {tenant.name!r} has {tenant.max_queued_jobs} jobs queued or running "
+            f"(max_queued_jobs = {tenant.max_queued_jobs})"
+        )
+        raise ServiceError(429, "QUOTA_EXCEEDED", msg)
+    row = JobRow(new_job_id(), tenant.name, real, body | {"repo": real}, QUEUED, now())
+    service.store.insert_job(row)
+    service.store.append_event(row.job_id, "state", {"state": QUEUED})
+    await anyio.to_thread.run_sync(service.runner.dispatch)
+    current = service.store.get_job(row.job_id)
+    status = current.state if current is not None else QUEUED
+    return JSONResponse({"job_id": row.job_id, "status": status}, status_code=202)
+
+
+def _validate_task(task: dict[str, Any], calls: object, host: HostConfig) -> None:
+    from controller.config.task import TaskSpec
+
+    try:
+        TaskSpec.model_validate(task)
+    except ValidationError as exc:
+        fields = describe_validation(exc, subject="task", max_chars=1000)
+        msg = f"the task is invalid: {fields}"
+        raise ServiceError(400, str(ErrorCode.USAGE_ERROR), msg) from exc
+    if calls is None:  # the host configuration's provider: it must be configured
+        from controller.providers import ProviderConfig
+
+        try:
+            if host.provider:
+                ProviderConfig.from_mapping(host.provider)
+            else:
+                ProviderConfig.from_env()
+        except PatchboxError as exc:
+            msg = f"no calls and no usable model provider: {exc.message}"
+            raise ServiceError(400, str(exc.code), msg[:1000]) from exc
+        return
+    if calls is not None:
+        from controller.providers import parse_calls
+
+        if not isinstance(calls, dict):
+            raise ServiceError(400, str(ErrorCode.USAGE_ERROR), "calls must be an object")
+        try:
+            parse_calls(json.dumps(calls))
+        except PatchboxError as exc:
+            raise ServiceError(400, str(exc.code), exc.message) from exc
+
+
+async def list_jobs(service: Service, request: Request) -> Response:
+    tenant: TenantConfig = request.state.tenant
+    rows = service.store.list_jobs(tenant.name)
+    jobs = [
+        {"job_id": r.job_id, "status": r.state, "repo": r.repo, "created": r.created} for r in rows
+    ]
+    return JSONResponse({"jobs": jobs})
+
+
+async def get_job(service: Service, request: Request) -> Response:
+    row = service.own_job(request.state.tenant, request.path_params["job_id"])
+    return JSONResponse(await anyio.to_thread.run_sync(service.view, row))
+
+
+async def get_diff(service: Service, request: Request) -> Response:
+    row = service.own_job(request.state.tenant, request.path_params["job_id"])
+    return Response(diff_of(row.job_id), media_type="text/x-diff")
+
+
+async def get_evidence(service: Service, request: Request) -> Response:
+    row = service.own_job(request.state.tenant, request.path_params["job_id"])
+    path = JobStore().folder(row.job_id) / "evidence.json"
+    try:
+        data = json.loads(path.read_text("utf-8"))
+    except FileNotFoundError:
+        msg = f"job {row.job_id} has no evidence yet ({row.state})"
+        raise ServiceError(409, "JOB_NOT_FINISHED", msg) from None
+    return JSONResponse(data)
+
+
+async def cancel(service: Service, request: Request) -> Response:
+    row = service.own_job(request.state.tenant, request.path_params["job_id"])
+    state = await anyio.to_thread.run_sync(service.runner.cancel, row.job_id)
+    if state is None:
+        current = service.store.get_job(row.job_id)
+        status = current.state if current is not None else row.state
+        return JSONResponse({"job_id": row.job_id, "status": status})
+    return JSONResponse({"job_id": row.job_id, "status": state}, status_code=202)
+
+
+def action(name: str) -> Handler:
+    async def handler(service: Service, request: Request) -> Response:
+        tenant: TenantConfig = request.state.tenant
+        row = service.own_job(tenant, request.path_params["job_id"])
+        if name in {"apply", "revert"} and not tenant.allow_apply:
+            msg = f"tenant {tenant.name!r} may not {name} jobs (allow_apply = false)"
+            raise ServiceError(403, "APPLY_NOT_ALLOWED", msg)
+        data = await anyio.to_thread.run_sync(_act, service, name, row.job_id)
+        service.store.append_event(row.job_id, "state", {"state": data["status"]})
+        service.store.update_state(row.job_id, data["status"])
+        return JSONResponse(data)
+
+    return handler
+
+
+def _act(service: Service, name: str, job_id: str) -> dict[str, Any]:
+    from controller import api
+
+    if name == "apply":
+        record, applied = api.apply_job(job_id, config=service.host)
+        files = [f.model_dump(mode="json") for f in applied.files]
+        return {"job_id": job_id, "status": record.state, "files": files, "merged": applied.merged}
+    if name == "revert":
+        record, reverted = api.revert_job(job_id)
+        files = [f.model_dump(mode="json") for f in reverted.files]
+        return {"job_id": job_id, "status": record.state, "files": files}
+    record = api.discard_job(job_id)
+    return {"job_id": job_id, "status": record.state}
+
+
+async def events(service: Service, request: Request) -> Response:
+    row = service.own_job(request.state.tenant, request.path_params["job_id"])
+    header = request.headers.get("last-event-id", "0").strip() or "0"
+    if not header.isdigit() or len(header) > 18:
+        raise ServiceError(400, "BAD_REQUEST", "Last-Event-ID must be an event id")
+    return StreamingResponse(
+        _stream(service, row.job_id, int(header)),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _stream(service: Service, job_id: str, last: int) -> AsyncIterator[str]:
+    """Every event after ``last``, then new ones as they come; ends once the job no longer
+    runs (or is queued) and every event was sent, or when the service stops."""
+    quiet_since = time.monotonic()
+    while True:
+        # The state first: a job's events are stored before its state changes, so once the
+        # state read here is final, the events read next include the last one.
+        row = service.store.get_job(job_id)
+        batch = service.store.events_after(job_id, last)
+        for event in batch:
+            last = event.seq
+            data = json.dumps(event.data, sort_keys=True)
+            yield f"id: {event.seq}\nevent: {event.type}\ndata: {data}\n\n"
+        if batch:
+            quiet_since = time.monotonic()
+            continue
+        if row is None or row.state not in PENDING_STATES or service.stopping.is_set():
+            return
+        if time.monotonic() - quiet_since > SSE_KEEPALIVE_SECONDS:
+            quiet_since = time.monotonic()
+            yield ": keep-alive\n\n"
+        await asyncio.sleep(SSE_POLL_SECONDS)
+
+
+async def healthz(service: Service, _request: Request) -> Response:
+    return JSONResponse({"status": "stopping" if service.stopping.is_set() else "ok"})
+
+
+async def metrics(service: Service, _request: Request) -> Response:
+    return PlainTextResponse(metrics_text(service), media_type="text/plain; version=0.0.4")
+
+
+def metrics_text(service: Service) -> str:
+    by_state: Counter[str] = Counter()
+    queued: Counter[str] = Counter({t.name: 0 for t in service.config.tenants})
+    for tenant in service.config.tenants:
+        for row in service.store.list_jobs(tenant.name):
+            by_state[row.state] += 1
+            if row.state == QUEUED:
+                queued[tenant.name] += 1
+    lines = [
+        "# HELP patchbox_service_jobs Jobs of the service by state.",
+        "# TYPE patchbox_service_jobs gauge",
+        *(f'patchbox_service_jobs{{state="{s}"}} {n}' for s, n in sorted(by_state.items())),
+        "# HELP patchbox_service_queue_length Queued jobs per tenant.",
+        "# TYPE patchbox_service_queue_length gauge",
+        *(f'patchbox_service_queue_length{{tenant="{t}"}} {n}' for t, n in sorted(queued.items())),
+        "# HELP patchbox_service_running_jobs Running jobs per tenant.",
+        "# TYPE patchbox_service_running_jobs gauge",
+        *(
+            f'patchbox_service_running_jobs{{tenant="{t.name}"}} '
+            f"{service.runner.running_count(t.name)}"
+            for t in service.config.tenants
+        ),
+        "# HELP patchbox_service_http_requests_total HTTP requests by method, route, status.",
+        "# TYPE patchbox_service_http_requests_total counter",
+        *(
+            f'patchbox_service_http_requests_total{{method="{m}",route="{r}",status="{s}"}} {n}'
+            for (m, r, s), n in sorted(service.metrics.snapshot().items())
+        ),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+async def openapi(_service: Service, _request: Request) -> Response:
+    return JSONResponse(OPENAPI)
+
+
+# -- the application ---------------------------------------------------------------------
+
+JOB = "/v1/jobs/{job_id}"
+ROUTES: list[tuple[str, str, Handler, bool]] = [
+    ("/healthz", "GET", healthz, False),
+    ("/metrics", "GET", metrics, False),
+    ("/openapi.json", "GET", openapi, False),
+    ("/v1/jobs", "POST", submit, True),
+    ("/v1/jobs", "GET", list_jobs, True),
+    (JOB, "GET", get_job, True),
+    (JOB + "/diff", "GET", get_diff, True),
+    (JOB + "/evidence", "GET", get_evidence, True),
+    (JOB + "/events", "GET", events, True),
+    (JOB + "/cancel", "POST", cancel, True),
+    (JOB + "/apply", "POST", action("apply"), True),
+    (JOB + "/revert", "POST", action("revert"), True),
+    (JOB + "/discard", "POST", action("discard"), True),
+]
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(status, "BAD_REQUEST")
+    service: Service = request.app.state.service
+    service.metrics.count(request.method, "unmatched", status)
+    return error_response(status, code, f"{request.method} {request.url.path[:200]}: {code}")
+
+
+def create_app(service: Service, *, shutdown_timeout: float = 60.0) -> Starlette:
+    """The application; its lifespan starts the runner and, at shutdown, cancels the
+    running jobs and waits up to ``shutdown_timeout`` seconds for them."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        app.state.service = service
+        await anyio.to_thread.run_sync(service.runner.start)
+        try:
+            yield
+        finally:
+            service.stopping.set()
+            await anyio.to_thread.run_sync(service.runner.shutdown, shutdown_timeout)
+            service.store.close()
+
+    routes = [
+        Route(path, endpoint(path, handler, auth=auth), methods=[method])
+        for path, method, handler, auth in ROUTES
+    ]
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: _http_error},
+    )
+    app.state.service = service
+    return app
+
+
+def build(
+    config_path: Path | None = None, *, shutdown_timeout: float = 60.0
+) -> tuple[Starlette, Service]:
+    """The application for a configuration file (``--config``, default
+    ``$PATCHBOX_HOME/config.toml``)."""
+    from controller.service.config import load_service_config
+    from controller.service.store import SqliteStore
+
+    host, config = load_service_config(config_path)
+    store = SqliteStore(config.database_path())
+    service = Service(store, host, config, Runner(store, host, config))
+    return create_app(service, shutdown_timeout=shutdown_timeout), service
+
+
+def serve(config_path: Path | None, host: str, port: int) -> None:
+    """Runs the service with uvicorn until SIGINT or SIGTERM."""
+    import uvicorn
+
+    app, service = build(config_path)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            service.stopping.set()  # event streams end now, not at the graceful timeout
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="info", timeout_graceful_shutdown=10
+    )
+    Server(config).run()

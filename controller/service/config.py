@@ -1,0 +1,107 @@
+"""The ``[service]`` table of the host configuration file.
+
+The table lives in the same TOML file as the host configuration; it is taken out before the
+rest is validated as :class:`controller.config.host.HostConfig` (which forbids unknown keys).
+
+.. code-block:: toml
+
+    [service]
+    state = "sqlite"              # the only backend
+    database = "/var/lib/patchbox/service.db"  # default: $PATCHBOX_HOME/service.db
+    workers = 2
+
+    [[service.tenants]]
+    name = "alpha"
+    token_sha256 = "<hex sha256 of the bearer token>"
+    repo_roots = ["/srv/repos/alpha"]
+    max_concurrent_jobs = 2
+    max_queued_jobs = 10
+    allow_apply = true
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from controller.config.host import HostConfig
+from controller.errors import UsageError, describe_validation
+from controller.paths import patchbox_home
+
+
+class TenantConfig(BaseModel):
+    """One tenant: who it is (its token's SHA-256), where its repositories are, its quotas."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    token_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    repo_roots: list[str] = Field(min_length=1, max_length=256)
+    max_concurrent_jobs: int = Field(default=1, ge=1, le=256)
+    max_queued_jobs: int = Field(default=10, ge=1, le=100_000)
+    allow_apply: bool = False
+
+
+class ServiceConfig(BaseModel):
+    """The service's own settings and its tenants."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    state: Literal["sqlite"] = "sqlite"
+    database: str | None = Field(default=None, max_length=4096)
+    """The SQLite file (default ``$PATCHBOX_HOME/service.db``)."""
+    workers: int = Field(default=2, ge=0, le=64)
+    """Jobs run at once across all tenants; 0 accepts and queues jobs but runs none."""
+    tenants: list[TenantConfig] = Field(default_factory=list, max_length=10_000)
+
+    @model_validator(mode="after")
+    def _unique(self) -> Self:
+        names = [t.name for t in self.tenants]
+        if len(set(names)) != len(names):
+            raise ValueError("tenant names must be unique")
+        hashes = [t.token_sha256 for t in self.tenants]
+        if len(set(hashes)) != len(hashes):
+            raise ValueError("two tenants have the same token_sha256")
+        return self
+
+    def database_path(self) -> Path:
+        return Path(self.database) if self.database else patchbox_home() / "service.db"
+
+
+def load_service_config(path: Path | None = None) -> tuple[HostConfig, ServiceConfig]:
+    """The host configuration and the service table of ``path`` (default
+    ``$PATCHBOX_HOME/config.toml``; a missing default file gives defaults and no tenant).
+    Errors are ``UsageError`` naming the field, not the value."""
+    target = path or patchbox_home() / "config.toml"
+    try:
+        raw = target.read_bytes()
+    except FileNotFoundError as exc:
+        if path is not None:
+            msg = f"the configuration file {str(target)!r} given with --config does not exist"
+            raise UsageError(msg) from exc
+        return HostConfig(), ServiceConfig()
+    except OSError as exc:
+        msg = f"the configuration file {str(target)!r} cannot be read: {exc.strerror}"
+        raise UsageError(msg) from exc
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        msg = f"the configuration file {str(target)!r} is not valid TOML"
+        raise UsageError(msg) from exc
+    table = data.pop("service", {})
+    try:
+        host = HostConfig.model_validate(data)
+    except ValidationError as exc:
+        fields = describe_validation(exc, subject="")
+        msg = f"the configuration file {str(target)!r} has invalid fields: {fields}"
+        raise UsageError(msg) from exc
+    try:
+        service = ServiceConfig.model_validate(table)
+    except ValidationError as exc:
+        fields = describe_validation(exc, subject="service")
+        msg = f"the configuration file {str(target)!r} has invalid [service] fields: {fields}"
+        raise UsageError(msg) from exc
+    return host, service

@@ -1,0 +1,262 @@
+"""The service's OpenAPI 3.1 document, written by hand; ``docs/openapi.json`` is the same
+document (``python3 -m controller.service.openapi > docs/openapi.json``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+ERROR = {"$ref": "#/components/schemas/Error"}
+
+
+def _json(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"content": {"application/json": {"schema": schema}}}
+
+
+def _errors(*statuses: int) -> dict[str, Any]:
+    text = {
+        400: "a malformed body or an invalid task (BAD_REQUEST, USAGE_ERROR)",
+        401: "no or a bad bearer token (UNAUTHORIZED)",
+        403: "a repository outside the tenant's repo_roots (REPO_NOT_ALLOWED), or apply or "
+        "revert without allow_apply (APPLY_NOT_ALLOWED)",
+        404: "no such job for this tenant (NOT_FOUND)",
+        409: "the job is not in a state for this, its work tree changed or its repository "
+        "is busy (USAGE_ERROR, APPLY_CONFLICT, REVERT_CONFLICT, JOB_ALREADY_RUNNING, "
+        "JOB_NOT_FINISHED)",
+        429: "the tenant's max_queued_jobs is reached (QUOTA_EXCEEDED)",
+    }
+    return {str(s): {"description": text[s]} | _json(ERROR) for s in statuses}
+
+
+JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
+SECURED: list[dict[str, list[str]]] = [{"bearer": []}]
+
+
+def _job_op(summary: str, ok: dict[str, Any], *errors: int, post: bool = False) -> dict[str, Any]:
+    return {
+        "post" if post else "get": {
+            "summary": summary,
+            "security": SECURED,
+            "parameters": [JOB_ID],
+            "responses": ok | _errors(401, 404, *errors),
+        }
+    }
+
+
+ACTION_RESULT = {
+    "type": "object",
+    "required": ["job_id", "status"],
+    "properties": {
+        "job_id": {"type": "string"},
+        "status": {"type": "string"},
+        "files": {"type": "array", "items": {"type": "object"}},
+        "merged": {"type": "array", "items": {"type": "string"}},
+    },
+}
+
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {
+        "title": "patchbox service",
+        "version": "1",
+        "description": "Jobs of the patchbox engine for several tenants (docs/service.md).",
+    },
+    "components": {
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        "schemas": {
+            "Error": {
+                "type": "object",
+                "required": ["error"],
+                "properties": {
+                    "error": {
+                        "type": "object",
+                        "required": ["code", "message"],
+                        "properties": {
+                            "code": {"type": "string"},
+                            "message": {"type": "string"},
+                        },
+                    }
+                },
+            },
+            "JobRequest": {
+                "type": "object",
+                "required": ["repo", "task"],
+                "additionalProperties": False,
+                "properties": {
+                    "repo": {"type": "string", "description": "the repository's top folder"},
+                    "task": {"type": "object", "description": "a task file's object"},
+                    "calls": {"type": "object", "description": "a calls file's object"},
+                    "include_local_changes": {"type": "boolean", "default": False},
+                },
+            },
+            "Accepted": {
+                "type": "object",
+                "required": ["job_id", "status"],
+                "properties": {"job_id": {"type": "string"}, "status": {"type": "string"}},
+            },
+            "Job": {
+                "type": "object",
+                "description": "the object of `patchbox run --json`; status `queued` before "
+                "a worker starts the job",
+                "required": ["job_id", "status", "error", "diff", "files", "checks"],
+                "properties": {
+                    "job_id": {"type": "string"},
+                    "status": {"type": "string"},
+                    "error": {"type": ["object", "null"]},
+                    "diff": {"type": "string"},
+                    "files": {"type": "array", "items": {"type": "object"}},
+                    "checks": {"type": "array", "items": {"type": "object"}},
+                    "tool_calls": {"type": "array", "items": {"type": "object"}},
+                    "evidence": {"type": "string"},
+                    "decision": {"type": ["object", "null"]},
+                },
+            },
+            "JobList": {
+                "type": "object",
+                "required": ["jobs"],
+                "properties": {
+                    "jobs": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["job_id", "status", "repo", "created"],
+                            "properties": {
+                                "job_id": {"type": "string"},
+                                "status": {"type": "string"},
+                                "repo": {"type": "string"},
+                                "created": {"type": "number"},
+                            },
+                        },
+                    }
+                },
+            },
+        },
+    },
+    "paths": {
+        "/healthz": {
+            "get": {
+                "summary": "liveness, no authentication",
+                "responses": {"200": {"description": "the service answers"}},
+            }
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus text: jobs by state, queue length per tenant, requests",
+                "responses": {
+                    "200": {
+                        "description": "metrics",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "summary": "this document",
+                "responses": {"200": {"description": "OpenAPI 3.1"}},
+            }
+        },
+        "/v1/jobs": {
+            "post": {
+                "summary": "queue a job",
+                "security": SECURED,
+                "requestBody": {"required": True}
+                | _json({"$ref": "#/components/schemas/JobRequest"}),
+                "responses": {
+                    "202": {"description": "queued (or already started)"}
+                    | _json({"$ref": "#/components/schemas/Accepted"})
+                }
+                | _errors(400, 401, 403, 429),
+            },
+            "get": {
+                "summary": "the tenant's jobs",
+                "security": SECURED,
+                "responses": {
+                    "200": {"description": "jobs, oldest first"}
+                    | _json({"$ref": "#/components/schemas/JobList"})
+                }
+                | _errors(401),
+            },
+        },
+        "/v1/jobs/{job_id}": _job_op(
+            "a job, as `run --json` prints it",
+            {"200": {"description": "the job"} | _json({"$ref": "#/components/schemas/Job"})},
+        ),
+        "/v1/jobs/{job_id}/diff": _job_op(
+            "the job's diff",
+            {
+                "200": {
+                    "description": "a unified diff, empty before it is collected",
+                    "content": {"text/x-diff": {"schema": {"type": "string"}}},
+                }
+            },
+        ),
+        "/v1/jobs/{job_id}/evidence": _job_op(
+            "the job's evidence bundle",
+            {"200": {"description": "evidence.json"} | _json({"type": "object"})},
+            409,
+        ),
+        "/v1/jobs/{job_id}/events": {
+            "get": {
+                "summary": "server-sent events: state, tool_call, check; resumable",
+                "security": SECURED,
+                "parameters": [
+                    JOB_ID,
+                    {
+                        "name": "Last-Event-ID",
+                        "in": "header",
+                        "required": False,
+                        "schema": {"type": "integer", "minimum": 0},
+                    },
+                ],
+                "responses": {
+                    "200": {
+                        "description": "the events after Last-Event-ID; the stream ends "
+                        "when the job no longer runs",
+                        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                    }
+                }
+                | _errors(400, 401, 404),
+            }
+        },
+        "/v1/jobs/{job_id}/cancel": _job_op(
+            "cancel a queued or running job",
+            {
+                "202": {"description": "cancelled or cancelling"}
+                | _json({"$ref": "#/components/schemas/Accepted"}),
+                "200": {"description": "the job had already ended"}
+                | _json({"$ref": "#/components/schemas/Accepted"}),
+            },
+            post=True,
+        ),
+        "/v1/jobs/{job_id}/apply": _job_op(
+            "apply a job awaiting review (allow_apply)",
+            {"200": {"description": "applied"} | _json(ACTION_RESULT)},
+            403,
+            409,
+            post=True,
+        ),
+        "/v1/jobs/{job_id}/revert": _job_op(
+            "revert an applied job (allow_apply)",
+            {"200": {"description": "reverted"} | _json(ACTION_RESULT)},
+            403,
+            409,
+            post=True,
+        ),
+        "/v1/jobs/{job_id}/discard": _job_op(
+            "discard a job awaiting review, failed or cancelled",
+            {"200": {"description": "discarded"} | _json(ACTION_RESULT)},
+            409,
+            post=True,
+        ),
+    },
+}
+
+
+def document() -> str:
+    """The document as ``docs/openapi.json`` holds it."""
+    return json.dumps(OPENAPI, indent=2, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":
+    print(document(), end="")  # noqa: T201 - the document on stdout

@@ -1,0 +1,340 @@
+"""Running the service's jobs: a pool of worker threads, per-tenant limits, a fair queue.
+
+A queued job starts when a worker is free, its tenant runs fewer than its
+``max_concurrent_jobs``, and no job of any tenant runs on the same repository (the engine's
+write lock would refuse it). Tenants with queued jobs are served round robin. Each running
+job's record is watched: its state changes, tool calls and check results become events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from controller.errors import ErrorCode, NotReadyError
+from controller.jobs.records import JobRecord, JobStore
+from controller.service.store import QUEUED, RUNNING_STATES, JobRow, ServiceStore
+
+if TYPE_CHECKING:
+    import docker
+
+    from controller.config.host import HostConfig
+    from controller.jobs.engine import Job
+    from controller.providers.base import Provider
+    from controller.service.config import ServiceConfig, TenantConfig
+
+log = structlog.get_logger(__name__)
+
+WATCH_SECONDS = 0.25
+"""How often a running job's record is looked at for new tool calls."""
+LOOP_DONE = frozenset({"validating", "checking", "awaiting_review", "applied", "failed"})
+"""States after the tool loop: every tool call is emitted before them."""
+DECIDED = frozenset({"awaiting_review", "applied", "failed", "cancelled"})
+"""States after the checks: every check result is emitted before them."""
+
+
+def tool_call_event(call: dict[str, Any]) -> dict[str, Any]:
+    keys = ("turn", "id", "name", "ok", "error_code")
+    return {k: call.get(k) for k in keys}
+
+
+def check_event(check: dict[str, Any]) -> dict[str, Any]:
+    keys = ("id", "status", "exit_code", "duration_ms")
+    return {k: check.get(k) for k in keys}
+
+
+class EventFeed:
+    """Turns one job record's progress into events, in order, each once: state changes (the
+    record's history), then its tool calls before the loop ends, its checks before the
+    decision. Safe to call from several threads."""
+
+    def __init__(self, store: ServiceStore, job_id: str) -> None:
+        self._store = store
+        self._job_id = job_id
+        self._lock = threading.Lock()
+        self._states = 0
+        self._calls = 0
+        self._checks_done = False
+
+    def sync(self, record: JobRecord, *, final: bool = False) -> None:
+        """Emits what is new. The job's end state is held back until ``final`` (its worker
+        returned: containers removed, evidence written), so a client that sees it, or whose
+        stream ends, finds nothing of the job still running."""
+        with self._lock:
+            history = list(record.history)
+            calls = [c.model_dump(mode="json") for c in list(record.tool_calls)]
+            checks = [c.model_dump(mode="json") for c in list(record.checks)]
+            while self._states < len(history):
+                state = history[self._states][0]
+                if not final and state not in RUNNING_STATES:
+                    break
+                if state in LOOP_DONE | DECIDED:
+                    self._emit_calls(calls)
+                if state in DECIDED:
+                    self._emit_checks(checks)
+                self._store.append_event(self._job_id, "state", {"state": state})
+                self._store.update_state(self._job_id, state)
+                self._states += 1
+            if self._states and history[self._states - 1][0] == "running":
+                self._emit_calls(calls)
+
+    def _emit_calls(self, calls: list[dict[str, Any]]) -> None:
+        for call in calls[self._calls :]:
+            self._store.append_event(self._job_id, "tool_call", tool_call_event(call))
+        self._calls = max(self._calls, len(calls))
+
+    def _emit_checks(self, checks: list[dict[str, Any]]) -> None:
+        if self._checks_done:
+            return
+        for check in checks:
+            self._store.append_event(self._job_id, "check", check_event(check))
+        self._checks_done = True
+
+
+@dataclass
+class Running:
+    row: JobRow
+    job: Job | None = None
+    cancelled: bool = False
+    future: Future[None] | None = field(default=None, repr=False)
+
+
+def provider_for(row: JobRow, config: HostConfig) -> tuple[Provider, tuple[str, ...]]:
+    """The request's scripted calls, else the host configuration's provider (as ``run``)."""
+    calls = row.request.get("calls")
+    if calls is not None:
+        from controller.providers import ScriptedProvider, parse_calls
+
+        return ScriptedProvider(parse_calls(json.dumps(calls))), ()
+    from controller.config.task import TaskSpec
+    from controller.providers import ProviderConfig, open_provider
+
+    table = config.provider
+    provider_config = ProviderConfig.from_mapping(table) if table else ProviderConfig.from_env()
+    key = provider_config.api_key
+    secret = key.get_secret_value() if key is not None else ""
+    prompt = TaskSpec.model_validate(row.request["task"]).prompt
+    return open_provider(provider_config, prompt), (secret,) if secret else ()
+
+
+class Runner:
+    """Starts queued jobs on worker threads and cancels them on shutdown."""
+
+    def __init__(
+        self,
+        store: ServiceStore,
+        host: HostConfig,
+        service: ServiceConfig,
+        *,
+        connect: Callable[[], docker.DockerClient] | None = None,
+    ) -> None:
+        self.store = store
+        self.host = host
+        self.service = service
+        self.tenants: dict[str, TenantConfig] = {t.name: t for t in service.tenants}
+        self._order = [t.name for t in service.tenants]
+        self._next = 0
+        self._lock = threading.RLock()
+        self._running: dict[str, Running] = {}
+        self._stopping = False
+        self._connect = connect or _connect
+        self._pool = ThreadPoolExecutor(
+            max_workers=max(service.workers, 1), thread_name_prefix="patchbox-worker"
+        )
+
+    # -- start and stop -------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Settles what a previous service process left: its jobs that were running end
+        ``failed`` with ``INTERRUPTED`` (the engine's rule), its containers are removed;
+        then the queued jobs start."""
+        from controller.cli.commands import settle
+
+        try:
+            client = self._connect()
+        except NotReadyError:
+            settle(None)
+        else:
+            try:
+                settle(client)
+            finally:
+                client.close()
+        store = JobStore()
+        for row in self.store.jobs_in(RUNNING_STATES):
+            state = "failed"
+            with contextlib.suppress(Exception):
+                state = store.load(row.job_id).state
+            if state in RUNNING_STATES:  # no engine record moved on: it never really started
+                state = "failed"
+            self.store.append_event(
+                row.job_id, "state", {"state": state, "reason": str(ErrorCode.INTERRUPTED)}
+            )
+            self.store.update_state(row.job_id, state)
+        self.dispatch()
+
+    def shutdown(self, timeout: float = 60.0) -> list[str]:
+        """Cancels every running job and waits up to ``timeout`` seconds for their workers
+        (each removes its containers). Queued jobs stay queued. Returns the ids of jobs
+        still running at the end (none, normally)."""
+        with self._lock:
+            self._stopping = True
+            running = list(self._running.values())
+        for item in running:
+            item.cancelled = True
+            if item.job is not None:
+                item.job.cancel()
+        futures = [r.future for r in running if r.future is not None]
+        _done, pending = wait(futures, timeout=timeout)
+        self._pool.shutdown(wait=not pending, cancel_futures=True)
+        with self._lock:
+            return sorted(self._running)
+
+    # -- the queue ------------------------------------------------------------------------
+
+    def running_count(self, tenant: str) -> int:
+        with self._lock:
+            return sum(1 for r in self._running.values() if r.row.tenant == tenant)
+
+    def dispatch(self) -> None:
+        """Starts as many queued jobs as the limits allow, round robin over tenants."""
+        with self._lock:
+            while not self._stopping and len(self._running) < self.service.workers:
+                row = self._pick()
+                if row is None:
+                    return
+                item = Running(row)
+                self._running[row.job_id] = item
+                self.store.update_state(row.job_id, "created")
+                item.future = self._pool.submit(self._work, item)
+
+    def _pick(self) -> JobRow | None:
+        busy = frozenset(r.row.repo for r in self._running.values())
+        count = len(self._order)
+        for step in range(count):
+            name = self._order[(self._next + step) % count]
+            if self.running_count(name) >= self.tenants[name].max_concurrent_jobs:
+                continue
+            row = self.store.next_queued(name, busy)
+            if row is not None:
+                self._next = (self._next + step + 1) % count
+                return row
+        return None
+
+    def cancel(self, job_id: str) -> str | None:
+        """Cancels a queued or running job; the state it is in now (None: neither)."""
+        with self._lock:
+            item = self._running.get(job_id)
+            if item is None:
+                row = self.store.get_job(job_id)
+                if row is None or row.state != QUEUED:
+                    return None
+                self.store.append_event(job_id, "state", {"state": "cancelled"})
+                self.store.update_state(job_id, "cancelled")
+                return "cancelled"
+            item.cancelled = True
+            job = item.job
+        if job is not None:
+            job.cancel()
+        return "cancelling"
+
+    # -- one job --------------------------------------------------------------------------
+
+    def _work(self, item: Running) -> None:
+        row = item.row
+        feed = EventFeed(self.store, row.job_id)
+        client: docker.DockerClient | None = None
+        provider: Provider | None = None
+        try:
+            client = self._connect()
+            provider, secrets = provider_for(row, self.host)
+            job = self._make(row, provider, secrets, client, feed)
+            with self._lock:
+                item.job = job
+                cancelled = item.cancelled or self._stopping
+            if cancelled:
+                job.cancel()
+            self._run(job, feed)
+        except Exception as exc:  # the job could not even be made: recorded as an event
+            log.warning("service job failed to start", job_id=row.job_id, error=str(exc)[:500])
+            state = "cancelled" if item.cancelled else "failed"
+            code = getattr(exc, "code", ErrorCode.INTERNAL_ERROR)
+            error = {"code": str(code), "message": str(exc)[:1000]}
+            self.store.append_event(row.job_id, "state", {"state": state, "error": error})
+            self.store.update_state(row.job_id, state)
+        finally:
+            if provider is not None:
+                with contextlib.suppress(Exception):
+                    provider.close()
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    client.close()
+            with self._lock:
+                self._running.pop(row.job_id, None)
+            self.dispatch()
+
+    def _make(
+        self,
+        row: JobRow,
+        provider: Provider,
+        secrets: tuple[str, ...],
+        client: docker.DockerClient,
+        feed: EventFeed,
+    ) -> Job:
+        from controller import api
+        from controller.config.task import TaskSpec
+
+        holder: list[Job] = []
+
+        def progress(_message: str) -> None:
+            if holder:
+                feed.sync(holder[0].record)
+
+        job = api.make_job(
+            Path(row.repo),
+            TaskSpec.model_validate(row.request["task"]),
+            provider,
+            config=self.host,
+            include_local_changes=bool(row.request.get("include_local_changes", False)),
+            trust_repo_config=False,
+            consent_trusted_auto=False,
+            runtime=None,
+            secrets=secrets,
+            client=client,
+            progress=progress,
+        )
+        job.record.job_id = row.job_id  # the service's id is the engine's
+        holder.append(job)
+        return job
+
+    def _run(self, job: Job, feed: EventFeed) -> None:
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(WATCH_SECONDS):
+                with contextlib.suppress(Exception):
+                    feed.sync(job.record)
+
+        watcher = threading.Thread(target=watch, name=f"watch-{job.record.job_id}", daemon=True)
+        watcher.start()
+        try:
+            job.run()
+        except Exception as exc:  # InternalError: the record says failed, INTERNAL_ERROR
+            log.warning("service job ended with an error", job_id=job.record.job_id, error=str(exc))
+        finally:
+            done.set()
+            watcher.join()
+            feed.sync(job.record, final=True)
+
+
+def _connect() -> docker.DockerClient:
+    from controller.sandbox.dockerclient import connect
+
+    return connect()

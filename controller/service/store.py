@@ -1,0 +1,178 @@
+"""The service's state: its jobs and their events, behind :class:`ServiceStore`.
+
+The job's own record stays in the engine's :class:`controller.jobs.records.JobStore`; the
+service keeps who asked for it (the tenant), its request and its state as the service sees
+it (``queued``, then the engine's states), and the events a client streams. The service's
+job id is the engine's.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+QUEUED = "queued"
+"""A job accepted by the service that no worker has started yet."""
+RUNNING_STATES = frozenset({"created", "preparing", "running", "validating", "checking"})
+"""A job a worker holds (the engine's active states)."""
+PENDING_STATES = RUNNING_STATES | {QUEUED}
+"""What counts against a tenant's ``max_queued_jobs``."""
+
+
+@dataclass(frozen=True)
+class JobRow:
+    job_id: str
+    tenant: str
+    repo: str
+    request: dict[str, Any]
+    state: str
+    created: float
+
+
+@dataclass(frozen=True)
+class Event:
+    job_id: str
+    seq: int
+    type: str
+    data: dict[str, Any]
+
+
+class ServiceStore(Protocol):
+    """The operations the service needs from its state."""
+
+    def insert_job(self, row: JobRow) -> None: ...
+
+    def update_state(self, job_id: str, state: str) -> None: ...
+
+    def get_job(self, job_id: str) -> JobRow | None: ...
+
+    def list_jobs(self, tenant: str) -> list[JobRow]: ...
+
+    def jobs_in(self, states: frozenset[str]) -> list[JobRow]: ...
+
+    def count_pending(self, tenant: str) -> int: ...
+
+    def next_queued(self, tenant: str, busy_repos: frozenset[str]) -> JobRow | None: ...
+
+    def append_event(self, job_id: str, type_: str, data: dict[str, Any]) -> Event: ...
+
+    def events_after(self, job_id: str, seq: int) -> list[Event]: ...
+
+    def close(self) -> None: ...
+
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    repo TEXT NOT NULL,
+    request TEXT NOT NULL,
+    state TEXT NOT NULL,
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS jobs_tenant_state ON jobs (tenant, state, created);
+CREATE TABLE IF NOT EXISTS events (
+    job_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    type TEXT NOT NULL,
+    data TEXT NOT NULL,
+    PRIMARY KEY (job_id, seq)
+);
+"""
+
+
+class SqliteStore:
+    """:class:`ServiceStore` in one SQLite file in WAL mode; one connection, serialised."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(SCHEMA)
+
+    @staticmethod
+    def _row(values: tuple[Any, ...]) -> JobRow:
+        job_id, tenant, repo, request, state, created = values
+        return JobRow(job_id, tenant, repo, json.loads(request), state, float(created))
+
+    def _select(self, where: str, args: tuple[Any, ...]) -> list[JobRow]:
+        sql = f"SELECT id, tenant, repo, request, state, created FROM jobs WHERE {where}"  # noqa: S608 - the clauses are this module's constants
+        with self._lock:
+            rows = self._db.execute(sql + " ORDER BY created, id", args).fetchall()
+        return [self._row(r) for r in rows]
+
+    def insert_job(self, row: JobRow) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?)",
+                (row.job_id, row.tenant, row.repo, json.dumps(row.request), row.state, row.created),
+            )
+
+    def update_state(self, job_id: str, state: str) -> None:
+        with self._lock:
+            self._db.execute("UPDATE jobs SET state = ? WHERE id = ?", (state, job_id))
+
+    def get_job(self, job_id: str) -> JobRow | None:
+        rows = self._select("id = ?", (job_id,))
+        return rows[0] if rows else None
+
+    def list_jobs(self, tenant: str) -> list[JobRow]:
+        return self._select("tenant = ?", (tenant,))
+
+    def jobs_in(self, states: frozenset[str]) -> list[JobRow]:
+        marks = ", ".join("?" * len(states))
+        return self._select(f"state IN ({marks})", tuple(sorted(states)))
+
+    def count_pending(self, tenant: str) -> int:
+        marks = ", ".join("?" * len(PENDING_STATES))
+        sql = f"SELECT COUNT(*) FROM jobs WHERE tenant = ? AND state IN ({marks})"  # noqa: S608 - placeholders only
+        with self._lock:
+            (count,) = self._db.execute(sql, (tenant, *sorted(PENDING_STATES))).fetchone()
+        return int(count)
+
+    def next_queued(self, tenant: str, busy_repos: frozenset[str]) -> JobRow | None:
+        for row in self._select("tenant = ? AND state = ?", (tenant, QUEUED)):
+            if row.repo not in busy_repos:
+                return row
+        return None
+
+    def append_event(self, job_id: str, type_: str, data: dict[str, Any]) -> Event:
+        text = json.dumps(data, sort_keys=True)
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                (last,) = self._db.execute(
+                    "SELECT COALESCE(MAX(seq), 0) FROM events WHERE job_id = ?", (job_id,)
+                ).fetchone()
+                seq = int(last) + 1
+                self._db.execute(
+                    "INSERT INTO events VALUES (?, ?, ?, ?)", (job_id, seq, type_, text)
+                )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return Event(job_id, seq, type_, data)
+
+    def events_after(self, job_id: str, seq: int) -> list[Event]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT seq, type, data FROM events WHERE job_id = ? AND seq > ? ORDER BY seq",
+                (job_id, seq),
+            ).fetchall()
+        return [Event(job_id, int(s), t, json.loads(d)) for s, t, d in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def now() -> float:
+    return time.time()

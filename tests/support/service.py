@@ -1,0 +1,125 @@
+"""The service for its tests: a configuration file with tenants, and the app on uvicorn in
+a thread on a free loopback port."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from controller.service.app import Service, build
+
+TOKENS = {"alpha": "alpha-token-0123456789", "beta": "beta-token-9876543210"}
+
+
+def write_config(
+    folder: Path,
+    *,
+    workers: int = 2,
+    allow_apply: bool = True,
+    max_queued_jobs: int = 10,
+) -> Path:
+    """A host configuration (no spare sandboxes) with tenants ``alpha`` and ``beta``, their
+    repository roots ``folder/alpha`` and ``folder/beta``."""
+    lines = [
+        "spare_sandboxes = 0",
+        "[service]",
+        f'database = "{folder / "service.db"}"',
+        f"workers = {workers}",
+    ]
+    for name, token in TOKENS.items():
+        root = folder / name
+        root.mkdir(parents=True, exist_ok=True)
+        lines += [
+            "[[service.tenants]]",
+            f'name = "{name}"',
+            f'token_sha256 = "{hashlib.sha256(token.encode()).hexdigest()}"',
+            f'repo_roots = ["{root}"]',
+            "max_concurrent_jobs = 2",
+            f"max_queued_jobs = {max_queued_jobs}",
+            f"allow_apply = {'true' if allow_apply and name == 'alpha' else 'false'}",
+        ]
+    path = folder / "config.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@dataclass
+class Running:
+    url: str
+    service: Service
+
+    def client(self, tenant: str | None = "alpha") -> httpx.Client:
+        headers = {"Authorization": f"Bearer {TOKENS[tenant]}"} if tenant else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+
+@contextmanager
+def serving(config: Path, shutdown_timeout: float = 60.0) -> Iterator[Running]:
+    """The service of ``config`` on a free port; stopped (as by SIGTERM) on exit."""
+    app, service = build(config, shutdown_timeout=shutdown_timeout)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+    )
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            msg = "the service did not start"
+            raise RuntimeError(msg)
+        time.sleep(0.05)
+    try:
+        yield Running(f"http://127.0.0.1:{port}", service)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=120)
+        sock.close()
+
+
+def events(client: httpx.Client, job_id: str, last: int | None = None) -> list[dict[str, Any]]:
+    """Every event of a job's stream (which ends when the job no longer runs)."""
+    headers = {"Last-Event-ID": str(last)} if last is not None else {}
+    out: list[dict[str, Any]] = []
+    current: dict[str, Any] = {}
+    with client.stream(
+        "GET", f"/v1/jobs/{job_id}/events", headers=headers, timeout=300
+    ) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if not line:
+                if current:
+                    out.append(current)
+                current = {}
+            elif line.startswith("id: "):
+                current["id"] = int(line[4:])
+            elif line.startswith("event: "):
+                current["type"] = line[7:]
+            elif line.startswith("data: "):
+                current["data"] = json.loads(line[6:])
+    return out
+
+
+def wait_status(
+    client: httpx.Client, job_id: str, wanted: set[str], timeout: float = 240
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        view: dict[str, Any] = client.get(f"/v1/jobs/{job_id}").json()
+        if view["status"] in wanted or time.monotonic() > deadline:
+            return view
+        time.sleep(0.2)

@@ -1,0 +1,427 @@
+"""``patchbox serve``: the HTTP service over real HTTP (uvicorn in a thread, httpx):
+authentication, tenant isolation, repository roots, quotas, the fair queue, restarts, a
+whole job with its event stream, apply and revert, cancel, shutdown, metrics, OpenAPI."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import docker
+import httpx
+import pytest
+
+from controller.cli.main import _parser
+from controller.errors import UsageError
+from controller.jobs.records import JobStore
+from controller.providers.config import ENV_NAMES
+from controller.service.app import ROUTES
+from controller.service.config import load_service_config
+from controller.service.openapi import document
+from controller.service.runner import Runner
+from controller.service.runner import Running as RunningJob
+from controller.service.store import JobRow, SqliteStore
+from tests.support.jobs import APP, APP_AFTER, EDIT, GREET, containers_of, make_repo
+from tests.support.service import TOKENS, events, serving, wait_status, write_config
+
+ROOT = Path(__file__).resolve().parent.parent
+LIMITS = {"memory_mb": 512, "workspace_mb": 64, "tmp_mb": 32, "wall_seconds": 120}
+TASK: dict[str, Any] = {
+    "prompt": "Capitalize the greeting.",
+    "checks": {"greet": GREET},
+    "limits": LIMITS,
+}
+CALLS: dict[str, Any] = {"turns": [[{"id": "c1", **EDIT}]], "final": "done"}
+SLOW_TASK: dict[str, Any] = {
+    "prompt": "Wait.",
+    "checks": {"slow": {"argv": ["sleep", "30"], "timeout_seconds": 60}},
+    "limits": LIMITS,
+}
+SLOW_CALLS: dict[str, Any] = {
+    "turns": [[{"id": "c1", "name": "run_check", "arguments": {"checkId": "slow"}}]],
+    "final": "done",
+}
+JOB_PATHS = ("", "/diff", "/evidence", "/events")
+JOB_ACTIONS = ("/cancel", "/apply", "/revert", "/discard")
+
+
+def error_of(response: Any) -> str:
+    body = response.json()
+    assert set(body) == {"error"}, body
+    assert set(body["error"]) == {"code", "message"}, body
+    return str(body["error"]["code"])
+
+
+def submit(client: Any, repo: Path, task: dict[str, Any] = TASK, **extra: Any) -> Any:
+    return client.post("/v1/jobs", json={"repo": str(repo), "task": task, **extra})
+
+
+# -- without Docker: a service that queues and runs nothing (workers = 0) -----------------
+
+
+@pytest.fixture
+def idle(tmp_path: Path) -> Any:
+    with serving(write_config(tmp_path, workers=0, max_queued_jobs=2)) as running:
+        yield running
+
+
+def test_health_metrics_and_the_openapi_document(idle: Any) -> None:
+    anonymous = idle.client(None)
+    assert anonymous.get("/healthz").json() == {"status": "ok"}
+    served = anonymous.get("/openapi.json").json()
+    assert served == json.loads((ROOT / "docs" / "openapi.json").read_text())
+    assert (ROOT / "docs" / "openapi.json").read_text() == document()
+    assert {path for path, *_ in ROUTES} == set(served["paths"])
+    alpha = idle.client("alpha")
+    repo = idle_repo(idle, "alpha")
+    assert submit(alpha, repo, calls=CALLS).status_code == 202
+    text = anonymous.get("/metrics").text
+    assert 'patchbox_service_jobs{state="queued"} 1' in text
+    assert 'patchbox_service_queue_length{tenant="alpha"} 1' in text
+    assert 'patchbox_service_queue_length{tenant="beta"} 0' in text
+    assert (
+        'patchbox_service_http_requests_total{method="POST",route="/v1/jobs",status="202"} 1'
+        in text
+    )
+
+
+def idle_repo(running: Any, tenant: str) -> Path:
+    db = Path(running.service.config.database_path())
+    return make_repo(db.parent / tenant / f"repo-{time.monotonic_ns()}")
+
+
+def test_no_or_a_bad_token_is_refused(idle: Any) -> None:
+    for tenant, headers in ((None, {}), ("alpha", {"Authorization": "Bearer nope"})):
+        client = idle.client(tenant)
+        for method, path in (
+            ("GET", "/v1/jobs"),
+            ("POST", "/v1/jobs"),
+            ("GET", "/v1/jobs/x"),
+            ("GET", "/v1/jobs/x/events"),
+            ("POST", "/v1/jobs/x/apply"),
+        ):
+            response = client.request(method, path, headers=headers)
+            assert response.status_code == 401
+            assert error_of(response) == "UNAUTHORIZED"
+    response = idle.client(None).get("/v1/jobs", headers={"Authorization": "Basic abc"})
+    assert response.status_code == 401
+
+
+def test_a_tenant_never_sees_another_tenants_job(idle: Any) -> None:
+    alpha, beta = idle.client("alpha"), idle.client("beta")
+    accepted = submit(alpha, idle_repo(idle, "alpha"), calls=CALLS)
+    assert accepted.status_code == 202
+    job_id = accepted.json()["job_id"]
+    assert accepted.json()["status"] == "queued"
+    for path in JOB_PATHS:
+        response = beta.get(f"/v1/jobs/{job_id}{path}")
+        assert response.status_code == 404, path
+        assert error_of(response) == "NOT_FOUND"
+        assert job_id not in response.text.replace(repr(job_id), "")
+    for path in JOB_ACTIONS:
+        response = beta.post(f"/v1/jobs/{job_id}{path}")
+        assert response.status_code == 404, path
+        assert error_of(response) == "NOT_FOUND"
+    assert beta.get("/v1/jobs").json() == {"jobs": []}
+    assert [j["job_id"] for j in alpha.get("/v1/jobs").json()["jobs"]] == [job_id]
+    view = alpha.get(f"/v1/jobs/{job_id}").json()
+    assert view["status"] == "queued"
+    assert alpha.get(f"/v1/jobs/{job_id}").json() == view
+    assert alpha.get(f"/v1/jobs/{job_id}/diff").text == ""
+    assert error_of(alpha.get(f"/v1/jobs/{job_id}/evidence")) == "JOB_NOT_FINISHED"
+    assert alpha.get(f"/v1/jobs/{job_id}/status").status_code == 404  # no such route
+    # beta's job stays beta's; the queued job's cancel ends it at once
+    assert alpha.post(f"/v1/jobs/{job_id}/cancel").json()["status"] == "cancelled"
+    assert [e["data"]["state"] for e in events(alpha, job_id)] == ["queued", "cancelled"]
+
+
+def test_a_repository_outside_the_tenants_roots_is_refused(idle: Any, tmp_path: Path) -> None:
+    alpha = idle.client("alpha")
+    outside = make_repo(tmp_path / "elsewhere" / "repo")
+    link = tmp_path / "alpha" / "link"
+    link.symlink_to(outside, target_is_directory=True)
+    betas = idle_repo(idle, "beta")
+    for repo in (outside, link, betas, tmp_path / "alpha" / ".." / "elsewhere" / "repo"):
+        response = submit(alpha, repo, calls=CALLS)
+        assert response.status_code == 403, repo
+        assert error_of(response) == "REPO_NOT_ALLOWED"
+    assert alpha.get("/v1/jobs").json() == {"jobs": []}
+
+
+def test_the_queue_quota_names_its_limit(idle: Any) -> None:
+    alpha, beta = idle.client("alpha"), idle.client("beta")
+    first = submit(alpha, idle_repo(idle, "alpha"), calls=CALLS).json()["job_id"]
+    assert submit(alpha, idle_repo(idle, "alpha"), calls=CALLS).status_code == 202
+    refused = submit(alpha, idle_repo(idle, "alpha"), calls=CALLS)
+    assert refused.status_code == 429
+    assert error_of(refused) == "QUOTA_EXCEEDED"
+    assert "max_queued_jobs = 2" in refused.json()["error"]["message"]
+    assert submit(beta, idle_repo(idle, "beta"), calls=CALLS).status_code == 202
+    alpha.post(f"/v1/jobs/{first}/cancel")
+    assert submit(alpha, idle_repo(idle, "alpha"), calls=CALLS).status_code == 202
+
+
+def test_bad_requests_have_the_error_shape(idle: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ENV_NAMES.values():
+        monkeypatch.delenv(name, raising=False)
+    alpha, beta = idle.client("alpha"), idle.client("beta")
+    repo = idle_repo(idle, "alpha")
+    cases = [
+        (alpha.post("/v1/jobs", content=b"{nope"), 400, "BAD_REQUEST"),
+        (alpha.post("/v1/jobs", json=[1]), 400, "BAD_REQUEST"),
+        (alpha.post("/v1/jobs", json={"repo": str(repo)}), 400, "BAD_REQUEST"),
+        (submit(alpha, repo, extra_field=1), 400, "BAD_REQUEST"),
+        (submit(alpha, Path("alpha/repo")), 400, "BAD_REQUEST"),
+        (submit(alpha, Path(f"{repo}\0x")), 400, "BAD_REQUEST"),
+        (submit(alpha, repo, task={"prompt": ""}), 400, "USAGE_ERROR"),
+        (submit(alpha, repo, calls={"turns": 3}), 400, "USAGE_ERROR"),
+        (submit(alpha, repo), 400, "USAGE_ERROR"),  # no calls, no provider configured
+        (alpha.post("/v1/jobs", content=b" " * (3 << 20)), 413, "BAD_REQUEST"),
+        (alpha.get("/v2/nothing"), 404, "NOT_FOUND"),
+        (alpha.delete("/v1/jobs"), 405, "METHOD_NOT_ALLOWED"),
+        (alpha.get("/v1/jobs/x/events", headers={"Last-Event-ID": "x"}), 404, "NOT_FOUND"),
+    ]
+    for response, status, code in cases:
+        assert (response.status_code, error_of(response)) == (status, code), response.text
+    job_id = submit(beta, idle_repo(idle, "beta"), calls=CALLS).json()["job_id"]
+    for action in ("apply", "revert"):
+        response = beta.post(f"/v1/jobs/{job_id}/{action}")
+        assert response.status_code == 403
+        assert error_of(response) == "APPLY_NOT_ALLOWED"
+        assert "allow_apply" in response.json()["error"]["message"]
+    bad_id = beta.get(f"/v1/jobs/{job_id}/events", headers={"Last-Event-ID": "x"})
+    assert (bad_id.status_code, error_of(bad_id)) == (400, "BAD_REQUEST")
+    queued = beta.post(f"/v1/jobs/{job_id}/discard")
+    assert (queued.status_code, error_of(queued)) == (409, "USAGE_ERROR")
+
+
+def test_the_queue_is_fair_and_one_job_per_repository(tmp_path: Path) -> None:
+    _host, config = load_service_config(write_config(tmp_path, workers=0))
+    store = SqliteStore(tmp_path / "fair.db")
+    runner = Runner(store, _host, config)
+    t = time.time()
+    rows = [
+        JobRow("a1", "alpha", "/r/a", {}, "queued", t),
+        JobRow("a2", "alpha", "/r/a", {}, "queued", t + 1),
+        JobRow("a3", "alpha", "/r/b", {}, "queued", t + 2),
+        JobRow("a4", "alpha", "/r/c", {}, "queued", t + 3),
+        JobRow("b1", "beta", "/r/x", {}, "queued", t + 4),
+        JobRow("b2", "beta", "/r/b", {}, "queued", t + 5),
+    ]
+    for row in rows:
+        store.insert_job(row)
+    picked = []
+    while (picked_row := runner._pick()) is not None:
+        picked.append(picked_row.job_id)
+        runner._running[picked_row.job_id] = RunningJob(picked_row)
+        store.update_state(picked_row.job_id, "running")
+    # round robin; a2 waits for a1's repository; alpha runs at most 2; b2 waits for /r/b
+    assert picked == ["a1", "b1", "a3"]
+    runner._running.pop("a1")
+    assert runner._pick().job_id == "a2"  # type: ignore[union-attr]
+    runner.shutdown(timeout=1)
+    store.close()
+
+
+def test_a_restart_marks_running_jobs_interrupted_and_keeps_the_queue(tmp_path: Path) -> None:
+    config = write_config(tmp_path, workers=0)
+    _host, service = load_service_config(config)
+    store = SqliteStore(service.database_path())
+    t = time.time()
+    store.insert_job(JobRow("20260101-000000-dead0001", "alpha", "/r/a", {}, "running", t))
+    store.insert_job(JobRow("20260101-000000-wait0001", "alpha", "/r/b", {}, "queued", t))
+    store.close()
+    with serving(config) as running:
+        alpha = running.client("alpha")
+        jobs = {j["job_id"]: j["status"] for j in alpha.get("/v1/jobs").json()["jobs"]}
+        assert jobs == {"20260101-000000-dead0001": "failed", "20260101-000000-wait0001": "queued"}
+        (event,) = events(alpha, "20260101-000000-dead0001")
+        assert event["data"] == {"state": "failed", "reason": "INTERRUPTED"}
+
+
+def test_the_service_table_is_validated(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    host, service = load_service_config(config)
+    assert host.spare_sandboxes == 0
+    assert [t.name for t in service.tenants] == ["alpha", "beta"]
+    assert service.tenants[0].token_sha256 == hashlib.sha256(TOKENS["alpha"].encode()).hexdigest()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(config.read_text().replace("workers = 2", "workers = 2\nthreads = 3"))
+    with pytest.raises(UsageError, match="service"):
+        load_service_config(bad)
+    args = _parser().parse_args(["serve", "--config", str(config), "--port", "9"])
+    assert (args.command, args.host, args.port) == ("serve", "127.0.0.1", 9)
+
+
+# -- with Docker: whole jobs ---------------------------------------------------------------
+
+
+@pytest.fixture
+def live(tmp_path: Path, client: docker.DockerClient) -> Any:
+    del client
+    with serving(write_config(tmp_path, workers=2)) as running:
+        yield running
+
+
+def test_a_whole_job_streams_its_events_and_applies_and_reverts(live: Any, tmp_path: Path) -> None:
+    alpha = live.client("alpha")
+    repo = make_repo(tmp_path / "alpha" / "greet")
+    accepted = submit(alpha, repo, calls=CALLS)
+    assert accepted.status_code == 202, accepted.text
+    job_id = accepted.json()["job_id"]
+    stream = events(alpha, job_id)
+    ids = [e["id"] for e in stream]
+    assert ids == list(range(1, len(ids) + 1))
+    seen = [
+        (e["type"], e["data"].get("state") or e["data"].get("name") or e["data"]["id"])
+        for e in stream
+    ]
+    assert seen == [
+        ("state", "queued"),
+        ("state", "preparing"),
+        ("state", "running"),
+        ("tool_call", "replace_text"),
+        ("state", "validating"),
+        ("state", "checking"),
+        ("check", "greet"),
+        ("state", "awaiting_review"),
+    ]
+    assert stream[3]["data"] == {
+        "turn": 1,
+        "id": "c1",
+        "name": "replace_text",
+        "ok": True,
+        "error_code": None,
+    }
+    assert stream[6]["data"]["status"] == "passed"
+    assert events(alpha, job_id, last=4) == stream[4:]
+    view = alpha.get(f"/v1/jobs/{job_id}").json()
+    assert view["status"] == "awaiting_review"
+    beta = live.client("beta")
+    for path in JOB_PATHS:
+        assert error_of(beta.get(f"/v1/jobs/{job_id}{path}")) == "NOT_FOUND", path
+    for path in JOB_ACTIONS:
+        assert error_of(beta.post(f"/v1/jobs/{job_id}{path}")) == "NOT_FOUND", path
+    assert view["job_id"] == job_id
+    assert set(view) >= {"diff", "files", "checks", "tool_calls", "evidence", "decision"}
+    assert JobStore().load(job_id).state == "awaiting_review"  # the engine's own record
+    diff = alpha.get(f"/v1/jobs/{job_id}/diff")
+    assert diff.headers["content-type"].startswith("text/x-diff")
+    assert '+    return "Hello " + name' in diff.text
+    assert diff.text == view["diff"]
+    evidence = alpha.get(f"/v1/jobs/{job_id}/evidence").json()
+    assert str(repo) not in json.dumps(evidence)
+    assert evidence
+    applied = alpha.post(f"/v1/jobs/{job_id}/apply")
+    assert applied.status_code == 200, applied.text
+    assert applied.json()["status"] == "applied"
+    assert (repo / "app.py").read_text() == APP_AFTER
+    again = alpha.post(f"/v1/jobs/{job_id}/apply")
+    assert (again.status_code, error_of(again)) == (409, "USAGE_ERROR")
+    reverted = alpha.post(f"/v1/jobs/{job_id}/revert")
+    assert reverted.json()["status"] == "reverted"
+    assert (repo / "app.py").read_text() == APP
+    later = events(alpha, job_id, last=len(stream))
+    assert [e["data"]["state"] for e in later] == ["applied", "reverted"]
+    metrics = live.client(None).get("/metrics").text
+    assert 'patchbox_service_jobs{state="reverted"} 1' in metrics
+
+
+def test_cancel_ends_a_job_holding_a_long_check(
+    live: Any, tmp_path: Path, client: docker.DockerClient
+) -> None:
+    alpha = live.client("alpha")
+    repo = make_repo(tmp_path / "alpha" / "slow")
+    job_id = submit(alpha, repo, task=SLOW_TASK, calls=SLOW_CALLS).json()["job_id"]
+    assert wait_status(alpha, job_id, {"running"}, timeout=120)["status"] == "running"
+    time.sleep(1.5)
+    started = time.monotonic()
+    response = alpha.post(f"/v1/jobs/{job_id}/cancel")
+    assert response.status_code == 202
+    assert response.json()["status"] == "cancelling"
+    stream = events(alpha, job_id)  # ends once the worker is done with the job
+    assert stream[-1]["data"] == {"state": "cancelled"}
+    assert time.monotonic() - started < 25
+    assert containers_of(client, job_id) == []
+    view = alpha.get(f"/v1/jobs/{job_id}").json()
+    assert view["status"] == "cancelled"
+    assert view["error"]["code"] == "CANCELLED"
+    listed = alpha.get("/v1/jobs").json()["jobs"]
+    assert [j["status"] for j in listed if j["job_id"] == job_id] == ["cancelled"]
+
+
+def test_shutdown_cancels_running_jobs_and_leaves_no_container(
+    tmp_path: Path, client: docker.DockerClient
+) -> None:
+    with serving(write_config(tmp_path, workers=1)) as running:
+        alpha = running.client("alpha")
+        repo = make_repo(tmp_path / "alpha" / "slow")
+        job_id = submit(alpha, repo, task=SLOW_TASK, calls=SLOW_CALLS).json()["job_id"]
+        assert wait_status(alpha, job_id, {"running"}, timeout=120)["status"] == "running"
+        time.sleep(1.5)
+        started = time.monotonic()
+    assert time.monotonic() - started < 25
+    assert JobStore().load(job_id).state == "cancelled"
+    assert containers_of(client, job_id) == []
+
+
+def test_patchbox_serve_answers_and_stops_on_sigterm(tmp_path: Path) -> None:
+    config = write_config(tmp_path, workers=0)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    argv = [sys.executable, "-m", "controller", "serve", "--config", str(config)]
+    process = subprocess.Popen(
+        [*argv, "--port", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                answer = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+                break
+            except httpx.TransportError:
+                assert process.poll() is None, process.communicate()[1][-2000:]
+                assert time.monotonic() < deadline, "patchbox serve did not start"
+                time.sleep(0.1)
+        assert answer.json() == {"status": "ok"}
+        headers = {"Authorization": f"Bearer {TOKENS['beta']}"}
+        listed = httpx.get(f"http://127.0.0.1:{port}/v1/jobs", headers=headers, timeout=5)
+        assert listed.json() == {"jobs": []}
+        process.send_signal(signal.SIGTERM)
+        _out, err = process.communicate(timeout=60)
+        # uvicorn shuts down, then lets the signal end the process as it would have (143)
+        assert process.returncode in {0, -signal.SIGTERM}, err[-2000:]
+        assert b"Application shutdown complete" in err
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        if process.stderr is not None:
+            process.stderr.close()
+
+
+def test_jobs_queued_before_a_restart_run_after_it(
+    tmp_path: Path, client: docker.DockerClient
+) -> None:
+    del client
+    repo = make_repo(tmp_path / "alpha" / "greet")
+    with serving(write_config(tmp_path, workers=0)) as running:
+        job_id = submit(running.client("alpha"), repo, calls=CALLS).json()["job_id"]
+    with serving(write_config(tmp_path, workers=2)) as running:
+        alpha = running.client("alpha")
+        view = wait_status(alpha, job_id, {"awaiting_review", "failed", "cancelled"})
+        assert view["status"] == "awaiting_review", view["error"]
+        states = [e["data"]["state"] for e in events(alpha, job_id) if e["type"] == "state"]
+        assert states[0] == "queued"
+        assert states[-1] == "awaiting_review"
