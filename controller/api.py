@@ -54,7 +54,6 @@ if TYPE_CHECKING:
 
 SESSION_PROMPT = "interactive session"
 """The task prompt of a session opened without a task."""
-TOOLS = ("list_files", "search_text", "read_file", "replace_text", "apply_patch", "run_check")
 Progress = Callable[[str], None]
 
 
@@ -431,12 +430,13 @@ def _ready(store: JobStore, job_id: str) -> JobRecord:
     return sync_with_journal(store, store.load(job_id))
 
 
-def _diff(store: JobStore, job_id: str) -> str:
+def job_diff(store: JobStore, job_id: str) -> str | None:
+    """The diff a job made, as its evidence keeps it (None without one)."""
     path = store.folder(job_id) / "diff.patch"
     try:
         return path.read_text("utf-8", "surrogateescape")
     except FileNotFoundError:
-        return ""
+        return None
 
 
 def apply_job(
@@ -456,7 +456,7 @@ def apply_job(
     if record.baseline is None:
         msg = f"job {record.job_id} has no baseline"
         raise UsageError(msg)
-    diff = _diff(store, record.job_id)
+    diff = job_diff(store, record.job_id) or ""
     with write_lock(record.repo):
         result = apply_changeset(
             record.baseline,
@@ -488,7 +488,7 @@ def revert_job(job_id: str) -> tuple[JobRecord, RevertResult]:
         result = revert_changeset(record.job_id)
     record.move("reverted")
     store.save(record)
-    write_evidence(record, _diff(store, record.job_id) or None, store)
+    write_evidence(record, job_diff(store, record.job_id), store)
     return record, result
 
 
@@ -509,7 +509,7 @@ def discard_job(job_id: str) -> JobRecord:
         raise UsageError(msg)
     record.move("discarded")
     store.save(record)
-    write_evidence(record, _diff(store, record.job_id) or None, store)
+    write_evidence(record, job_diff(store, record.job_id), store)
     return record
 
 
@@ -519,13 +519,13 @@ def job(job_id: str) -> JobRecord:
 
 
 __all__ = [
-    "TOOLS",
     "CallResult",
     "Proposal",
     "Session",
     "apply_job",
     "discard_job",
     "job",
+    "job_diff",
     "job_view",
     "make_job",
     "open_session",

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from pydantic import ValidationError
 
-from controller.api import job_view
+from controller.api import job_diff, job_view
 from controller.cli.signals import cancel_on_signals
 from controller.errors import (
     ExitCode,
@@ -347,18 +347,10 @@ def cmd_prune(args: argparse.Namespace) -> Outcome:
     return ExitCode.OK, {"removed": removed}, text
 
 
-def _diff_of(store: JobStore, job_id: str) -> str | None:
-    path = store.folder(job_id) / "diff.patch"
-    try:
-        return path.read_text("utf-8", "surrogateescape")
-    except FileNotFoundError:
-        return None
-
-
 def cmd_show(args: argparse.Namespace) -> Outcome:
     store = JobStore()
     record = store.load(args.job)
-    diff = _diff_of(store, record.job_id)
+    diff = job_diff(store, record.job_id)
     evidence = relative_to_home(store.folder(record.job_id) / "evidence.json")
     data = job_view(record, diff if args.diff else None, evidence)
     data["ledger"] = record.model_dump(mode="json")["ledger"]

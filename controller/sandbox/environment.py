@@ -19,7 +19,7 @@ import ssl
 import tarfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,7 @@ from controller.errors import (
 from controller.paths import sandbox_image_dir
 from controller.repo.baseline import Baseline
 from controller.repo.git import GitContext, run_git
-from controller.sandbox.image import ImageBuilder, build_lock, context_digest
+from controller.sandbox.image import ImageBuilder, Progress, build_lock, context_digest
 from controller.sandbox.labels import KIND, OWNER, OWNER_VALUE
 from patchbox_agent.globs import Glob, GlobError
 
@@ -114,8 +114,6 @@ chmod -R a+rX,go-w {SEED}
 """
 """After the setup: what it left at the top of /workspace (not an input) moves to the
 seed, which the agent links into every workspace (``node_modules``, ``.venv``)."""
-
-Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)
