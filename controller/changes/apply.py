@@ -2,7 +2,8 @@
 
 No git command runs in the user's repository: operations in progress are read as files
 (:mod:`controller.repo.layout`), baseline contents come from the controller's private git
-dir, and the work tree is reached only through folder descriptors opened without following
+dir (or from the work tree, for a file there whose git blob id is the baseline entry's),
+and the work tree is reached only through folder descriptors opened without following
 symlinks (:mod:`controller.changes.worktree`). The index is never opened.
 
 :func:`apply_changeset` validates the diff again (:func:`controller.changes.validate
@@ -124,6 +125,7 @@ def apply_changeset(  # noqa: PLR0913 - the change set and keyword-only job inpu
         allowed_paths=allowed_paths,
         extra_protected=extra_protected,
         limits=limits,
+        work_tree=Path(baseline.repo),  # the top of the work tree the baseline was made of
     )
     layout = locate(Path(baseline.repo))
     repo = str(layout.top)

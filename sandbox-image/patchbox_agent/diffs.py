@@ -66,10 +66,11 @@ Reason codes (``DiffError.reason``), a closed set (``REASONS``):
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal, TypedDict
+from typing import Literal, TypedDict, cast
 
 from .names import (
     MAX_COMPONENTS,
@@ -152,11 +153,11 @@ class Hunk:
 
     @property
     def added(self) -> int:
-        return sum(1 for op, _ in self.lines if op == "+")
+        return list(map(_op_of, self.lines)).count("+")
 
     @property
     def removed(self) -> int:
-        return sum(1 for op, _ in self.lines if op == "-")
+        return list(map(_op_of, self.lines)).count("-")
 
 
 @dataclass(frozen=True)
@@ -203,6 +204,7 @@ class FileStats(TypedDict):
 # text and sections
 
 _DIFF_GIT = "diff --git "
+_NEW_SECTION = "\n" + _DIFF_GIT
 _OPS: dict[str, Op] = {" ": " ", "-": "-", "+": "+"}
 _NO_EOL = "\\ No newline at end of file"
 _HUNK_RE = re.compile(
@@ -210,6 +212,8 @@ _HUNK_RE = re.compile(
 )
 _INDEX_RE = re.compile(r"([0-9a-f]{4,64})\.\.([0-9a-f]{4,64})(?: ([0-9]{6}))?")
 _SIMILARITY_RE = re.compile(r"([0-9]{1,3})%")
+_RUN_RE = re.compile(r"[ +\-\\]*")
+_op_of = operator.itemgetter(0)
 
 _HEADERS = (
     ("old mode ", "old_mode"),
@@ -269,9 +273,22 @@ def _check_text(text: str, max_bytes: int) -> None:
         raise DiffError("nul", "NUL in the diff")
 
 
-def _sections(lines: list[str], max_files: int) -> list[tuple[int, int]]:
+def _section_starts(text: str) -> list[int]:
+    """Indexes of the lines (``text.split("\\n")``) that start with ``diff --git ``."""
+    starts = [0] if text.startswith(_DIFF_GIT) else []
+    line, counted = 0, 0
+    pos = text.find(_NEW_SECTION)
+    while pos >= 0:
+        line += text.count("\n", counted, pos + 1)
+        counted = pos + 1
+        starts.append(line)
+        pos = text.find(_NEW_SECTION, counted)
+    return starts
+
+
+def _sections(text: str, lines: list[str], max_files: int) -> list[tuple[int, int]]:
     """(start, end) line indexes of the file sections; nothing may precede the first."""
-    starts = [i for i, line in enumerate(lines) if line.startswith(_DIFF_GIT)]
+    starts = _section_starts(text)
     first = starts[0] if starts else len(lines)
     for i in range(first):
         error = _stray(lines[i], i + 1)
@@ -372,14 +389,56 @@ def _hunk_header(line: str, lineno: int) -> tuple[int, int, int, int, str]:
     return old_start, old_len, new_start, new_len, m.group(5) or ""
 
 
-def _read_hunk(sec: list[str], i: int, base: int) -> tuple[Hunk, int]:
+def _whole_run(
+    sec: list[str], ops: str, i: int, base: int, counts: tuple[int, int]
+) -> tuple[_Body, int] | None:
+    """The common hunk in one step: when the lines from ``sec[i]`` on are a run of
+    `` ``/``-``/``+`` lines, each followed by at most one marker line, that holds exactly
+    the header's ``counts`` (old, new), :meth:`_Body.run` takes that whole run and nothing
+    else (each line uses up at least one count, so they run out at its last line and not
+    before), with each marker checked against the counts left where it stands. Returns
+    that body and the index after it; None when the hunk needs the line-by-line reading
+    (it finds the error)."""
+    m = _RUN_RE.match(ops, i)
+    end = m.end() if m is not None else i
+    run = ops[i:end]
+    removed, added = run.count("-"), run.count("+")
+    context = run.count(" ")
+    if not run or run[0] == "\\" or "\\\\" in run:
+        return None
+    if context + removed != counts[0] or context + added != counts[1]:
+        return None
+    body = _Body(0, 0)
+    lines, k = body.lines, 0
+    while True:
+        marker = run.find("\\", k)
+        stop = len(run) if marker < 0 else marker
+        texts = [line[1:] for line in sec[i + k : i + stop]]
+        pairs = zip(run[k:stop], texts)  # noqa: B905 - python 3.9; one length by construction
+        lines += cast("list[tuple[Op, str]]", list(pairs))
+        if marker < 0:
+            break
+        before = run[:marker]
+        body.old_left = counts[0] - before.count(" ") - before.count("-")
+        body.new_left = counts[1] - before.count(" ") - before.count("+")
+        body.mark(sec[i + marker], base + i + marker)
+        k = marker + 1
+    body.old_left = body.new_left = 0
+    return body, end
+
+
+def _read_hunk(sec: list[str], ops: str, i: int, base: int) -> tuple[Hunk, int]:
     old_start, old_len, new_start, new_len, section = _hunk_header(sec[i], base + i)
-    body = _Body(old_len, new_len)
     header_line = base + i
-    i = body.run(sec, i + 1, base)
-    if body.open():
-        raise DiffError("hunk_count_mismatch", f"hunk on line {header_line} is short")
-    if not any(op != " " for op, _ in body.lines):
+    whole = _whole_run(sec, ops, i + 1, base, (old_len, new_len))
+    if whole is not None:
+        body, i = whole
+    else:
+        body = _Body(old_len, new_len)
+        i = body.run(sec, i + 1, base)
+        if body.open():
+            raise DiffError("hunk_count_mismatch", f"hunk on line {header_line} is short")
+    if old_len == new_len and all(op == " " for op in map(_op_of, body.lines)):
         raise DiffError("bad_hunk", f"hunk on line {header_line} changes nothing")
     hunk = Hunk(
         old_start=old_start,
@@ -397,9 +456,11 @@ def _read_hunk(sec: list[str], i: int, base: int) -> tuple[Hunk, int]:
 def _read_hunks(sec: list[str], i: int, base: int) -> tuple[list[Hunk], int]:
     hunks: list[Hunk] = []
     delta = 0
+    # The first character of every line (``?`` for an empty one), for _whole_run.
+    ops = "".join([line[:1] or "?" for line in sec])
     while i < len(sec) and sec[i].startswith("@@"):
         lineno = base + i
-        hunk, i = _read_hunk(sec, i, base)
+        hunk, i = _read_hunk(sec, ops, i, base)
         pos = lines_before(hunk.old_start, hunk.old_len)
         if hunks:
             last = hunks[-1]
@@ -619,7 +680,7 @@ def parse(text: str, *, max_files: int = MAX_FILES, max_bytes: int = MAX_BYTES) 
     truncated = lines[-1] != ""
     if not truncated:
         lines.pop()
-    sections = _sections(lines, max_files)
+    sections = _sections(text, lines, max_files)
     if truncated:
         raise DiffError("truncated", "the diff does not end with a newline")
     patches = [_parse_section(lines[start:end], start + 1) for start, end in sections]

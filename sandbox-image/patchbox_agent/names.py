@@ -12,6 +12,7 @@ Pure and standard-library only (python >= 3.9), like the parser and the applier.
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 
@@ -42,6 +43,7 @@ _ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34,
 _OCTAL = "01234567"
 _PERCENT_RE = re.compile(r"%[0-9A-Fa-f]{2}")
 _BAD_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+_ASCII_CONTROL = re.compile("[\x00-\x1f\x7f]")
 # Look-alikes of "/" and "." that NFKC leaves alone (those it maps to "/", "." or "\\", such
 # as the fullwidth forms and the one dot leader, are found through NFKC).
 _SLASH_LOOKALIKES = frozenset(
@@ -53,6 +55,8 @@ _ASCII_PUNCT = frozenset("./\\")
 
 def fold(name: str) -> str:
     """The comparison key of a name: Unicode NFC and case folding."""
+    if name.isascii():  # NFC leaves ASCII alone, and it folds to lower case
+        return name.lower()
     return unicodedata.normalize("NFC", unicodedata.normalize("NFC", name).casefold())
 
 
@@ -109,7 +113,11 @@ def _quoted_end(text: str) -> int:
 def _check_chars(path: str) -> None:
     if "\x00" in path:
         raise DiffError("nul", "NUL in a path")
-    if any(unicodedata.category(ch) in _BAD_CATEGORIES for ch in path):
+    if path.isascii():  # the only ASCII characters of those categories are the C0 and DEL
+        bad = _ASCII_CONTROL.search(path) is not None
+    else:
+        bad = any(unicodedata.category(ch) in _BAD_CATEGORIES for ch in path)
+    if bad:
         raise DiffError("control_char", "control character in a path")
     if "\\" in path:
         raise DiffError("backslash", "backslash in a path")
@@ -127,7 +135,10 @@ def _is_git_dir(part: str) -> bool:
     """Whether a component names ``.git`` to git or to some file system: after NFKC (so
     fullwidth and small dots and letters count) and case folding, and with the trailing dots
     and spaces Windows drops, or as its 8.3 short name."""
-    key = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", part).casefold())
+    if part.isascii():  # NFKC leaves ASCII alone, and it folds to lower case
+        key = part.lower()
+    else:
+        key = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", part).casefold())
     return key.rstrip(". ") == ".git" or key == "git~1"
 
 
@@ -144,6 +155,13 @@ def check_path(path: str) -> None:
     of the whole path (``nul``, ``control_char``, ``backslash``, ``absolute_path``,
     ``percent_escape``, ``bad_path`` for the length), then per component ``dotdot``,
     ``bad_path``, ``git_dir``, ``lookalike``, ``trailing_dot_space``."""
+    _check_path(path)
+
+
+@functools.lru_cache(maxsize=1024)
+def _check_path(path: str) -> None:
+    """:func:`check_path`; a name that passes is remembered (a diff names most files four
+    times), one that fails is checked again each time, so it raises the same error."""
     if not path:
         raise DiffError("bad_path", "empty path")
     _check_chars(path)

@@ -33,28 +33,30 @@ def blob_id(data: bytes, object_format: str = "sha1") -> str:
     return hashlib.new(object_format, header + data, usedforsecurity=False).hexdigest()
 
 
-def _text_lines(data: bytes, path: str) -> tuple[list[bytes], bool]:
-    """The lines of a file without their newlines, and whether it ends with one."""
+def _text_lines(data: bytes, path: str) -> tuple[list[str], bool]:
+    """The lines of a file without their newlines, and whether it ends with one. They are
+    compared and joined as text: UTF-8 maps strings one to one onto valid byte strings, and
+    a newline byte is never part of another character, so the lines are those of the bytes."""
     if b"\x00" in data:
         raise DiffError("not_text", f"{path} is binary")
     try:
-        data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise DiffError("not_text", f"{path} is not UTF-8 text") from None
-    if not data:
+    if not text:
         return [], True
-    lines = data.split(b"\n")
-    if data.endswith(b"\n"):
+    lines = text.split("\n")
+    if text.endswith("\n"):
         lines.pop()
         return lines, True
     return lines, False
 
 
-def _side(hunk: Hunk, skip: str) -> list[bytes]:
-    return [text.encode("utf-8") for op, text in hunk.lines if op != skip]
+def _side(hunk: Hunk, skip: str) -> list[str]:
+    return [text for op, text in hunk.lines if op != skip]
 
 
-def _check_hunk(hunk: Hunk, lines: list[bytes], eol: bool, where: str) -> bool:
+def _check_hunk(hunk: Hunk, lines: list[str], eol: bool, where: str) -> bool:
     """Checks that the hunk matches exactly at its position; returns whether it reaches the
     end of the file."""
     pos = lines_before(hunk.old_start, hunk.old_len)
@@ -72,7 +74,7 @@ def _check_hunk(hunk: Hunk, lines: list[bytes], eol: bool, where: str) -> bool:
 def patch_bytes(data: bytes, hunks: Sequence[Hunk], path: str = "file") -> bytes:
     """Applies the hunks of one file at exactly their stated positions."""
     lines, eol = _text_lines(data, path)
-    out: list[bytes] = []
+    out: list[str] = []
     cursor = 0
     for number, hunk in enumerate(hunks, 1):
         pos = lines_before(hunk.old_start, hunk.old_len)
@@ -86,7 +88,7 @@ def patch_bytes(data: bytes, hunks: Sequence[Hunk], path: str = "file") -> bytes
     out.extend(lines[cursor:])
     if not out:
         return b""
-    return b"\n".join(out) + (b"\n" if eol else b"")
+    return ("\n".join(out) + ("\n" if eol else "")).encode("utf-8")
 
 
 def _check_blob(expected: str | None, data: bytes, path: str, object_format: str) -> None:
