@@ -7,8 +7,9 @@ For each round, in this order, on the same repository (HEAD, clean work tree):
   not timed), and a second reference into a folder on tmpfs (``/dev/shm``), like the
   sandbox's workspace: the first depends on the disk, the second only on git;
 - first job: nothing cached and no spare: ``prepare()`` from the health gate to a greeted
-  sandbox whose /workspace holds the baseline (runc: a FIFO fed by ``git archive``;
-  runsc: the archive cached first, then mounted);
+  sandbox whose /workspace holds the baseline (runc: the sandbox started while the baseline
+  is built, then a FIFO fed by ``git archive``; runsc: the archive cached first, then
+  mounted), with its split: health check and baseline, then the rest;
 - second job, spare: the first job offered a spare; after it has unpacked (a pause), a new
   ``prepare()`` claims it: health gate + baseline + attach + handshake;
 - second job, cache only (no pool): the cached archive mounted and unpacked.
@@ -123,6 +124,8 @@ def report(
             row("second job, same HEAD (cache only)", m["cache"], wt, None),
             row("git worktree add into tmpfs (reference 2)", m["wt_shm"], None, None),
             row("first job vs reference 2", m["first"], shm, 1.0),
+            row("  of which health check + baseline", m["first_baseline"], None, None),
+            row("  of which the rest: sandbox ready and loaded", m["first_sandbox"], None, None),
             row("second job (spare) vs reference 2", m["spare"], shm, 0.1),
             row(f"docker run --rm true (reference, {args.small}-file row)", m["s_ref"], None, None),
             row(f"{args.small}-file repo: first job, ready", m["s"], s_ref, None),
@@ -152,8 +155,10 @@ def main() -> None:
         runtime=runtime,
         limits=Limits(memory_mb=2048, workspace_mb=1024, wall_seconds=3600),
     )
+    print(f"load at the start: {loadavg()}", flush=True)
     pool = SparePool(client, max_spares=1, idle_seconds=600)
-    keys = ("wt", "wt_shm", "first", "spare", "cache", "s_ref", "s")
+    keys = ["wt", "wt_shm", "first", "first_baseline", "first_sandbox", "spare", "cache"]
+    keys += ["s_ref", "s"]
     m: dict[str, list[float]] = {k: [] for k in keys}
     sources: set[str] = set()
     try:
@@ -164,6 +169,8 @@ def main() -> None:
             remove_spares(client)
             elapsed, first = timed_prepare(client, big, spec, cache, pool, args.files)
             m["first"].append(elapsed)
+            m["first_baseline"].append(first.timings_ms["baseline"] / 1000)
+            m["first_sandbox"].append(first.timings_ms["sandbox"] / 1000)
             sources.add(f"first={first.source}")
             time.sleep(args.pause)  # the spare unpacks meanwhile
             elapsed, second = timed_prepare(client, big, spec, cache, pool, args.files)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -24,6 +24,29 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
+def fmt_ms(seconds: float) -> str:
+    """Milliseconds, three decimals below 10 ms, one above."""
+    ms = seconds * 1000
+    return f"{ms:.3f} ms" if ms < 10 else f"{ms:.1f} ms"
+
+
+def cgroup_memory(stats: dict[str, Any]) -> tuple[int, int]:
+    """(usage, usage - file cache) in bytes from one answer of the Docker stats API.
+
+    cgroup v1 charges the page cache of the files a container read to the container
+    (``total_active_file + total_inactive_file``, which the host can reclaim); cgroup v2
+    calls it ``file``. The second figure is what the host cannot take back.
+    """
+    mem = stats.get("memory_stats", {})
+    detail: dict[str, int] = mem.get("stats", {})
+    usage = int(mem.get("usage", 0))
+    if "total_cache" in detail:
+        file = int(detail.get("total_active_file", 0)) + int(detail.get("total_inactive_file", 0))
+    else:
+        file = int(detail.get("file", 0))
+    return usage, usage - file
+
+
 def print_table(header: list[str], rows: list[list[str]]) -> None:
     """A plain table: a header, a rule, the rows, columns padded to fit."""
     table = [header, *rows]
@@ -32,3 +55,15 @@ def print_table(header: list[str], rows: list[list[str]]) -> None:
         print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
         if k == 0:
             print("  ".join("-" * w for w in widths))
+
+
+def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares ``y = slope * x + intercept``; returns ``(slope, intercept)``."""
+    n = len(xs)
+    mean_x = sum(xs) / n
+    mean_y = sum(ys) / n
+    var = sum((x - mean_x) ** 2 for x in xs)
+    if var == 0:
+        return 0.0, mean_y
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / var
+    return slope, mean_y - slope * mean_x

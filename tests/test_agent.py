@@ -284,6 +284,35 @@ def test_both_extractors_give_the_same_tree(tmp_path: Path, extractor: str) -> N
     assert (ws / "p").stat().st_mode & 0o777 == 0o644
 
 
+def test_gnu_tar_counts_names_without_a_memory_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where ``memfd_create`` is missing, tar's list of names goes to an unnamed temp file;
+    the files get the time they were written, not the archive's (as with ``tarfile``)."""
+    from patchbox_agent import extract
+
+    if extract._gnu_tar() is None:
+        pytest.skip("no GNU tar on this host")
+    monkeypatch.delattr(os, "memfd_create", raising=False)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    data = _tar({"a.txt": b"one\n", "d/b.txt": b"two\n", "d/e/c.txt": b""})
+    archive = tmp_path / "a.tar"
+    archive.write_bytes(data)
+    before = time.time() - 5
+    fd = os.open(archive, os.O_RDONLY)
+    root = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        stream = extract.FileStream(fd)
+        assert extract.unpack(stream, str(ws), root) == 3
+        assert stream.total == len(data)
+    finally:
+        os.close(fd)
+        os.close(root)
+    assert (ws / "d/e/c.txt").read_bytes() == b""
+    assert (ws / "a.txt").stat().st_mtime >= before
+
+
 def test_changes_sees_files_a_left_over_process_made_later(box: LocalSandbox) -> None:
     box.put_archive(_tar({"a.txt": b"one\n", "b.txt": b"two\n"}))
     assert box.changes().count == 0  # nothing written yet: no reference taken

@@ -14,7 +14,12 @@ from pathlib import Path
 import pytest
 
 from controller.errors import ErrorCode, PatchboxError
-from controller.repo.baseline import archive_stream, build_baseline, check_health
+from controller.repo.baseline import (
+    archive_stream,
+    build_baseline,
+    check_health,
+    predicted_tree,
+)
 from tests.support.baseline import (
     Files,
     archive_files,
@@ -90,6 +95,25 @@ def dirty_everything(repo: Repo) -> set[str]:
     global_ignore.parent.mkdir(parents=True, exist_ok=True)
     global_ignore.write_text("*.tmp\n")
     return ignored
+
+
+def test_predicted_tree_is_heads_and_only_a_guess(repo: Repo, tmp_path: Path) -> None:
+    """Before any baseline there is no private git dir to ask (None); after one, HEAD's
+    tree, read without writing the repository, whatever the work tree holds."""
+    assert predicted_tree(tmp_path) is None
+    assert predicted_tree(repo.path) is None
+    baseline, _ = build_baseline(repo.path)
+    head_tree = repo.git("rev-parse", "HEAD^{tree}").strip()
+    assert predicted_tree(repo.path) == head_tree == baseline.tree
+    dirty_everything(repo)
+    before = snapshot(repo.path)
+    assert predicted_tree(repo.path) == head_tree
+    assert snapshot(repo.path) == before  # nothing written, not even an mtime
+    dirty, _ = build_baseline(repo.path, "include-local-changes")
+    assert dirty.tree != head_tree
+    repo.git("add", "-A")
+    repo.commit("next")
+    assert predicted_tree(repo.path) == repo.git("rev-parse", "HEAD^{tree}").strip()
 
 
 def test_archive_is_the_work_tree_the_user_sees(repo: Repo) -> None:

@@ -149,6 +149,12 @@ def test_every_source_gives_the_work_tree_the_user_sees(
             assert box.run(["ls", "-a"], timeout=20).output.split().count(".git") == 0
         offered = prepared.finish()
         assert (offered is not None) == use_pool  # a claimed spare is not offered again
+        # The sandbox started while the baseline was built (dirty tree: not HEAD's, so
+        # the spare served instead) is gone too.
+        left = docker_client.containers.list(
+            all=True, filters={"label": f"io.patchbox.job={job.job_id}"}
+        )
+        assert left == []
     # first: nothing cached (FIFO); second: the spare the first one offered; third: the cache.
     assert sources == ["fifo", "spare", "cache"]
     assert snapshot(repo) == before

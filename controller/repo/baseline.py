@@ -482,20 +482,44 @@ def private_repo_of(baseline: Baseline) -> PrivateRepo:
     return PrivateRepo(locate(Path(baseline.repo)))
 
 
-@contextlib.contextmanager
-def archive_stream(baseline: Baseline) -> Iterator[Iterator[bytes]]:
-    """The baseline tree as a tar stream, produced by ``git archive`` in the private git dir
-    (neutral attributes: no conversion, nothing dropped). Submodules come out as empty
-    folders. The process is killed if the consumer stops early."""
+def predicted_tree(path: Path) -> str | None:
+    """The tree a clean baseline of ``path`` would have (HEAD's), read from files and the
+    private git dir without its lock: a guess made before the baseline is built, so that
+    what may serve it (a spare, a cached archive) can be looked up meanwhile. None when it
+    cannot be told at once (no private git dir yet, HEAD unreadable): only
+    :func:`build_baseline` decides what the baseline is."""
+    try:
+        layout = locate(path)
+        head, why = resolve_head(layout)
+        private = PrivateRepo(layout)
+        if why is not None or head is None or not (private.git_dir / "HEAD").is_file():
+            return None
+        out = private.git("rev-parse", "--verify", "--quiet", f"{head}^{{tree}}")
+    except (PatchboxError, OSError):
+        return None
+    return out.decode().strip() or None
+
+
+def archive_process(baseline: Baseline, stdout: int) -> subprocess.Popen[bytes]:
+    """``git archive`` of the baseline tree in the private git dir (neutral attributes: no
+    conversion, nothing dropped; submodules come out as empty folders), writing the tar to
+    ``stdout`` (a descriptor, or ``subprocess.PIPE``); its stderr is a pipe."""
     git_dir = Path(baseline.private_git_dir)
     ctx = GitContext(cwd=git_dir.parent, git_dir=git_dir, home=git_dir.parent)
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         git_argv("archive", "--format=tar", baseline.tree),
         cwd=ctx.cwd,
         env=ctx.env(),
-        stdout=subprocess.PIPE,
+        stdout=stdout,
         stderr=subprocess.PIPE,
     )
+
+
+@contextlib.contextmanager
+def archive_stream(baseline: Baseline) -> Iterator[Iterator[bytes]]:
+    """The baseline tree as a tar stream (see :func:`archive_process`). The process is
+    killed if the consumer stops early."""
+    proc = archive_process(baseline, subprocess.PIPE)
     assert proc.stdout is not None  # noqa: S101 - Popen contract with PIPE
     grow_pipe(proc.stdout.fileno())
 

@@ -10,7 +10,10 @@ measurements behind this order):
    ``$PATCHBOX_HOME/cache/baselines`` (keyed by tree id, bounded, least recently used
    evicted), mounted read-only into the container and unpacked there by GNU tar.
 3. **A FIFO** (runc): ``git archive`` writes into a named pipe mounted read-only into the
-   container while the container unpacks it; the same bytes fill the cache.
+   container while the container unpacks it; the cache is filled once the sandbox is ready
+   (in the background, before a spare is offered). When nothing is waiting for this HEAD,
+   the container is started while the baseline is being built, and the pipe is fed once
+   the baseline is known.
 4. **The channel** (a remote ``DOCKER_HOST``, where nothing on this host can be mounted): the
    tar stream goes through the attach stream.
 
@@ -25,6 +28,8 @@ import errno
 import hashlib
 import os
 import shutil
+import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -36,17 +41,21 @@ import docker
 import docker.errors
 import structlog
 
-from controller.errors import SandboxError
+from controller.errors import GitError, PatchboxError, SandboxError
 from controller.paths import MOUNT_PREFIX, mount_staging_root, owned_temp_dir, patchbox_home
 from controller.repo.baseline import (
     Baseline,
     HealthReport,
     Mode,
     SnapshotLimits,
+    archive_process,
     archive_stream,
     build_baseline,
     grow_pipe,
+    predicted_tree,
 )
+from controller.repo.git import GIT_TIMEOUT
+from controller.repo.layout import locate, resolve_head
 from controller.sandbox.base import SandboxSpec
 from controller.sandbox.docker import DockerSandbox
 from controller.sandbox.labels import (
@@ -68,6 +77,7 @@ SPARE = "spare"
 CLAIMED_PREFIX = "patchbox-claimed-"
 """A claimed spare is renamed to this prefix plus its id: only one rename can win."""
 FIFO_OPEN_SECONDS = 60.0
+SPLICE_CHUNK = 1 << 20
 
 Source = Literal["spare", "cache", "fifo", "channel"]
 
@@ -119,9 +129,8 @@ class BaselineCache:
         found = self.get(baseline.tree)
         if found is not None:
             return found
-        with archive_stream(baseline) as chunks, self.writer(baseline.tree) as out:
-            for chunk in chunks:
-                out.write(chunk)
+        with self.writer(baseline.tree) as out:
+            _archive_into(baseline, out.fileno())
         return self.path(baseline.tree)
 
     def evict(self, keep: str | None = None) -> list[str]:
@@ -210,6 +219,10 @@ class SparePool:
         with os.fdopen(fd, "w") as out:
             out.write(f"{identity.token}\n{identity.host}\n")
         return True
+
+    def waiting(self, key: str) -> bool:
+        """Whether a running, unclaimed spare for ``key`` is listed now."""
+        return bool(self._spares(key))
 
     def claim(self, key: str, identity: ControllerIdentity) -> Container | None:
         """A running spare for ``key``, claimed for ``identity``; None when none is left."""
@@ -300,24 +313,42 @@ class Prepared:
     timings_ms: dict[str, int]
     spare_thread: threading.Thread | None = None
     spare_offered: str | None = None
+    discard_thread: threading.Thread | None = None
+    """Removes a sandbox started while the baseline was built when a spare served instead."""
 
     def finish(self, timeout: float = 60.0) -> str | None:
-        """Waits for the spare offer; returns the spare's container id, or None."""
+        """Waits for the spare offer (and the removal of an unused early sandbox); returns
+        the spare's container id, or None."""
+        if self.discard_thread is not None:
+            self.discard_thread.join(timeout)
         if self.spare_thread is not None:
             self.spare_thread.join(timeout)
         return self.spare_offered
 
 
-class _FifoFeeder(threading.Thread):
-    """Writes the baseline archive into a FIFO (read by the container) and the cache."""
+FeedSource = Baseline | Path | None
+"""What a FIFO is fed: a baseline (``git archive``), a cached archive, or nothing."""
 
-    def __init__(self, baseline: Baseline, fifo: Path, cache: BaselineCache) -> None:
+
+class _FifoFeeder(threading.Thread):
+    """Feeds the container's FIFO once :meth:`decide` says with what: ``git archive``
+    writes into it directly (no byte through Python, and no second copy on the critical
+    path: the cache is filled once the sandbox is ready), or a cached archive is spliced
+    into it. A reader that stops early ends the feed, not the job: GNU tar stops at the
+    end-of-archive blocks, and whether the container unpacked the tree is its own report's
+    to say."""
+
+    def __init__(self, fifo: Path) -> None:
         super().__init__(daemon=True, name="baseline-fifo")
-        self.baseline = baseline
         self.fifo = fifo
-        self.cache = cache
         self.error: BaseException | None = None
         self.stop = threading.Event()
+        self._decided = threading.Event()
+        self._source: FeedSource = None
+
+    def decide(self, source: FeedSource) -> None:
+        self._source = source
+        self._decided.set()
 
     def _open(self) -> int:
         deadline = time.monotonic() + FIFO_OPEN_SECONDS
@@ -336,18 +367,178 @@ class _FifoFeeder(threading.Thread):
         raise SandboxError(msg)
 
     def run(self) -> None:
+        fd = -1
         try:
             fd = self._open()
-            with (
-                os.fdopen(fd, "wb", buffering=0) as pipe,
-                archive_stream(self.baseline) as chunks,
-                self.cache.writer(self.baseline.tree) as out,
-            ):
-                for chunk in chunks:
-                    pipe.write(chunk)
-                    out.write(chunk)
+            self._decided.wait()
+            source = self._source
+            if isinstance(source, Path):
+                src = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    _relay(src, fd)
+                finally:
+                    os.close(src)
+            elif source is not None:
+                _archive_into(source, fd)
         except BaseException as exc:
             self.error = exc
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+
+def _archive_into(baseline: Baseline, fd: int) -> None:
+    """``git archive`` writing into ``fd`` itself; a pipe whose reader left (SIGPIPE) is not
+    an error here (see :class:`_FifoFeeder`)."""
+    proc = archive_process(baseline, fd)
+    try:
+        code = proc.wait(timeout=GIT_TIMEOUT)
+    except subprocess.TimeoutExpired as exc:
+        raise GitError("git archive did not finish") from exc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+    if code not in (0, -signal.SIGPIPE):
+        raise GitError(f"git archive failed with exit {code}")
+
+
+def _relay(src: int, fd: int) -> None:
+    """Copies the file ``src`` into the pipe ``fd`` (spliced: no copy through Python); ends
+    quietly when the pipe's reader has gone."""
+    splice = getattr(os, "splice", None)
+    try:
+        while True:
+            if splice is not None:
+                n = splice(src, fd, SPLICE_CHUNK)
+            else:
+                data = os.read(src, SPLICE_CHUNK)
+                n = len(data)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+            if n == 0:
+                return
+    except BrokenPipeError:
+        return
+
+
+class _FifoStart:
+    """A sandbox whose baseline comes through a FIFO: started now (in a thread, since the
+    start ends with the greeting, after the unpacking), fed when :meth:`feed` names the
+    source. Started before the baseline is known, it holds nothing of the repository until
+    then; :meth:`discard` removes it."""
+
+    def __init__(
+        self, client: docker.DockerClient, spec: SandboxSpec, identity: ControllerIdentity
+    ) -> None:
+        self.folder = owned_temp_dir(MOUNT_PREFIX, mount_staging_root())
+        fifo = self.folder / "baseline.tar"
+        os.mkfifo(fifo, 0o644)
+        self.feeder = _FifoFeeder(fifo)
+        self.box: DockerSandbox | None = None
+        self.error: BaseException | None = None
+        job = spec.model_copy(update={"preload": str(fifo)})
+        self.thread = threading.Thread(
+            target=self._start, args=(client, job, identity), name="sandbox-start"
+        )
+        self.feeder.start()
+        self.thread.start()
+
+    def _start(
+        self, client: docker.DockerClient, spec: SandboxSpec, identity: ControllerIdentity
+    ) -> None:
+        try:
+            self.box = DockerSandbox.start(client, spec, identity)
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self.feeder.stop.set()  # a feeder still waiting for a reader never gets one
+
+    def _settle(self, source: FeedSource) -> DockerSandbox | None:
+        self.feeder.decide(source)
+        try:
+            self.thread.join()
+            self.feeder.join()
+        finally:
+            _remove(self.folder)
+        return self.box
+
+    def feed(self, source: Baseline | Path) -> DockerSandbox:
+        """Feeds the FIFO from ``source``; the greeted sandbox holding it."""
+        box = self._settle(source)
+        if self.error is not None:
+            if box is not None:
+                box.close()
+            raise self.error
+        assert box is not None  # noqa: S101 - set whenever the start did not fail
+        if self.feeder.error is not None:
+            box.close()
+            error = self.feeder.error
+            raise SandboxError(f"the baseline archive failed: {error}") from error
+        return box
+
+    def discard(self) -> None:
+        """Ends the FIFO empty and removes the sandbox (nothing of the repository in it)."""
+        box = self._settle(None)
+        if box is not None:
+            box.close()
+
+
+def _early_start(  # noqa: PLR0913, PLR0917 - internal; one call site
+    client: docker.DockerClient,
+    repo: Path,
+    spec: SandboxSpec,
+    identity: ControllerIdentity,
+    cache: BaselineCache,
+    pool: SparePool | None,
+) -> tuple[_FifoStart | None, str | None]:
+    """A FIFO sandbox started now, while the baseline is built, unless a spare or a cached
+    archive is there for the tree HEAD predicts (the faster sources); with that tree."""
+    if not daemon_is_local(client) or spec.runtime != "runc" or not _has_head(repo):
+        return None, None
+    tree = predicted_tree(repo)
+    if tree is not None:
+        if cache.path(tree).is_file():
+            return None, tree
+        if pool is not None and pool.waiting(pool_key(tree, spec)):
+            return None, tree
+    return _FifoStart(client, spec, identity), tree
+
+
+def _has_head(repo: Path) -> bool:
+    """A work tree whose HEAD names a commit: else the baseline fails, and no container
+    should be started for it."""
+    try:
+        return resolve_head(locate(repo))[1] is None
+    except (PatchboxError, OSError):
+        return False
+
+
+def _finish_early(  # noqa: PLR0913, PLR0917 - internal; one call site
+    early: _FifoStart,
+    predicted: str | None,
+    baseline: Baseline,
+    spec: SandboxSpec,
+    identity: ControllerIdentity,
+    cache: BaselineCache,
+    pool: SparePool | None,
+) -> tuple[DockerSandbox, Source, threading.Thread | None]:
+    """The early sandbox fed with the baseline, unless the tree was not the predicted one
+    and a spare serves it (the early one is then removed in the background)."""
+    if baseline.tree != predicted:
+        key = pool_key(baseline.tree, spec)
+        spare = _from_spare(spec, identity, pool, key, cache.path(baseline.tree))
+        if spare is not None:
+            discard = threading.Thread(target=early.discard, name="sandbox-discard")
+            discard.start()
+            return spare, "spare", discard
+    cached = cache.get(baseline.tree)
+    if cached is not None:
+        return early.feed(cached), "cache", None
+    return early.feed(baseline), "fifo", None
 
 
 def prepare(  # noqa: PLR0913 - the inputs of a job's start, all keyword-only
@@ -364,41 +555,78 @@ def prepare(  # noqa: PLR0913 - the inputs of a job's start, all keyword-only
 ) -> Prepared:
     """Health gate, baseline, and a greeted sandbox holding it (see the module docstring
     for the order of sources). Raises the baseline's errors (``NOT_A_REPOSITORY``,
-    ``REPO_BLOCKED``, ``CONSENT_REQUIRED``) before any container exists, and
+    ``REPO_BLOCKED``, ``CONSENT_REQUIRED``) with no container left (one started while the
+    baseline was built holds nothing of the repository and is removed first), and
     ``SANDBOX_FAILED`` with nothing left running.
 
     ``image_for``, when given, names the sandbox's image once the baseline exists (a project
     environment reads its inputs from it, and builds the image if it is missing)."""
     started = time.perf_counter()
-    baseline, report = build_baseline(repo, mode, snapshot)
+    cache = cache or BaselineCache()
+    early: _FifoStart | None = None
+    predicted: str | None = None
+    if image_for is None:
+        early, predicted = _early_start(client, repo, spec, identity, cache, pool)
+    try:
+        baseline, report = build_baseline(repo, mode, snapshot)
+    except BaseException:
+        if early is not None:
+            early.discard()
+        raise
     timings = {"baseline": _ms(started)}
     if image_for is not None:
         t = time.perf_counter()
         spec = spec.model_copy(update={"image": image_for(baseline)})
         timings["environment"] = _ms(t)
     local = daemon_is_local(client)
-    cache = cache or BaselineCache()
-    key = pool_key(baseline.tree, spec)
     t = time.perf_counter()
-    box, source = _start(client, baseline, spec, identity, cache, pool)
+    discard: threading.Thread | None = None
+    if early is not None:
+        box, source, discard = _finish_early(
+            early, predicted, baseline, spec, identity, cache, pool
+        )
+    else:
+        box, source = _start(client, baseline, spec, identity, cache, pool)
     timings["sandbox"] = _ms(t)
     timings["total"] = _ms(started)
-    prepared = Prepared(box, baseline, report, source, timings)
-    if pool is not None and local and cache.get(baseline.tree) is not None:
-        spare_spec = spec.model_copy(update={"preload": str(cache.path(baseline.tree))})
-
-        def offer() -> None:
-            try:
-                with mount_alias(Path(str(spare_spec.preload))) as alias:
-                    prepared.spare_offered = pool.offer(
-                        key, spare_spec.model_copy(update={"preload": str(alias)}), identity
-                    )
-            except (SandboxError, OSError) as exc:
-                log.warning("spare_not_started", error=str(exc))
-
-        prepared.spare_thread = threading.Thread(target=offer, name="spare-offer")
+    prepared = Prepared(box, baseline, report, source, timings, discard_thread=discard)
+    if local and (pool is not None or source == "fifo"):
+        prepared.spare_thread = threading.Thread(
+            target=_fill_and_offer,
+            args=(prepared, spec, identity, cache, pool),
+            name="spare-offer",
+        )
         prepared.spare_thread.start()
     return prepared
+
+
+def _fill_and_offer(
+    prepared: Prepared,
+    spec: SandboxSpec,
+    identity: ControllerIdentity,
+    cache: BaselineCache,
+    pool: SparePool | None,
+) -> None:
+    """After the sandbox is ready: the archive cached (a FIFO sandbox left it empty), then a
+    spare offered for the next job on the same baseline."""
+    baseline = prepared.baseline
+    try:
+        archive = cache.fill(baseline)
+    except (GitError, OSError) as exc:
+        log.warning("baseline_not_cached", error=str(exc))
+        return
+    if pool is None:
+        return
+    spare_spec = spec.model_copy(update={"preload": str(archive)})
+    try:
+        with mount_alias(archive) as alias:
+            prepared.spare_offered = pool.offer(
+                pool_key(baseline.tree, spec),
+                spare_spec.model_copy(update={"preload": str(alias)}),
+                identity,
+            )
+    except (SandboxError, OSError) as exc:
+        log.warning("spare_not_started", error=str(exc))
 
 
 def start_with_baseline(
@@ -475,26 +703,7 @@ def _start_local(
                 client, spec.model_copy(update={"preload": str(alias)}), identity
             )
         return box, "cache"
-    folder = owned_temp_dir(MOUNT_PREFIX, mount_staging_root())
-    fifo = folder / "baseline.tar"
-    os.mkfifo(fifo, 0o644)
-    feeder = _FifoFeeder(baseline, fifo, cache)
-    feeder.start()
-    try:
-        box = DockerSandbox.start(client, spec.model_copy(update={"preload": str(fifo)}), identity)
-    except BaseException:
-        feeder.stop.set()
-        with contextlib.suppress(OSError):  # unblock a writer waiting for a reader
-            os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
-        feeder.join(5)
-        _remove(folder)
-        raise
-    feeder.join()
-    _remove(folder)
-    if feeder.error is not None:
-        box.close()
-        raise SandboxError(f"the baseline archive failed: {feeder.error}") from feeder.error
-    return box, "fifo"
+    return _FifoStart(client, spec, identity).feed(baseline), "fifo"
 
 
 @contextlib.contextmanager
