@@ -29,12 +29,18 @@ third-party errors into it.
      +-- InternalError                INTERNAL_ERROR: a bug; exit 70 with a crash report
      +-- EnvironmentBuildError        ENVIRONMENT_BUILD_FAILED: a project environment's build
      +-- EnvironmentInputError        ENVIRONMENT_INPUT_INVALID: its inputs select badly
+     +-- ServiceError                 an error answer of a patchbox service: its code and status
+     |    +-- ServiceUsageError       the request was wrong (token, job id, body): also a
+     |                                UsageError, exit 2
+     +-- ServiceUnreachableError      SERVICE_UNREACHABLE: no answer from the service: exit 3
 
 The error codes are :class:`ErrorCode`; the process exit statuses are :class:`ExitCode`.
 
 Third-party errors are translated in one place: :func:`map_error` for docker-py (and the
 ``requests`` transport errors docker-py lets through) and httpx, :func:`map_git_error` for a
-git process that could not run. Callers write ``raise map_error(exc, "doing what") from exc``.
+git process that could not run, :func:`map_service_error` for httpx errors of a client of
+the service (``patchbox remote``), :func:`service_error` for the service's error answers.
+Callers write ``raise map_error(exc, "doing what") from exc``.
 A pydantic ``ValidationError`` becomes a message with :func:`describe_validation`, which
 names fields and problems but never echoes a value. Errors that cross the container boundary
 are data (``{"code", "message"}``), never exception classes.
@@ -99,6 +105,20 @@ class ErrorCode(StrEnum):
     ENVIRONMENT_BUILD_FAILED = "ENVIRONMENT_BUILD_FAILED"
     ENVIRONMENT_INPUT_INVALID = "ENVIRONMENT_INPUT_INVALID"
     USAGE_ERROR = "USAGE_ERROR"
+    # The service's own codes (docs/service.md), as its clients raise them.
+    UNAUTHORIZED = "UNAUTHORIZED"
+    NOT_FOUND = "NOT_FOUND"
+    BAD_REQUEST = "BAD_REQUEST"
+    METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
+    REPO_NOT_ALLOWED = "REPO_NOT_ALLOWED"
+    APPLY_NOT_ALLOWED = "APPLY_NOT_ALLOWED"
+    QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
+    JOB_NOT_FINISHED = "JOB_NOT_FINISHED"
+    BUNDLE_INVALID = "BUNDLE_INVALID"
+    BUNDLE_TOO_LARGE = "BUNDLE_TOO_LARGE"
+    NO_WORK_TREE = "NO_WORK_TREE"
+    SERVICE_UNREACHABLE = "SERVICE_UNREACHABLE"
+    SERVICE_BAD_RESPONSE = "SERVICE_BAD_RESPONSE"
 
 
 _EXIT_BY_CODE.update(
@@ -283,6 +303,87 @@ class EnvironmentInputError(PatchboxError):
     """An environment's inputs select nothing, a link or submodule, or too much."""
 
     code = ErrorCode.ENVIRONMENT_INPUT_INVALID
+
+
+class ServiceError(PatchboxError):
+    """An error answer of a patchbox service (``{"error": {"code", "message"}}``): ``code``
+    is the service's code (:data:`SERVICE_BAD_RESPONSE <ErrorCode.SERVICE_BAD_RESPONSE>` for
+    one this client does not know, whose text is then ``service_code``), ``status`` the HTTP
+    status. Its exit status is its code's: ``USAGE_ERROR`` 2, ``ENVIRONMENT_NOT_READY`` 3,
+    ``INTERNAL_ERROR`` 70, otherwise 1."""
+
+    code = ErrorCode.SERVICE_BAD_RESPONSE
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: ErrorCode | None = None,
+        status: int = 0,
+        service_code: str = "",
+    ) -> None:
+        super().__init__(message, code=code)
+        self.status = status
+        self.service_code = service_code or str(self.code)
+
+
+class ServiceUsageError(ServiceError, UsageError):
+    """The service refused the request itself: a missing or bad token (``UNAUTHORIZED``), a
+    job or bundle that is not the tenant's (``NOT_FOUND``), a malformed request
+    (``BAD_REQUEST``, ``METHOD_NOT_ALLOWED``), a repository outside the tenant's roots
+    (``REPO_NOT_ALLOWED``), an invalid task (``USAGE_ERROR``): exit 2."""
+
+
+class ServiceUnreachableError(NotReadyError):
+    """``SERVICE_UNREACHABLE``: the service did not answer (refused connection, unknown host,
+    timeout, a connection cut for good); exit 3, as a missing Docker daemon."""
+
+    code = ErrorCode.SERVICE_UNREACHABLE
+
+
+SERVICE_USAGE_CODES = frozenset(
+    {
+        ErrorCode.UNAUTHORIZED,
+        ErrorCode.NOT_FOUND,
+        ErrorCode.BAD_REQUEST,
+        ErrorCode.METHOD_NOT_ALLOWED,
+        ErrorCode.REPO_NOT_ALLOWED,
+        ErrorCode.USAGE_ERROR,
+    }
+)
+"""Service codes that mean the request was wrong: :class:`ServiceUsageError`, exit 2 (as the
+local commands exit with ``USAGE_ERROR``, a job in the wrong state included)."""
+
+
+def service_error(status: int, code: str, message: str) -> ServiceError:
+    """The error of ours for the service's answer ``status`` with ``{"code", "message"}``."""
+    known = code in ErrorCode.__members__
+    ours = ErrorCode(code) if known else ErrorCode.SERVICE_BAD_RESPONSE
+    if not known:
+        message = f"the service answered {status} with the unknown code {code[:64]!r}: {message}"
+    cls = ServiceUsageError if ours in SERVICE_USAGE_CODES else ServiceError
+    return cls(message[:2000], code=ours, status=status, service_code=code[:64])
+
+
+def map_service_error(
+    exc: BaseException, doing: str, *, scrub: Callable[[str], str] = str
+) -> PatchboxError:
+    """The error of ours for an httpx error of a service client: a transport failure (no
+    connection, a timeout, a cut connection) is :class:`ServiceUnreachableError`, anything
+    else as :func:`map_error` says. The message is ``doing: detail``, never a header."""
+    if isinstance(exc, PatchboxError):
+        return exc
+    names = [_qualified(cls) for cls in type(exc).__mro__]
+    if "httpx.TransportError" in names:
+        kind = type(exc).__name__
+        if "Timeout" in kind:
+            detail = f"timed out ({kind})"
+        elif "Connect" in kind:
+            detail = f"cannot connect ({scrub(str(exc))[:160]})"
+        else:
+            detail = f"the connection failed ({kind})"
+        return ServiceUnreachableError(f"{doing}: {detail}")
+    return map_error(exc, doing, scrub=scrub)
 
 
 _THIRD_PARTY: tuple[tuple[str, type[PatchboxError]], ...] = (

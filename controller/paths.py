@@ -35,7 +35,21 @@ MOUNT_PREFIX = "pb-mount-"
 def mount_staging_root() -> Path:
     """Where files a container mounts are named while it starts. The name of a bind mount's
     source shows in the container's ``/proc/self/mountinfo``, so it must say nothing of this
-    host's user (no home, no user name, no ``$PATCHBOX_HOME``): a shared temp folder."""
+    host's user (no home, no user name, no ``$PATCHBOX_HOME``): a shared temp folder.
+
+    ``$PATCHBOX_MOUNT_DIR`` names it instead: a controller in a container needs a folder
+    that is at the same path on the Docker daemon's host (docs/service.md)."""
+    named = os.environ.get("PATCHBOX_MOUNT_DIR")
+    if named:
+        folder = Path(named)
+        if not (folder.is_absolute() and folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)):
+            from controller.errors import NotReadyError
+
+            raise NotReadyError(
+                f"PATCHBOX_MOUNT_DIR={named} is not an absolute path to a folder this user "
+                "can write"
+            )
+        return folder
     # Each folder is made with mkdtemp (0700, a random name): shared roots are safe here.
     for candidate in (Path("/var/tmp"), Path("/tmp"), Path("/dev/shm")):  # noqa: S108
         if candidate.is_dir() and os.access(candidate, os.W_OK | os.X_OK):

@@ -172,6 +172,14 @@ def _serve_parser(sub: Any) -> None:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8765)
     serve.add_argument("--json", action="store_true")
+    _remote_parser(sub)
+
+
+def _remote_parser(sub: Any) -> None:
+    """``patchbox remote``, the service's client (:mod:`controller.cli.remote`)."""
+    from controller.cli.remote import add_parser
+
+    add_parser(sub, _Parser)
 
 
 def _mcp_parser(sub: Any) -> None:
@@ -370,6 +378,16 @@ def _serve(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def _remote(args: argparse.Namespace) -> int:
+    """``patchbox remote``: the job commands against a service (``docs/service.md``)."""
+    from controller.cli.remote import run
+
+    code, data, text = run(args, _progress)
+    if data is not None:
+        _emit(data, as_json=args.json, text=text)
+    return code
+
+
 def _mcp(args: argparse.Namespace) -> int:
     """``patchbox mcp``: serves until the client goes or a signal (``docs/mcp.md``); nothing
     but the protocol reaches stdout."""
@@ -465,6 +483,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "mcp": _mcp,
         }
         handlers["serve"] = _serve
+        handlers["remote"] = _remote
         if args.command in handlers:
             return handlers[args.command](args)
         return _job_command(args)

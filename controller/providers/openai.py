@@ -25,6 +25,9 @@ the model can correct it.
 
 Error messages name the API, the HTTP status and at most the server's error code token;
 never a response body, a URL or the API key.
+
+It stays a little over 600 lines because the request, its cancellation from another thread
+and the retry decision share one worker's state: split, each half would need the other's.
 """
 
 from __future__ import annotations

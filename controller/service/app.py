@@ -9,9 +9,9 @@ import hashlib
 import hmac
 import json
 import os
+import secrets
 import threading
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -26,15 +26,24 @@ from starlette.routing import Route
 
 from controller.api import job_view
 from controller.config.host import HostConfig
-from controller.errors import ErrorCode, PatchboxError, describe_validation
+from controller.errors import ErrorCode, GitError, PatchboxError, describe_validation
 from controller.jobs.evidence import relative_to_home
 from controller.jobs.records import JobStore
 from controller.logs import Scrubber
 from controller.sandbox.labels import new_job_id
+from controller.service.bundles import (
+    BUNDLE_ID,
+    bundle_path,
+    clone_bundle,
+    clone_path,
+    sweep,
+    verify_bundle,
+)
 from controller.service.config import ServiceConfig, TenantConfig
+from controller.service.metrics import Metrics, metrics_text
 from controller.service.openapi import OPENAPI
 from controller.service.runner import Runner
-from controller.service.store import PENDING_STATES, QUEUED, JobRow, ServiceStore, now
+from controller.service.store import PENDING_STATES, QUEUED, Bundle, JobRow, ServiceStore, now
 
 MAX_BODY_BYTES = 2 * 1024 * 1024
 """The largest request body: a task (1 MiB at most) and a calls file."""
@@ -52,22 +61,6 @@ class ServiceError(Exception):
 
 def error_response(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
-
-
-class Metrics:
-    """Request counts by method, route and status (thread safe)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.requests: Counter[tuple[str, str, int]] = Counter()
-
-    def count(self, method: str, route: str, status: int) -> None:
-        with self._lock:
-            self.requests[method, route, status] += 1
-
-    def snapshot(self) -> dict[tuple[str, str, int], int]:
-        with self._lock:
-            return dict(self.requests)
 
 
 class Service:
@@ -106,8 +99,18 @@ class Service:
             raise ServiceError(404, "NOT_FOUND", f"no job {job_id[:64]!r}")
         return row
 
+    def own_bundle(self, tenant: TenantConfig, bundle_id: str) -> Bundle:
+        found = self.store.get_bundle(bundle_id) if BUNDLE_ID.match(bundle_id) else None
+        if found is None or found.tenant != tenant.name:
+            raise ServiceError(404, "NOT_FOUND", f"no bundle {bundle_id[:64]!r}")
+        return found
+
     def allowed_repo(self, tenant: TenantConfig, repo: str) -> str:
         real = os.path.realpath(repo)
+        data = os.path.realpath(self.config.data_path())
+        if real == data or real.startswith(data.rstrip(os.sep) + os.sep):
+            msg = "the repository is in the service's own folder (submit a bundle instead)"
+            raise ServiceError(403, "REPO_NOT_ALLOWED", msg)
         for root in self._roots[tenant.name]:
             if real == root or real.startswith(root.rstrip(os.sep) + os.sep):
                 return real
@@ -134,10 +137,18 @@ class Service:
                 "evidence": "",
                 "decision": None,
                 "diff": "",
-            }
+            } | bundle_of(row)
         evidence = store.folder(row.job_id) / "evidence.json"
         where = relative_to_home(evidence) if evidence.is_file() else ""
-        return job_view(record, diff_of(row.job_id), where)
+        return job_view(record, diff_of(row.job_id), where) | bundle_of(row)
+
+
+def bundle_of(row: JobRow) -> dict[str, Any]:
+    """``{"bundle": {"id", "head"}}`` for a job on an uploaded bundle, else nothing."""
+    bundle = row.request.get("bundle")
+    if not bundle:
+        return {}
+    return {"bundle": {"id": bundle, "head": row.request.get("bundle_head", "")}}
 
 
 def diff_of(job_id: str) -> str:
@@ -210,7 +221,7 @@ async def body_of(request: Request) -> dict[str, Any]:
 
 # -- handlers ----------------------------------------------------------------------------
 
-SUBMIT_KEYS = frozenset({"repo", "task", "calls", "include_local_changes"})
+SUBMIT_KEYS = frozenset({"repo", "bundle", "task", "calls", "include_local_changes"})
 
 
 async def submit(service: Service, request: Request) -> Response:
@@ -219,15 +230,28 @@ async def submit(service: Service, request: Request) -> Response:
     unknown = sorted(set(body) - SUBMIT_KEYS)
     if unknown:
         raise ServiceError(400, "BAD_REQUEST", f"unknown fields: {', '.join(unknown)[:200]}")
-    repo, task = body.get("repo"), body.get("task")
-    if not isinstance(repo, str) or not repo or not isinstance(task, dict):
-        raise ServiceError(400, "BAD_REQUEST", "repo (a path) and task (an object) are required")
-    if "\0" in repo or len(repo) > 4096 or not Path(repo).is_absolute():
-        raise ServiceError(400, "BAD_REQUEST", "repo must be an absolute path")
+    repo, task, bundle_id = body.get("repo"), body.get("task"), body.get("bundle")
+    if (repo is None) == (bundle_id is None) or not isinstance(task, dict):
+        msg = (
+            "repo (a path) or bundle (an uploaded bundle's id), and task (an object), are required"
+        )
+        raise ServiceError(400, "BAD_REQUEST", msg)
     local = body.get("include_local_changes", False)
     if not isinstance(local, bool):
         raise ServiceError(400, "BAD_REQUEST", "include_local_changes must be a boolean")
-    real = service.allowed_repo(tenant, repo)
+    bundle: Bundle | None = None
+    if bundle_id is not None:
+        if not isinstance(bundle_id, str) or local:
+            msg = "bundle must be an uploaded bundle's id; a bundle job has no local changes"
+            raise ServiceError(400, "BAD_REQUEST", msg)
+        bundle = service.own_bundle(tenant, bundle_id)
+        real = ""
+    else:
+        if not isinstance(repo, str) or "\0" in repo or len(repo) > 4096:
+            raise ServiceError(400, "BAD_REQUEST", "repo must be an absolute path")
+        if not Path(repo).is_absolute():
+            raise ServiceError(400, "BAD_REQUEST", "repo must be an absolute path")
+        real = service.allowed_repo(tenant, repo)
     _validate_task(task, body.get("calls"), service.host)
     if service.store.count_pending(tenant.name) >= tenant.max_queued_jobs:
         msg = (
@@ -235,13 +259,75 @@ async def submit(service: Service, request: Request) -> Response:
             f"(max_queued_jobs = {tenant.max_queued_jobs})"
         )
         raise ServiceError(429, "QUOTA_EXCEEDED", msg)
-    row = JobRow(new_job_id(), tenant.name, real, body | {"repo": real}, QUEUED, now())
+    job_id = new_job_id()
+    stored = body | {"repo": real}
+    if bundle is not None:
+        real = await anyio.to_thread.run_sync(_clone_for, service, bundle, job_id)
+        stored = body | {"repo": real, "bundle": bundle.bundle_id, "bundle_head": bundle.head}
+    row = JobRow(job_id, tenant.name, real, stored, QUEUED, now())
     service.store.insert_job(row)
     service.store.append_event(row.job_id, "state", {"state": QUEUED})
     await anyio.to_thread.run_sync(service.runner.dispatch)
     current = service.store.get_job(row.job_id)
     status = current.state if current is not None else QUEUED
     return JSONResponse({"job_id": row.job_id, "status": status}, status_code=202)
+
+
+def _clone_for(service: Service, bundle: Bundle, job_id: str) -> str:
+    """The clone a bundle job runs on, under the tenant's folder of ``data_dir``."""
+    source = bundle_path(service.config, bundle.tenant, bundle.bundle_id)
+    dest = clone_path(service.config, bundle.tenant, job_id)
+    if not source.is_file():
+        raise ServiceError(404, "NOT_FOUND", f"no bundle {bundle.bundle_id!r}")
+    try:
+        clone_bundle(source, bundle.head, dest)
+    except GitError as exc:
+        message = exc.message.replace(str(source), "the bundle").replace(str(dest), "the clone")
+        msg = f"the bundle cannot be checked out: {message}"
+        raise ServiceError(400, "BUNDLE_INVALID", msg) from exc
+    return os.path.realpath(dest)
+
+
+async def upload_bundle(service: Service, request: Request) -> Response:
+    """``POST /v1/bundles``: the raw output of ``git bundle create - HEAD``, at most
+    ``bundle_max_bytes``; verified, kept ``bundle_keep_seconds`` for the tenant's jobs."""
+    tenant: TenantConfig = request.state.tenant
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/octet-stream":
+        msg = "a bundle is sent as application/octet-stream (the output of git bundle create)"
+        raise ServiceError(400, "BAD_REQUEST", msg)
+    cap = service.config.bundle_max_bytes
+    too_large = ServiceError(
+        413, "BUNDLE_TOO_LARGE", f"the bundle is larger than {cap} bytes (bundle_max_bytes)"
+    )
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > cap:
+        raise too_large
+    await anyio.to_thread.run_sync(sweep, service.store, service.config)
+    bundle_id = "b" + secrets.token_hex(16)
+    final = bundle_path(service.config, tenant.name, bundle_id)
+    final.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    part = final.with_suffix(".part")
+    size = 0
+    try:
+        with part.open("xb") as sink:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > cap:
+                    raise too_large
+                sink.write(chunk)
+        if size == 0:
+            raise ServiceError(400, "BUNDLE_INVALID", "the body is empty: send a git bundle")
+        scratch = final.parent / f"{bundle_id}.verify"
+        try:
+            head = await anyio.to_thread.run_sync(verify_bundle, part, scratch)
+        except PatchboxError as exc:
+            raise ServiceError(400, "BUNDLE_INVALID", exc.message) from exc
+        part.rename(final)
+    finally:
+        part.unlink(missing_ok=True)
+    service.store.insert_bundle(Bundle(bundle_id, tenant.name, head, size, now()))
+    return JSONResponse({"bundle_id": bundle_id, "head": head, "size": size}, status_code=201)
 
 
 def _validate_task(task: dict[str, Any], calls: object, host: HostConfig) -> None:
@@ -280,7 +366,8 @@ async def list_jobs(service: Service, request: Request) -> Response:
     tenant: TenantConfig = request.state.tenant
     rows = service.store.list_jobs(tenant.name)
     jobs = [
-        {"job_id": r.job_id, "status": r.state, "repo": r.repo, "created": r.created} for r in rows
+        {"job_id": r.job_id, "status": r.state, "repo": r.repo, "created": r.created} | bundle_of(r)
+        for r in rows
     ]
     return JSONResponse({"jobs": jobs})
 
@@ -320,6 +407,12 @@ def action(name: str) -> Handler:
     async def handler(service: Service, request: Request) -> Response:
         tenant: TenantConfig = request.state.tenant
         row = service.own_job(tenant, request.path_params["job_id"])
+        if name in {"apply", "revert"} and row.request.get("bundle"):
+            msg = (
+                f"job {row.job_id} ran on an uploaded bundle: the service has no work tree to "
+                f"{name} it in; apply its diff to your repository (patchbox remote apply)"
+            )
+            raise ServiceError(409, "NO_WORK_TREE", msg)
         if name in {"apply", "revert"} and not tenant.allow_apply:
             msg = f"tenant {tenant.name!r} may not {name} jobs (allow_apply = false)"
             raise ServiceError(403, "APPLY_NOT_ALLOWED", msg)
@@ -390,38 +483,6 @@ async def metrics(service: Service, _request: Request) -> Response:
     return PlainTextResponse(metrics_text(service), media_type="text/plain; version=0.0.4")
 
 
-def metrics_text(service: Service) -> str:
-    by_state: Counter[str] = Counter()
-    queued: Counter[str] = Counter({t.name: 0 for t in service.config.tenants})
-    for tenant in service.config.tenants:
-        for row in service.store.list_jobs(tenant.name):
-            by_state[row.state] += 1
-            if row.state == QUEUED:
-                queued[tenant.name] += 1
-    lines = [
-        "# HELP patchbox_service_jobs Jobs of the service by state.",
-        "# TYPE patchbox_service_jobs gauge",
-        *(f'patchbox_service_jobs{{state="{s}"}} {n}' for s, n in sorted(by_state.items())),
-        "# HELP patchbox_service_queue_length Queued jobs per tenant.",
-        "# TYPE patchbox_service_queue_length gauge",
-        *(f'patchbox_service_queue_length{{tenant="{t}"}} {n}' for t, n in sorted(queued.items())),
-        "# HELP patchbox_service_running_jobs Running jobs per tenant.",
-        "# TYPE patchbox_service_running_jobs gauge",
-        *(
-            f'patchbox_service_running_jobs{{tenant="{t.name}"}} '
-            f"{service.runner.running_count(t.name)}"
-            for t in service.config.tenants
-        ),
-        "# HELP patchbox_service_http_requests_total HTTP requests by method, route, status.",
-        "# TYPE patchbox_service_http_requests_total counter",
-        *(
-            f'patchbox_service_http_requests_total{{method="{m}",route="{r}",status="{s}"}} {n}'
-            for (m, r, s), n in sorted(service.metrics.snapshot().items())
-        ),
-    ]
-    return "\n".join(lines) + "\n"
-
-
 async def openapi(_service: Service, _request: Request) -> Response:
     return JSONResponse(OPENAPI)
 
@@ -435,6 +496,7 @@ ROUTES: list[tuple[str, str, Handler, bool]] = [
     ("/openapi.json", "GET", openapi, False),
     ("/v1/jobs", "POST", submit, True),
     ("/v1/jobs", "GET", list_jobs, True),
+    ("/v1/bundles", "POST", upload_bundle, True),
     (JOB, "GET", get_job, True),
     (JOB + "/diff", "GET", get_diff, True),
     (JOB + "/evidence", "GET", get_evidence, True),

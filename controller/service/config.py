@@ -9,6 +9,9 @@ rest is validated as :class:`controller.config.host.HostConfig` (which forbids u
     state = "sqlite"              # the only backend
     database = "/var/lib/patchbox/service.db"  # default: $PATCHBOX_HOME/service.db
     workers = 2
+    data_dir = "/var/lib/patchbox/service-data"   # default: service-data beside the database
+    bundle_max_bytes = 268435456  # the largest uploaded git bundle
+    bundle_keep_seconds = 3600    # how long an uploaded bundle serves jobs, from its upload
 
     [[service.tenants]]
     name = "alpha"
@@ -56,6 +59,14 @@ class ServiceConfig(BaseModel):
     workers: int = Field(default=2, ge=0, le=64)
     """Jobs run at once across all tenants; 0 accepts and queues jobs but runs none."""
     tenants: list[TenantConfig] = Field(default_factory=list, max_length=10_000)
+    data_dir: str | None = Field(default=None, max_length=4096)
+    """The service's own folder: uploaded bundles and the clones bundle jobs run on, one
+    sub-folder per tenant (default ``service-data`` beside the database)."""
+    bundle_max_bytes: int = Field(default=256 * 1024 * 1024, ge=1024, le=1 << 40)
+    """The largest git bundle ``POST /v1/bundles`` takes (413 ``BUNDLE_TOO_LARGE`` over it)."""
+    bundle_keep_seconds: float = Field(default=3600.0, gt=0, le=30 * 86400)
+    """How long an uploaded bundle is kept for the tenant's jobs, from its upload (the clones
+    of jobs already queued stay until each job ends)."""
 
     @model_validator(mode="after")
     def _unique(self) -> Self:
@@ -69,6 +80,12 @@ class ServiceConfig(BaseModel):
 
     def database_path(self) -> Path:
         return Path(self.database) if self.database else patchbox_home() / "service.db"
+
+    def data_path(self) -> Path:
+        """The service's own folder (bundles and their clones)."""
+        if self.data_dir:
+            return Path(self.data_dir)
+        return self.database_path().parent / "service-data"
 
 
 def load_service_config(path: Path | None = None) -> tuple[HostConfig, ServiceConfig]:

@@ -15,14 +15,16 @@ def _json(schema: dict[str, Any]) -> dict[str, Any]:
 
 def _errors(*statuses: int) -> dict[str, Any]:
     text = {
-        400: "a malformed body or an invalid task (BAD_REQUEST, USAGE_ERROR)",
+        400: "a malformed body, an invalid task or an unusable bundle (BAD_REQUEST, "
+        "USAGE_ERROR, BUNDLE_INVALID)",
         401: "no or a bad bearer token (UNAUTHORIZED)",
         403: "a repository outside the tenant's repo_roots (REPO_NOT_ALLOWED), or apply or "
         "revert without allow_apply (APPLY_NOT_ALLOWED)",
-        404: "no such job for this tenant (NOT_FOUND)",
+        404: "no such job or bundle for this tenant (NOT_FOUND)",
         409: "the job is not in a state for this, its work tree changed or its repository "
-        "is busy (USAGE_ERROR, APPLY_CONFLICT, REVERT_CONFLICT, JOB_ALREADY_RUNNING, "
-        "JOB_NOT_FINISHED)",
+        "is busy, or it ran on a bundle (USAGE_ERROR, APPLY_CONFLICT, REVERT_CONFLICT, "
+        "JOB_ALREADY_RUNNING, JOB_NOT_FINISHED, NO_WORK_TREE)",
+        413: "the bundle is larger than bundle_max_bytes (BUNDLE_TOO_LARGE)",
         429: "the tenant's max_queued_jobs is reached (QUOTA_EXCEEDED)",
     }
     return {str(s): {"description": text[s]} | _json(ERROR) for s in statuses}
@@ -80,13 +82,34 @@ OPENAPI: dict[str, Any] = {
             },
             "JobRequest": {
                 "type": "object",
-                "required": ["repo", "task"],
+                "description": "repo or bundle, not both",
+                "required": ["task"],
                 "additionalProperties": False,
                 "properties": {
                     "repo": {"type": "string", "description": "the repository's top folder"},
+                    "bundle": {
+                        "type": "string",
+                        "description": "an uploaded bundle's id (POST /v1/bundles), in place "
+                        "of repo",
+                    },
                     "task": {"type": "object", "description": "a task file's object"},
                     "calls": {"type": "object", "description": "a calls file's object"},
                     "include_local_changes": {"type": "boolean", "default": False},
+                },
+            },
+            "BundleRef": {
+                "type": "object",
+                "description": "only for a job on an uploaded bundle",
+                "required": ["id", "head"],
+                "properties": {"id": {"type": "string"}, "head": {"type": "string"}},
+            },
+            "Bundle": {
+                "type": "object",
+                "required": ["bundle_id", "head", "size"],
+                "properties": {
+                    "bundle_id": {"type": "string"},
+                    "head": {"type": "string", "description": "the bundle's HEAD commit"},
+                    "size": {"type": "integer"},
                 },
             },
             "Accepted": {
@@ -109,6 +132,7 @@ OPENAPI: dict[str, Any] = {
                     "tool_calls": {"type": "array", "items": {"type": "object"}},
                     "evidence": {"type": "string"},
                     "decision": {"type": ["object", "null"]},
+                    "bundle": {"$ref": "#/components/schemas/BundleRef"},
                 },
             },
             "JobList": {
@@ -125,6 +149,7 @@ OPENAPI: dict[str, Any] = {
                                 "status": {"type": "string"},
                                 "repo": {"type": "string"},
                                 "created": {"type": "number"},
+                                "bundle": {"$ref": "#/components/schemas/BundleRef"},
                             },
                         },
                     }
@@ -166,7 +191,7 @@ OPENAPI: dict[str, Any] = {
                     "202": {"description": "queued (or already started)"}
                     | _json({"$ref": "#/components/schemas/Accepted"})
                 }
-                | _errors(400, 401, 403, 429),
+                | _errors(400, 401, 403, 404, 429),
             },
             "get": {
                 "summary": "the tenant's jobs",
@@ -177,6 +202,25 @@ OPENAPI: dict[str, Any] = {
                 }
                 | _errors(401),
             },
+        },
+        "/v1/bundles": {
+            "post": {
+                "summary": "upload a git bundle (git bundle create - HEAD) for bundle jobs",
+                "security": SECURED,
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/octet-stream": {
+                            "schema": {"type": "string", "format": "binary"}
+                        }
+                    },
+                },
+                "responses": {
+                    "201": {"description": "verified and kept for bundle_keep_seconds"}
+                    | _json({"$ref": "#/components/schemas/Bundle"})
+                }
+                | _errors(400, 401, 413),
+            }
         },
         "/v1/jobs/{job_id}": _job_op(
             "a job, as `run --json` prints it",
@@ -230,14 +274,14 @@ OPENAPI: dict[str, Any] = {
             post=True,
         ),
         "/v1/jobs/{job_id}/apply": _job_op(
-            "apply a job awaiting review (allow_apply)",
+            "apply a job awaiting review (allow_apply; not a bundle job)",
             {"200": {"description": "applied"} | _json(ACTION_RESULT)},
             403,
             409,
             post=True,
         ),
         "/v1/jobs/{job_id}/revert": _job_op(
-            "revert an applied job (allow_apply)",
+            "revert an applied job (allow_apply; not a bundle job)",
             {"200": {"description": "reverted"} | _json(ACTION_RESULT)},
             403,
             409,

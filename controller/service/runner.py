@@ -4,6 +4,9 @@ A queued job starts when a worker is free, its tenant runs fewer than its
 ``max_concurrent_jobs``, and no job of any tenant runs on the same repository (the engine's
 write lock would refuse it). Tenants with queued jobs are served round robin. Each running
 job's record is watched: its state changes, tool calls and check results become events.
+
+A job on an uploaded git bundle runs on a clone in the tenant's folder of the service's
+``data_dir`` (:mod:`controller.service.bundles`), removed when the job ends.
 """
 
 from __future__ import annotations
@@ -21,7 +24,13 @@ import structlog
 
 from controller.errors import ErrorCode, NotReadyError
 from controller.jobs.records import JobRecord, JobStore
-from controller.service.store import QUEUED, RUNNING_STATES, JobRow, ServiceStore
+from controller.service.bundles import remove_clone, sweep
+from controller.service.store import (
+    QUEUED,
+    RUNNING_STATES,
+    JobRow,
+    ServiceStore,
+)
 
 if TYPE_CHECKING:
     import docker
@@ -178,7 +187,13 @@ class Runner:
                 row.job_id, "state", {"state": state, "reason": str(ErrorCode.INTERRUPTED)}
             )
             self.store.update_state(row.job_id, state)
+        sweep(self.store, self.service, clones=True)
         self.dispatch()
+
+    def release(self, row: JobRow) -> None:
+        """A bundle job's clone goes once the job no longer runs."""
+        if row.request.get("bundle"):
+            remove_clone(Path(row.repo))
 
     def shutdown(self, timeout: float = 60.0) -> list[str]:
         """Cancels every running job and waits up to ``timeout`` seconds for their workers
@@ -236,6 +251,7 @@ class Runner:
                 row = self.store.get_job(job_id)
                 if row is None or row.state != QUEUED:
                     return None
+                self.release(row)
                 self.store.append_event(job_id, "state", {"state": "cancelled"})
                 self.store.update_state(job_id, "cancelled")
                 return "cancelled"
@@ -261,9 +277,10 @@ class Runner:
                 cancelled = item.cancelled or self._stopping
             if cancelled:
                 job.cancel()
-            self._run(job, feed)
+            self._run(job, feed, lambda: self.release(row))
         except Exception as exc:  # the job could not even be made: recorded as an event
             log.warning("service job failed to start", job_id=row.job_id, error=str(exc)[:500])
+            self.release(row)
             state = "cancelled" if item.cancelled else "failed"
             code = getattr(exc, "code", ErrorCode.INTERNAL_ERROR)
             error = {"code": str(code), "message": str(exc)[:1000]}
@@ -297,11 +314,14 @@ class Runner:
             if holder:
                 feed.sync(holder[0].record)
 
+        config = self.host
+        if row.request.get("bundle"):  # its clone goes at the end: no spare sandbox for it
+            config = config.model_copy(update={"spare_sandboxes": 0})
         job = api.make_job(
             Path(row.repo),
             TaskSpec.model_validate(row.request["task"]),
             provider,
-            config=self.host,
+            config=config,
             include_local_changes=bool(row.request.get("include_local_changes", False)),
             trust_repo_config=False,
             consent_trusted_auto=False,
@@ -314,7 +334,7 @@ class Runner:
         holder.append(job)
         return job
 
-    def _run(self, job: Job, feed: EventFeed) -> None:
+    def _run(self, job: Job, feed: EventFeed, release: Callable[[], None]) -> None:
         done = threading.Event()
 
         def watch() -> None:
@@ -331,6 +351,8 @@ class Runner:
         finally:
             done.set()
             watcher.join()
+            with contextlib.suppress(Exception):
+                release()
             feed.sync(job.record, final=True)
 
 

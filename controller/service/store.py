@@ -2,8 +2,8 @@
 
 The job's own record stays in the engine's :class:`controller.jobs.records.JobStore`; the
 service keeps who asked for it (the tenant), its request and its state as the service sees
-it (``queued``, then the engine's states), and the events a client streams. The service's
-job id is the engine's.
+it (``queued``, then the engine's states), the events a client streams, and the git bundles
+tenants uploaded. The service's job id is the engine's.
 """
 
 from __future__ import annotations
@@ -31,6 +31,18 @@ class JobRow:
     repo: str
     request: dict[str, Any]
     state: str
+    created: float
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A git bundle a tenant uploaded (``POST /v1/bundles``); its file is under the
+    tenant's folder of the service's ``data_dir``."""
+
+    bundle_id: str
+    tenant: str
+    head: str
+    size: int
     created: float
 
 
@@ -63,6 +75,14 @@ class ServiceStore(Protocol):
 
     def events_after(self, job_id: str, seq: int) -> list[Event]: ...
 
+    def insert_bundle(self, bundle: Bundle) -> None: ...
+
+    def get_bundle(self, bundle_id: str) -> Bundle | None: ...
+
+    def delete_bundle(self, bundle_id: str) -> None: ...
+
+    def bundles_before(self, created: float) -> list[Bundle]: ...
+
     def close(self) -> None: ...
 
 
@@ -82,6 +102,13 @@ CREATE TABLE IF NOT EXISTS events (
     type TEXT NOT NULL,
     data TEXT NOT NULL,
     PRIMARY KEY (job_id, seq)
+);
+CREATE TABLE IF NOT EXISTS bundles (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    head TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    created REAL NOT NULL
 );
 """
 
@@ -168,6 +195,30 @@ class SqliteStore:
                 (job_id, seq),
             ).fetchall()
         return [Event(job_id, int(s), t, json.loads(d)) for s, t, d in rows]
+
+    def insert_bundle(self, bundle: Bundle) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO bundles VALUES (?, ?, ?, ?, ?)",
+                (bundle.bundle_id, bundle.tenant, bundle.head, bundle.size, bundle.created),
+            )
+
+    def _bundles(self, where: str, args: tuple[Any, ...]) -> list[Bundle]:
+        sql = f"SELECT id, tenant, head, size, created FROM bundles WHERE {where}"  # noqa: S608 - the clauses are this module's constants
+        with self._lock:
+            rows = self._db.execute(sql + " ORDER BY created, id", args).fetchall()
+        return [Bundle(i, t, h, int(n), float(c)) for i, t, h, n, c in rows]
+
+    def get_bundle(self, bundle_id: str) -> Bundle | None:
+        rows = self._bundles("id = ?", (bundle_id,))
+        return rows[0] if rows else None
+
+    def delete_bundle(self, bundle_id: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM bundles WHERE id = ?", (bundle_id,))
+
+    def bundles_before(self, created: float) -> list[Bundle]:
+        return self._bundles("created < ?", (created,))
 
     def close(self) -> None:
         with self._lock:

@@ -28,15 +28,18 @@ def write_config(
     workers: int = 2,
     allow_apply: bool = True,
     max_queued_jobs: int = 10,
+    bundle_max_bytes: int | None = None,
 ) -> Path:
     """A host configuration (no spare sandboxes) with tenants ``alpha`` and ``beta``, their
-    repository roots ``folder/alpha`` and ``folder/beta``."""
+    repository roots ``folder/alpha`` and ``folder/beta``; ``bundle_max_bytes`` when given."""
     lines = [
         "spare_sandboxes = 0",
         "[service]",
         f'database = "{folder / "service.db"}"',
         f"workers = {workers}",
     ]
+    if bundle_max_bytes is not None:
+        lines.append(f"bundle_max_bytes = {bundle_max_bytes}")
     for name, token in TOKENS.items():
         root = folder / name
         root.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,482 @@
+"""``patchbox remote``: the job commands against a shared ``patchbox serve`` (for CI).
+
+The server is ``--server URL`` or ``$PATCHBOX_SERVER``; the tenant's token is
+``$PATCHBOX_TOKEN`` or the first line of ``--token-file FILE``, never a command-line value (a
+process listing would show it). Each command returns ``(exit code, JSON-able data or None,
+text)``; ``events`` and ``submit --wait`` write each event as it comes. Errors are the
+service's codes (:func:`controller.errors.service_error`); a service that does not answer is
+``SERVICE_UNREACHABLE`` (exit 3). ``docs/service.md`` describes each command.
+
+A job on a repository the service cannot see runs on a git bundle (``submit --bundle``):
+the client uploads ``git bundle create - HEAD`` and ``remote apply`` applies the job's diff
+to the local repository with ``git apply``, all or nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from controller.errors import (
+    ApplyConflictError,
+    ErrorCode,
+    ExitCode,
+    GitError,
+    ServiceError,
+    ServiceUsageError,
+    UsageError,
+    exit_code_for_error,
+)
+
+if TYPE_CHECKING:
+    from controller.repo.layout import RepoLayout
+    from controller.service.client import Event, ServiceClient
+
+Outcome = tuple[int, dict[str, Any] | None, str]
+Progress = Callable[[str], None]
+
+TOKEN_VARIABLE = "PATCHBOX_TOKEN"  # noqa: S105 - the variable's name, not a token
+SERVER_VARIABLE = "PATCHBOX_SERVER"
+MAX_INPUT_BYTES = 1024 * 1024
+MAX_TOKEN_FILE_BYTES = 4096
+ENDED_OK = frozenset({"awaiting_review", "applied"})
+
+
+def add_parser(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
+    """The ``remote`` command and its sub-commands."""
+    remote = sub.add_parser(
+        "remote", help="jobs on a patchbox service: submit, jobs, show, events, apply, ..."
+    )
+    commands = remote.add_subparsers(
+        dest="remote_command", required=True, parser_class=parser_class
+    )
+
+    def command(name: str, what: str, *, job: bool = True) -> argparse.ArgumentParser:
+        cmd: argparse.ArgumentParser = commands.add_parser(name, help=what)
+        if job:
+            cmd.add_argument("job")
+        cmd.add_argument(
+            "--server", metavar="URL", help=f"the service (default ${SERVER_VARIABLE})"
+        )
+        cmd.add_argument(
+            "--token-file",
+            metavar="FILE",
+            help=f"read the token from this file (default ${TOKEN_VARIABLE})",
+        )
+        cmd.add_argument("--json", action="store_true")
+        return cmd
+
+    submit = command("submit", "send a job", job=False)
+    submit.add_argument("--repo", required=True, help="the repository (its top folder)")
+    submit.add_argument("--task", required=True, help="the task file")
+    submit.add_argument("--calls", help="drive the tools from this calls file")
+    submit.add_argument("--include-local-changes", action="store_true")
+    submit.add_argument(
+        "--bundle",
+        action="store_true",
+        help="upload the repository's HEAD as a git bundle (the service cannot see the path)",
+    )
+    submit.add_argument("--wait", action="store_true", help="follow the job to its end")
+    command("jobs", "this tenant's jobs", job=False)
+    command("show", "a job, as run --json prints it")
+    events = command("events", "a job's events as they come, until it ends")
+    events.add_argument("--last-event-id", type=int, default=0, metavar="N", help="start after N")
+    apply = command("apply", "apply a job (a bundle job: to the local repository)")
+    apply.add_argument(
+        "--repo", help="for a bundle job: the local repository (default: the current folder)"
+    )
+    command("revert", "undo an applied job on the service")
+    command("discard", "drop a job awaiting review, failed or cancelled")
+    command("cancel", "cancel a queued or running job")
+
+
+# -- the connection --------------------------------------------------------------------------
+
+
+def _token(args: argparse.Namespace) -> str:
+    if args.token_file:
+        from controller.config.inputfile import read_input_file
+
+        raw = read_input_file(Path(args.token_file), "token file", MAX_TOKEN_FILE_BYTES)
+        lines = raw.decode("utf-8", "replace").strip().splitlines()
+        token = lines[0].strip() if lines else ""
+        if not token:
+            raise UsageError(f"the token file {args.token_file!r} is empty")
+        return token
+    token = os.environ.get(TOKEN_VARIABLE, "").strip()
+    if not token:
+        msg = f"no token: set {TOKEN_VARIABLE} or give --token-file FILE (never the token itself)"
+        raise UsageError(msg)
+    return token
+
+
+def connect(args: argparse.Namespace) -> ServiceClient:
+    from controller.service.client import ServiceClient
+
+    server = (args.server or os.environ.get(SERVER_VARIABLE, "")).strip()
+    if not server:
+        raise UsageError(f"no service: give --server URL or set {SERVER_VARIABLE}")
+    return ServiceClient(server, _token(args))
+
+
+def run(args: argparse.Namespace, progress: Progress) -> Outcome:
+    handlers: dict[str, Callable[[ServiceClient, argparse.Namespace, Progress], Outcome]] = {
+        "submit": _submit,
+        "jobs": _jobs,
+        "show": _show,
+        "events": _events,
+        "apply": _apply,
+        "revert": _action,
+        "discard": _action,
+        "cancel": _action,
+    }
+    with connect(args) as client:
+        return handlers[args.remote_command](client, args, progress)
+
+
+# -- the commands ---------------------------------------------------------------------------
+
+
+def _read_object(path: str, what: str) -> dict[str, Any]:
+    from controller.config.inputfile import read_input_file
+
+    raw = read_input_file(Path(path), what, MAX_INPUT_BYTES)
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise UsageError(f"the {what} is not valid JSON") from exc
+    if not isinstance(data, dict):
+        raise UsageError(f"the {what} must hold a JSON object")
+    return data
+
+
+def _submit(client: ServiceClient, args: argparse.Namespace, progress: Progress) -> Outcome:
+    task = _read_object(args.task, "task file")
+    calls = _read_object(args.calls, "calls file") if args.calls else None
+    repo = Path(args.repo).resolve()
+    if args.bundle:
+        if args.include_local_changes:
+            msg = "--bundle sends HEAD's commits only: commit the changes, or drop one option"
+            raise UsageError(msg)
+        uploaded = upload_head(client, repo, progress)
+        progress(f"uploaded bundle {uploaded['bundle_id']} ({uploaded['size']} bytes)")
+        accepted = client.submit(task, bundle=str(uploaded["bundle_id"]), calls=calls)
+    else:
+        try:
+            accepted = client.submit(
+                task, repo=repo, calls=calls, include_local_changes=args.include_local_changes
+            )
+        except ServiceError as exc:
+            if exc.code is not ErrorCode.REPO_NOT_ALLOWED:
+                raise
+            msg = f"{exc.message}; for a repository the service cannot see, add --bundle"
+            raise ServiceUsageError(msg, code=exc.code, status=exc.status) from exc
+    job_id = str(accepted["job_id"])
+    progress(f"job {job_id}: {accepted.get('status')} on {client.url}")
+    if not args.wait:
+        text = f"job {job_id}: {accepted.get('status')}\nnext: patchbox remote events {job_id}"
+        return ExitCode.OK, accepted, text
+    for event in client.events(job_id):
+        progress(_event_text(event))
+    view = client.job(job_id)
+    return _job_outcome(view), view, _summary(view)
+
+
+def upload_head(client: ServiceClient, repo: Path, progress: Progress) -> dict[str, Any]:
+    """``git bundle create FILE HEAD`` of ``repo`` (through the hardened git runner) and its
+    upload: ``{"bundle_id", "head", "size"}``."""
+    from controller.repo.git import GitContext, run_git
+    from controller.repo.layout import locate
+
+    layout = locate(repo)
+    with tempfile.TemporaryDirectory(prefix="patchbox-bundle-") as tmp:
+        folder = Path(tmp)
+        target = folder / "head.bundle"
+        ctx = GitContext(cwd=folder, git_dir=layout.git_dir, work_tree=layout.top, home=folder)
+        progress("making a git bundle of HEAD")
+        try:
+            run_git(ctx, "bundle", "create", "-q", str(target), "HEAD", spool=True)
+        except GitError as exc:
+            raise UsageError(f"cannot make a git bundle of {repo}: {exc.message}") from exc
+        return client.upload_bundle(target)
+
+
+def _jobs(client: ServiceClient, _args: argparse.Namespace, _progress: Progress) -> Outcome:
+    import datetime as dt
+
+    jobs = client.jobs()
+    lines = []
+    for job in jobs:
+        created = dt.datetime.fromtimestamp(float(job.get("created", 0))).astimezone()
+        where = f"bundle {job['bundle']['id']}" if job.get("bundle") else str(job.get("repo"))
+        lines.append(
+            f"{job.get('job_id')}  {job.get('status', ''):<16} "
+            f"{created.isoformat(timespec='seconds')[:19]}  {where}"
+        )
+    return ExitCode.OK, {"jobs": jobs}, "\n".join(lines) or "no jobs"
+
+
+def _show(client: ServiceClient, args: argparse.Namespace, _progress: Progress) -> Outcome:
+    view = client.job(args.job)
+    return ExitCode.OK, view, _summary(view)
+
+
+def _events(client: ServiceClient, args: argparse.Namespace, _progress: Progress) -> Outcome:
+    if args.last_event_id < 0:
+        raise UsageError("--last-event-id takes an event id (0 or more)")
+    for event in client.events(args.job, last_event_id=args.last_event_id):
+        if args.json:
+            line = json.dumps({"id": event.id, "type": event.type, "data": event.data})
+        else:
+            line = f"{event.id} {_event_text(event)}"
+        _write_line(line)
+    return ExitCode.OK, None, ""
+
+
+def _action(client: ServiceClient, args: argparse.Namespace, _progress: Progress) -> Outcome:
+    name = args.remote_command
+    call = {"revert": client.revert, "discard": client.discard, "cancel": client.cancel}[name]
+    data = call(args.job)
+    text = f"job {data.get('job_id')}: {data.get('status')}"
+    if data.get("files"):
+        text += f" ({len(data['files'])} file(s))"
+    return ExitCode.OK, data, text
+
+
+def _apply(client: ServiceClient, args: argparse.Namespace, progress: Progress) -> Outcome:
+    view = client.job(args.job)
+    bundle = view.get("bundle")
+    if not bundle:
+        if args.repo:
+            msg = "--repo is for a bundle job; this job is applied in the service's work tree"
+            raise UsageError(msg)
+        data = client.apply(args.job)
+        files = data.get("files") or []
+        return ExitCode.OK, data, f"job {args.job} applied on the service: {len(files)} file(s)"
+    if view.get("status") != "awaiting_review":
+        msg = f"job {args.job} is {view.get('status')}; only a job awaiting review is applied"
+        raise UsageError(msg)
+    repo = Path(args.repo or ".").resolve()
+    diff = client.diff(args.job)
+    if not diff.strip():
+        raise UsageError(f"job {args.job} has an empty diff: there is nothing to apply")
+    progress(f"applying job {args.job} to {repo}")
+    files = apply_diff(repo, diff, str(bundle.get("head", "")))
+    data = {
+        "job_id": args.job,
+        "status": "applied",
+        "files": files,
+        "merged": [],
+        "repo": str(repo),
+    }
+    text = f"job {args.job} applied to {repo}: {len(files)} file(s)"
+    text += "\nthe service still lists the job awaiting review: patchbox remote discard " + args.job
+    return ExitCode.OK, data, text
+
+
+# -- applying a bundle job's diff locally ----------------------------------------------------
+
+
+def apply_diff(repo: Path, diff: str, head: str) -> list[dict[str, Any]]:
+    """Applies a bundle job's ``diff`` to the work tree of ``repo``, all or nothing: when the
+    local HEAD is not the bundle's ``head``, every path the diff touches must hold the
+    bundle's content; then ``git apply --check``, then ``git apply`` (the index is not
+    touched). ``APPLY_CONFLICT`` otherwise, nothing written. Git runs hardened, and ``git
+    apply`` through a private git dir (the repository's own configuration is not read)."""
+    from controller.repo.git import GitContext, run_git
+    from controller.repo.layout import locate, operations_in_progress, resolve_head
+
+    layout = locate(repo)
+    busy = operations_in_progress(layout)
+    if busy:
+        listed = ", ".join(r.code for r in busy)
+        raise ApplyConflictError([], f"cannot apply: a git operation is in progress ({listed})")
+    patch = diff.encode("utf-8", "surrogateescape")
+    with tempfile.TemporaryDirectory(prefix="patchbox-apply-") as tmp:
+        folder = Path(tmp)
+        run_git(GitContext(cwd=folder, home=folder), "init", "-q", str(folder / "private"))
+        private = GitContext(
+            cwd=layout.top, git_dir=folder / "private" / ".git", work_tree=layout.top, home=folder
+        )
+        stat = run_git(private, "apply", "--numstat", "-z", "-", stdin=patch, check=False)
+        if stat.returncode != 0:
+            raise ApplyConflictError(
+                [], f"cannot apply: the diff is not one git reads: {_last(stat.stderr)}"
+            )
+        files, paths = _numstat(stat.stdout)
+        paths += _renamed_from(diff)
+        local, _reason = resolve_head(layout)
+        if local != head:
+            _same_as_bundle(layout, head, paths, folder)
+        checked = run_git(private, "apply", "--check", "-", stdin=patch, check=False)
+        if checked.returncode != 0:
+            refused = _last(checked.stderr)
+            msg = f"cannot apply: git apply --check refused the diff ({refused}); nothing written"
+            raise ApplyConflictError([], msg)
+        run_git(private, "apply", "-", stdin=patch)
+    return files
+
+
+def _same_as_bundle(layout: RepoLayout, head: str, paths: list[str], folder: Path) -> None:
+    """Every path in ``paths`` holds the bundle's HEAD content in the work tree."""
+    from controller.repo.git import GitContext, run_git
+
+    repo = GitContext(
+        cwd=folder,
+        git_dir=layout.git_dir,
+        work_tree=layout.top,
+        home=folder,
+        literal_pathspecs=True,
+    )
+    known = run_git(repo, "cat-file", "-e", f"{head}^{{commit}}", check=False)
+    if known.returncode != 0:
+        msg = (
+            f"cannot apply: the local HEAD is not the bundle's HEAD {head[:12]}, and this "
+            "repository does not have that commit (fetch it, or check it out)"
+        )
+        raise ApplyConflictError([], msg)
+    changed = run_git(repo, "diff", "--name-only", "-z", head, "--", *paths, check=False)
+    if changed.returncode != 0:
+        raise ApplyConflictError([], f"cannot apply: git diff failed ({_last(changed.stderr)})")
+    names = [n for n in changed.stdout.decode("utf-8", "surrogateescape").split("\0") if n]
+    if names:
+        shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        msg = (
+            f"cannot apply: the local HEAD is not the bundle's HEAD {head[:12]} and these "
+            f"paths differ from it: {shown}; nothing was written"
+        )
+        raise ApplyConflictError([], msg)
+
+
+def _numstat(raw: bytes) -> tuple[list[dict[str, Any]], list[str]]:
+    """``git apply --numstat -z``: the files (``path``, ``added``, ``removed``) and every path
+    touched (a rename's both names)."""
+    parts = raw.decode("utf-8", "surrogateescape").split("\0")
+    files: list[dict[str, Any]] = []
+    paths: list[str] = []
+    index = 0
+    while index < len(parts) and parts[index]:
+        added, removed, path = parts[index].split("\t", 2)
+        index += 1
+        if not path:  # a rename: the old and the new name follow
+            old, path = parts[index], parts[index + 1]
+            index += 2
+            paths.append(old)
+        paths.append(path)
+        files.append({"path": path, "added": _count(added), "removed": _count(removed)})
+    return files, paths
+
+
+def _renamed_from(diff: str) -> list[str]:
+    """The old names of renamed or copied files (``git apply --numstat`` gives the new)."""
+    return [
+        _unquote(line.split(" ", 2)[2])
+        for line in diff.splitlines()
+        if line.startswith(("rename from ", "copy from "))
+    ]
+
+
+def _unquote(name: str) -> str:
+    """A path as git writes it in a diff header: as is, or C-quoted."""
+    if not (len(name) >= 2 and name.startswith('"') and name.endswith('"')):
+        return name
+    raw = name[1:-1].encode("utf-8", "surrogateescape")
+    out = bytearray()
+    escapes = {ord("n"): 10, ord("t"): 9, ord("a"): 7, ord("b"): 8, ord("f"): 12, ord("r"): 13}
+    escapes |= {ord("v"): 11, ord("\\"): 92, ord('"'): 34}
+    index = 0
+    while index < len(raw):
+        byte = raw[index]
+        if byte == 92 and index + 1 < len(raw):  # a backslash
+            follow = raw[index + 1]
+            if 48 <= follow <= 55 and index + 3 < len(raw):  # three octal digits
+                out.append(int(raw[index + 1 : index + 4], 8) & 0xFF)
+                index += 4
+                continue
+            out.append(escapes.get(follow, follow))
+            index += 2
+            continue
+        out.append(byte)
+        index += 1
+    return out.decode("utf-8", "surrogateescape")
+
+
+def _count(text: str) -> int | None:
+    return int(text) if text.isdigit() else None
+
+
+def _last(stderr: bytes) -> str:
+    lines = stderr.decode("utf-8", "replace").strip().splitlines()
+    return lines[-1][:300] if lines else "no detail"
+
+
+# -- text ---------------------------------------------------------------------------------
+
+
+def _write_line(line: str) -> None:
+    try:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+    except OSError:
+        pass
+
+
+def _event_text(event: Event) -> str:
+    data = event.data
+    if event.type == "state":
+        extra = f" ({data['reason']})" if data.get("reason") else ""
+        error = data.get("error")
+        if isinstance(error, dict):
+            extra += f" {error.get('code')}: {error.get('message')}"
+        return f"state {data.get('state')}{extra}"
+    if event.type == "tool_call":
+        outcome = "ok" if data.get("ok") else data.get("error_code")
+        return f"tool_call turn {data.get('turn')} {data.get('id')} {data.get('name')}: {outcome}"
+    if event.type == "check":
+        return f"check {data.get('id')}: {data.get('status')} ({data.get('duration_ms')} ms)"
+    return f"{event.type} {json.dumps(data, sort_keys=True)}"
+
+
+def _job_outcome(view: dict[str, Any]) -> int:
+    """The exit status of a job that ended, as ``patchbox run``'s."""
+    if view.get("status") in ENDED_OK:
+        return ExitCode.OK
+    error = view.get("error") or {}
+    return exit_code_for_error(str(error.get("code", "")) if isinstance(error, dict) else "")
+
+
+def _summary(view: dict[str, Any]) -> str:
+    lines = [f"job {view.get('job_id')}: {view.get('status')}"]
+    error = view.get("error")
+    if isinstance(error, dict):
+        lines.append(f"error {error.get('code')}: {error.get('message')}")
+    bundle = view.get("bundle")
+    if isinstance(bundle, dict):
+        lines.append(f"  on bundle {bundle.get('id')} (HEAD {bundle.get('head')})")
+    lines += [
+        f"  {f.get('change', ''):<7} {f.get('path')} (+{f.get('added')} -{f.get('removed')})"
+        for f in view.get("files") or []
+    ]
+    lines += [
+        f"  check {c.get('id')}: {c.get('status')} "
+        f"(exit {c.get('exit_code')}, {c.get('duration_ms')} ms)"
+        for c in view.get("checks") or []
+    ]
+    lines += [
+        f"  turn {t.get('turn')} {t.get('id')} {t.get('name')}: {t.get('error_code')}"
+        for t in view.get("tool_calls") or []
+        if not t.get("ok")
+    ]
+    decision = view.get("decision")
+    if isinstance(decision, dict) and decision.get("reason") and view.get("status") in ENDED_OK:
+        lines.append(f"decision: {decision.get('reason')}")
+    if view.get("status") == "awaiting_review":
+        job = view.get("job_id")
+        lines.append(f"review: patchbox remote show {job} --json; then patchbox remote apply {job}")
+    return "\n".join(lines)

@@ -1,0 +1,312 @@
+"""A typed Python client of ``patchbox serve`` on httpx (``docs/service.md``).
+
+.. code-block:: python
+
+    with ServiceClient("https://patchbox.example", token) as service:
+        job_id = service.submit(task, repo="/srv/repos/alpha/app", calls=calls)["job_id"]
+        for event in service.events(job_id):
+            print(event.id, event.type, event.data)
+        print(service.job(job_id)["status"])
+
+Every error answer of the service (``{"error": {"code", "message"}}``) is raised as
+:class:`controller.errors.ServiceError` with the service's code and HTTP status
+(:class:`controller.errors.ServiceUsageError`, exit status 2, when the request itself was
+wrong: a bad token, another tenant's job, a malformed body); a service that does not answer
+is :class:`controller.errors.ServiceUnreachableError` (``SERVICE_UNREACHABLE``). The token is
+sent in the ``Authorization`` header only and never appears in a message.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Self
+
+import httpx
+
+from controller.errors import (
+    ErrorCode,
+    ServiceError,
+    ServiceUnreachableError,
+    UsageError,
+    map_service_error,
+    service_error,
+)
+from controller.service.store import PENDING_STATES
+
+CONNECT_SECONDS = 10.0
+READ_SECONDS = 120.0
+"""The longest silence of an answer; an event stream sends a keep-alive every 15 s."""
+UPLOAD_SECONDS = 3600.0
+EVENT_RETRIES = 5
+"""Reconnections of an event stream in a row without a new event before giving up."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """One server-sent event of a job: its id (1, 2, ...), type and data."""
+
+    id: int
+    type: str
+    data: dict[str, Any]
+
+
+def _token(token: str) -> str:
+    token = token.strip()
+    if not token:
+        raise UsageError("the service token is empty")
+    if any(ord(c) < 0x21 or ord(c) > 0x7E for c in token):
+        raise UsageError("the service token must be printable ASCII without spaces")
+    return token
+
+
+def _base_url(url: str) -> httpx.URL:
+    try:
+        parsed = httpx.URL(url.strip())
+    except (httpx.InvalidURL, TypeError) as exc:
+        msg = "the service URL is not valid: give http(s)://HOST[:PORT]"
+        raise UsageError(msg) from exc
+    if parsed.scheme not in {"http", "https"} or not parsed.host:
+        msg = f"the service URL must be http(s)://HOST[:PORT], not {url[:100]!r}"
+        raise UsageError(msg)
+    if parsed.userinfo:
+        raise UsageError("the service URL must not hold a user or password; use the token")
+    return parsed.copy_with(path=parsed.path.rstrip("/") + "/", query=None, fragment=None)
+
+
+class ServiceClient:
+    """A client of one service as one tenant (its bearer ``token``)."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        timeout: float = READ_SECONDS,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url = str(_base_url(url))
+        self._secret = _token(token)
+        self._http = httpx.Client(
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {self._secret}"},
+            timeout=httpx.Timeout(timeout, connect=CONNECT_SECONDS),
+            transport=transport,
+            follow_redirects=False,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _scrub(self, text: str) -> str:
+        return text.replace(self._secret, "[redacted]")
+
+    def _request(self, method: str, path: str, doing: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, path.lstrip("/"), **kwargs)
+        except httpx.HTTPError as exc:
+            raise map_service_error(exc, f"{doing} at {self.url}", scrub=self._scrub) from exc
+        if response.status_code >= 400:
+            raise self._error(response, doing)
+        return response
+
+    def _error(self, response: httpx.Response, doing: str) -> ServiceError:
+        try:
+            body = response.json()
+            error = body["error"]
+            code, message = str(error["code"]), str(error["message"])
+        except (ValueError, KeyError, TypeError):
+            kind = response.headers.get("content-type", "no content type")[:60]
+            msg = (
+                f"{doing}: the service answered {response.status_code} with something that "
+                f"is not its error shape ({kind}); is {self.url} a patchbox service?"
+            )
+            return ServiceError(msg, status=response.status_code)
+        return service_error(response.status_code, code, self._scrub(message))
+
+    def _json(self, response: httpx.Response, doing: str) -> Any:
+        try:
+            return response.json()
+        except ValueError:
+            msg = f"{doing}: the service's answer is not JSON; is {self.url} a patchbox service?"
+            raise ServiceError(msg, status=response.status_code) from None
+
+    def _object(self, method: str, path: str, doing: str, **kwargs: Any) -> dict[str, Any]:
+        data = self._json(self._request(method, path, doing, **kwargs), doing)
+        if not isinstance(data, dict):
+            msg = f"{doing}: the service's answer is not a JSON object"
+            raise ServiceError(msg)
+        return data
+
+    @staticmethod
+    def _job_path(job_id: str, tail: str = "") -> str:
+        if not job_id or "/" in job_id or len(job_id) > 128 or not job_id.isprintable():
+            raise UsageError(f"not a job id: {job_id[:64]!r}")
+        return f"v1/jobs/{job_id}{tail}"
+
+    # -- the API --------------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        """``GET /healthz`` (no authentication needed)."""
+        return self._object("GET", "healthz", "checking the service")
+
+    def submit(
+        self,
+        task: Mapping[str, Any],
+        *,
+        repo: str | Path | None = None,
+        bundle: str | None = None,
+        calls: Mapping[str, Any] | None = None,
+        include_local_changes: bool = False,
+    ) -> dict[str, Any]:
+        """Queues a job on ``repo`` (an absolute path on the service's host) or on an
+        uploaded ``bundle`` (:meth:`upload_bundle`); ``{"job_id", "status"}``."""
+        if (repo is None) == (bundle is None):
+            raise UsageError("a job needs a repository path or a bundle id, not both")
+        body: dict[str, Any] = {"task": dict(task)}
+        if repo is not None:
+            body["repo"] = str(repo)
+        if bundle is not None:
+            body["bundle"] = bundle
+        if calls is not None:
+            body["calls"] = dict(calls)
+        if include_local_changes:
+            body["include_local_changes"] = True
+        return self._object("POST", "v1/jobs", "submitting the job", json=body)
+
+    def upload_bundle(self, bundle: bytes | Path | IO[bytes]) -> dict[str, Any]:
+        """Uploads a git bundle (bytes, a file's path or an open binary file):
+        ``{"bundle_id", "head", "size"}``. ``BUNDLE_TOO_LARGE`` over the service's
+        ``bundle_max_bytes``, ``BUNDLE_INVALID`` when it is not a complete bundle with a
+        HEAD."""
+        headers = {"Content-Type": "application/octet-stream"}
+        timeout = httpx.Timeout(UPLOAD_SECONDS, connect=CONNECT_SECONDS)
+        doing = "uploading the bundle"
+        if isinstance(bundle, Path):
+            with bundle.open("rb") as handle:
+                return self._object(
+                    "POST", "v1/bundles", doing, content=handle, headers=headers, timeout=timeout
+                )
+        return self._object(
+            "POST", "v1/bundles", doing, content=bundle, headers=headers, timeout=timeout
+        )
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """The tenant's jobs, oldest first: ``[{"job_id", "status", "repo", "created"}]``."""
+        data = self._object("GET", "v1/jobs", "listing the jobs")
+        jobs = data.get("jobs")
+        if not isinstance(jobs, list):
+            raise ServiceError("listing the jobs: the answer has no list of jobs")
+        return jobs
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """The job as ``patchbox run --json`` prints it (plus ``bundle`` for a bundle job)."""
+        return self._object("GET", self._job_path(job_id), f"reading job {job_id}")
+
+    def diff(self, job_id: str) -> str:
+        """The job's unified diff (empty before it is collected)."""
+        return self._request(
+            "GET", self._job_path(job_id, "/diff"), f"reading {job_id}'s diff"
+        ).text
+
+    def evidence(self, job_id: str) -> dict[str, Any]:
+        """The job's evidence bundle; ``JOB_NOT_FINISHED`` before the job wrote it."""
+        return self._object("GET", self._job_path(job_id, "/evidence"), "reading the evidence")
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return self._object("POST", self._job_path(job_id, "/cancel"), f"cancelling {job_id}")
+
+    def apply(self, job_id: str) -> dict[str, Any]:
+        """Applies the job in the service's work tree (``NO_WORK_TREE`` for a bundle job)."""
+        return self._object("POST", self._job_path(job_id, "/apply"), f"applying {job_id}")
+
+    def revert(self, job_id: str) -> dict[str, Any]:
+        return self._object("POST", self._job_path(job_id, "/revert"), f"reverting {job_id}")
+
+    def discard(self, job_id: str) -> dict[str, Any]:
+        return self._object("POST", self._job_path(job_id, "/discard"), f"discarding {job_id}")
+
+    def status(self, job_id: str) -> str:
+        """The job's state as the service's queue sees it (``GET /v1/jobs``): final only once
+        the worker is done with the job."""
+        for job in self.jobs():
+            if job.get("job_id") == job_id:
+                return str(job.get("status"))
+        raise service_error(404, str(ErrorCode.NOT_FOUND), f"no job {job_id[:64]!r}")
+
+    def events(
+        self, job_id: str, *, last_event_id: int = 0, retries: int = EVENT_RETRIES
+    ) -> Iterator[Event]:
+        """The job's events after ``last_event_id``, as they come, until the job is neither
+        queued nor running. A dropped connection (or a stream that ends while the job still
+        runs) is resumed with ``Last-Event-ID``: no event is lost or repeated; after
+        ``retries`` attempts in a row without a new event, ``SERVICE_UNREACHABLE``."""
+        path = self._job_path(job_id, "/events")
+        last, failures, delay = last_event_id, 0, 0.5
+        final = False
+        opened: list[bool] = []
+        while True:
+            before = last
+            try:
+                for event in self._stream(path, last, opened):
+                    last = event.id
+                    if event.type == "state":
+                        final = event.data.get("state") not in PENDING_STATES
+                    yield event
+            except httpx.HTTPError as exc:
+                failures = 0 if last > before else failures + 1
+                if failures > retries or not opened:  # never answered: say so at once
+                    doing = f"streaming the events of {job_id} from {self.url}"
+                    raise map_service_error(exc, doing, scrub=self._scrub) from exc
+                time.sleep(min(delay * 2 ** max(failures - 1, 0), 5.0))
+                continue
+            if final or self.status(job_id) not in PENDING_STATES:
+                return
+            failures = 0 if last > before else failures + 1
+            if failures > retries:
+                msg = f"the event stream of {job_id} keeps ending while the job runs"
+                raise ServiceUnreachableError(msg)
+            time.sleep(min(delay * 2 ** max(failures - 1, 0), 5.0))
+
+    def _stream(self, path: str, last: int, opened: list[bool]) -> Iterator[Event]:
+        headers = {"Last-Event-ID": str(last)} if last else {}
+        with self._http.stream("GET", path, headers=headers) as response:
+            if response.status_code >= 400:
+                response.read()
+                raise self._error(response, "streaming the events")
+            opened.append(True)
+            fields: dict[str, str] = {}
+            for line in response.iter_lines():
+                if line:
+                    if not line.startswith(":"):
+                        name, _, value = line.partition(":")
+                        fields[name] = value.removeprefix(" ")
+                    continue
+                if "id" in fields and "event" in fields:
+                    yield _event(fields)
+                fields = {}
+
+    def wait(self, job_id: str) -> dict[str, Any]:
+        """Follows the job's events until it ends; then the job (:meth:`job`)."""
+        for _event in self.events(job_id):
+            pass
+        return self.job(job_id)
+
+
+def _event(fields: dict[str, str]) -> Event:
+    try:
+        data = json.loads(fields.get("data", "{}"))
+        return Event(int(fields["id"]), fields["event"], data if isinstance(data, dict) else {})
+    except ValueError as exc:
+        raise ServiceError("the event stream holds an event that is not the service's") from exc

@@ -1,0 +1,61 @@
+"""The service's Prometheus text: jobs by state, queue length and running jobs per tenant,
+HTTP requests by method, route and status."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from controller.service.store import QUEUED
+
+if TYPE_CHECKING:
+    from controller.service.app import Service
+
+
+class Metrics:
+    """Request counts by method, route and status (thread safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests: Counter[tuple[str, str, int]] = Counter()
+
+    def count(self, method: str, route: str, status: int) -> None:
+        with self._lock:
+            self.requests[method, route, status] += 1
+
+    def snapshot(self) -> dict[tuple[str, str, int], int]:
+        with self._lock:
+            return dict(self.requests)
+
+
+def metrics_text(service: Service) -> str:
+    by_state: Counter[str] = Counter()
+    queued: Counter[str] = Counter({t.name: 0 for t in service.config.tenants})
+    for tenant in service.config.tenants:
+        for row in service.store.list_jobs(tenant.name):
+            by_state[row.state] += 1
+            if row.state == QUEUED:
+                queued[tenant.name] += 1
+    lines = [
+        "# HELP patchbox_service_jobs Jobs of the service by state.",
+        "# TYPE patchbox_service_jobs gauge",
+        *(f'patchbox_service_jobs{{state="{s}"}} {n}' for s, n in sorted(by_state.items())),
+        "# HELP patchbox_service_queue_length Queued jobs per tenant.",
+        "# TYPE patchbox_service_queue_length gauge",
+        *(f'patchbox_service_queue_length{{tenant="{t}"}} {n}' for t, n in sorted(queued.items())),
+        "# HELP patchbox_service_running_jobs Running jobs per tenant.",
+        "# TYPE patchbox_service_running_jobs gauge",
+        *(
+            f'patchbox_service_running_jobs{{tenant="{t.name}"}} '
+            f"{service.runner.running_count(t.name)}"
+            for t in service.config.tenants
+        ),
+        "# HELP patchbox_service_http_requests_total HTTP requests by method, route, status.",
+        "# TYPE patchbox_service_http_requests_total counter",
+        *(
+            f'patchbox_service_http_requests_total{{method="{m}",route="{r}",status="{s}"}} {n}'
+            for (m, r, s), n in sorted(service.metrics.snapshot().items())
+        ),
+    ]
+    return "\n".join(lines) + "\n"
