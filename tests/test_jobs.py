@@ -74,6 +74,31 @@ def test_record_moves_and_keeps_history(tmp_path: Path) -> None:
     assert store.all("/other") == []
 
 
+def test_a_turns_save_skips_the_fsyncs_a_state_change_pays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tool loop saves the record after every turn without fsync (a tool call's cost);
+    every other save is durable. Both replace the file whole."""
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def counted(fd: int) -> None:
+        synced.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", counted)
+    store = JobStore(tmp_path)
+    record = JobRecord(job_id="j1", repo="/r")
+    store.save(record, durable=False)
+    assert synced == []
+    assert store.load("j1") == record
+    record.move("preparing")
+    store.save(record)
+    assert len(synced) == 2  # the file, then its folder
+    assert store.load("j1").state == "preparing"
+    assert [p.name for p in store.folder("j1").iterdir()] == ["job.json"]
+
+
 @pytest.mark.parametrize("bad", ["", "../x", "a/b", ".hidden"])
 def test_store_refuses_odd_job_ids(tmp_path: Path, bad: str) -> None:
     with pytest.raises(UsageError):

@@ -318,7 +318,7 @@ class Job:
             limits=task.limits,
             record=record,
             cancelled=self.cancelled,
-            save=lambda: self.store.save(record),
+            save=lambda: self.store.save(record, durable=False),
             step=self._doing,
         ).run()
         record.timings_ms["loop"] = round((time.perf_counter() - t) * 1000)

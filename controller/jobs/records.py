@@ -289,10 +289,16 @@ class JobStore:
             raise UsageError(msg)
         return self.root / job_id
 
-    def save(self, record: JobRecord) -> None:
+    def save(self, record: JobRecord, *, durable: bool = True) -> None:
+        """Writes ``job.json`` whole, by a rename: a reader sees the old or the new record,
+        never a mix. ``durable=False`` (the tool loop's write after each turn) skips the
+        fsyncs: a killed process loses nothing (the page cache has it), a machine that
+        loses power may come back with the record of an earlier turn; every state change
+        is written durably."""
         folder = self.folder(record.job_id)
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        write_atomic(folder / "job.json", record.model_dump_json(indent=2).encode())
+        data = record.model_dump_json(indent=2).encode()
+        write_atomic(folder / "job.json", data, durable=durable)
 
     def load(self, job_id: str) -> JobRecord:
         path = self.folder(job_id) / "job.json"
@@ -345,14 +351,18 @@ def mark_interrupted(store: JobStore, record: JobRecord) -> JobRecord:
     return record
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Temp file in the same folder, fsync, rename, fsync of the folder."""
+def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
+    """Temp file in the same folder, fsync, rename, fsync of the folder (without the two
+    fsyncs unless ``durable``)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     with tmp.open("wb") as out:
         out.write(data)
         out.flush()
-        os.fsync(out.fileno())
+        if durable:
+            os.fsync(out.fileno())
     tmp.replace(path)
+    if not durable:
+        return
     fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
