@@ -25,7 +25,7 @@ from controller.providers.config import ENV_NAMES
 from controller.service.app import ROUTES
 from controller.service.config import load_service_config
 from controller.service.openapi import document
-from controller.service.runner import Runner
+from controller.service.runner import Runner, host_config_for
 from controller.service.runner import Running as RunningJob
 from controller.service.store import JobRow, SqliteStore
 from tests.support.jobs import APP, APP_AFTER, EDIT, GREET, containers_of, make_repo
@@ -226,6 +226,43 @@ def test_the_queue_is_fair_and_one_job_per_repository(tmp_path: Path) -> None:
     assert picked == ["a1", "b1", "a3"]
     runner._running.pop("a1")
     assert runner._pick().job_id == "a2"  # type: ignore[union-attr]
+    runner.shutdown(timeout=1)
+    store.close()
+
+
+def test_max_sandboxes_bounds_a_tenants_running_jobs_and_its_spares(tmp_path: Path) -> None:
+    path = write_config(tmp_path, workers=0)
+    path.write_text(
+        path.read_text().replace(
+            "max_concurrent_jobs = 2", "max_concurrent_jobs = 2\nmax_sandboxes = 1", 1
+        )
+    )
+    host, config = load_service_config(path)
+    alpha, beta = config.tenants
+    assert (alpha.max_sandboxes, alpha.job_limit(), beta.job_limit()) == (1, 1, 2)
+    store = SqliteStore(tmp_path / "sandboxes.db")
+    runner = Runner(store, host, config)
+    t = time.time()
+    for n, (job_id, tenant) in enumerate(
+        (("a1", "alpha"), ("a2", "alpha"), ("b1", "beta"), ("b2", "beta"))
+    ):
+        store.insert_job(JobRow(job_id, tenant, f"/r/{job_id}", {}, "queued", t + n))
+    picked = []
+    while (row := runner._pick()) is not None:
+        picked.append(row.job_id)
+        runner._running[row.job_id] = RunningJob(row)
+    assert picked == ["a1", "b1", "b2"]  # alpha: one sandbox, so one job at a time
+    spares = host.model_copy(update={"spare_sandboxes": 2})
+    assert (
+        host_config_for(spares, alpha, JobRow("a", "alpha", "/r", {}, "queued", t)).spare_sandboxes
+        == 0
+    )
+    assert (
+        host_config_for(spares, beta, JobRow("b", "beta", "/r", {}, "queued", t)).spare_sandboxes
+        == 2
+    )
+    bundle_row = JobRow("c", "beta", "/r", {"bundle": "b" + "0" * 32}, "queued", t)
+    assert host_config_for(spares, beta, bundle_row).spare_sandboxes == 0
     runner.shutdown(timeout=1)
     store.close()
 

@@ -18,6 +18,7 @@ rest is validated as :class:`controller.config.host.HostConfig` (which forbids u
     token_sha256 = "<hex sha256 of the bearer token>"
     repo_roots = ["/srv/repos/alpha"]
     max_concurrent_jobs = 2
+    max_sandboxes = 4
     max_queued_jobs = 10
     allow_apply = true
 """
@@ -45,6 +46,17 @@ class TenantConfig(BaseModel):
     repo_roots: list[str] = Field(min_length=1, max_length=256)
     max_concurrent_jobs: int = Field(default=1, ge=1, le=256)
     max_queued_jobs: int = Field(default=10, ge=1, le=100_000)
+    max_sandboxes: int | None = Field(default=None, ge=1, le=1024)
+    """The most sandbox containers the tenant's jobs hold at once. A running job holds one
+    (its tools' sandbox, then its checks' fresh one); with this set, the tenant's jobs start
+    no spare sandbox (a spare outlives its job), so at most this many of its jobs run."""
+
+    def job_limit(self) -> int:
+        """How many of the tenant's jobs may run at once."""
+        if self.max_sandboxes is None:
+            return self.max_concurrent_jobs
+        return min(self.max_concurrent_jobs, self.max_sandboxes)
+
     allow_apply: bool = False
 
 

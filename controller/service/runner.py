@@ -50,6 +50,14 @@ DECIDED = frozenset({"awaiting_review", "applied", "failed", "cancelled"})
 """States after the checks: every check result is emitted before them."""
 
 
+def host_config_for(host: HostConfig, tenant: TenantConfig, row: JobRow) -> HostConfig:
+    """The host configuration a job runs with: no spare sandbox for a bundle job (its clone
+    goes when it ends) or for a tenant with ``max_sandboxes`` (a spare outlives its job)."""
+    if row.request.get("bundle") or tenant.max_sandboxes is not None:
+        return host.model_copy(update={"spare_sandboxes": 0})
+    return host
+
+
 def tool_call_event(call: dict[str, Any]) -> dict[str, Any]:
     keys = ("turn", "id", "name", "ok", "error_code")
     return {k: call.get(k) for k in keys}
@@ -235,7 +243,7 @@ class Runner:
         count = len(self._order)
         for step in range(count):
             name = self._order[(self._next + step) % count]
-            if self.running_count(name) >= self.tenants[name].max_concurrent_jobs:
+            if self.running_count(name) >= self.tenants[name].job_limit():
                 continue
             row = self.store.next_queued(name, busy)
             if row is not None:
@@ -314,9 +322,7 @@ class Runner:
             if holder:
                 feed.sync(holder[0].record)
 
-        config = self.host
-        if row.request.get("bundle"):  # its clone goes at the end: no spare sandbox for it
-            config = config.model_copy(update={"spare_sandboxes": 0})
+        config = host_config_for(self.host, self.tenants[row.tenant], row)
         job = api.make_job(
             Path(row.repo),
             TaskSpec.model_validate(row.request["task"]),
