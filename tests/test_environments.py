@@ -268,6 +268,10 @@ def py_project(tmp_path: Path) -> Path:
     ).path
 
 
+NETWORK_BUILD = 1200
+"""Seconds a job that builds its environment from the network may take."""
+
+
 def _run(
     repo: Path,
     folder: Path,
@@ -277,7 +281,8 @@ def _run(
     config: str = "spare_sandboxes = 0\n",
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     args = job_files(folder, task, {"turns": turns, "final": "done"}, config)
-    proc = patchbox("run", "--repo", str(repo), *args, *extra, "--json")
+    # a first job builds its environment over the network (apt, PyPI): minutes on a slow day
+    proc = patchbox("run", "--repo", str(repo), *args, *extra, "--json", timeout=NETWORK_BUILD)
     return proc, json.loads(proc.stdout or "{}")
 
 
@@ -287,6 +292,7 @@ def _record(home: Path, job_id: str) -> dict[str, Any]:
 
 
 @pytest.mark.docker
+@pytest.mark.timeout(NETWORK_BUILD + 300)
 def test_a_python_project_needs_its_plugin_and_gets_it_from_an_environment(
     docker_client: docker.DockerClient,
     sandbox_image: str,
@@ -355,6 +361,7 @@ C_SOURCE = '#include <stdio.h>\nint add(int a, int b) { return a - b; }\nint mai
 
 
 @pytest.mark.docker
+@pytest.mark.timeout(NETWORK_BUILD + 300)
 def test_a_node_project_runs_a_script_from_node_modules_bin(
     docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
 ) -> None:
@@ -404,6 +411,7 @@ def test_a_node_project_runs_a_script_from_node_modules_bin(
 
 
 @pytest.mark.docker
+@pytest.mark.timeout(NETWORK_BUILD + 300)
 def test_a_c_program_is_compiled_and_run_by_its_check(
     docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
 ) -> None:
@@ -502,6 +510,7 @@ def bare_bases(docker_client: docker.DockerClient) -> Iterator[dict[str, str]]:
 
 
 @pytest.mark.docker
+@pytest.mark.timeout(NETWORK_BUILD + 300)
 def test_a_base_without_python_gets_it_from_its_package_manager(
     docker_client: docker.DockerClient, bare_bases: dict[str, str], tmp_path: Path
 ) -> None:

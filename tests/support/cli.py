@@ -13,7 +13,10 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def patchbox(
-    *args: str, home: Path | None = None, env: dict[str, str] | None = None
+    *args: str,
+    home: Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
 ) -> subprocess.CompletedProcess[str]:
     """``python3 -m controller ARGS`` from the checkout, with the test run's environment,
     ``PATCHBOX_HOME=home`` when given, and ``env`` on top."""
@@ -26,7 +29,7 @@ def patchbox(
         text=True,
         env=full,
         cwd=ROOT,
-        timeout=300,
+        timeout=timeout,
         check=False,
     )
 
