@@ -32,57 +32,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import docker
 import httpx
 
+from bench_concurrency import CALLS, TASK, batch_bare, make_repo
 from common import loadavg, percentile, print_table
 from controller.sandbox.dockerclient import connect
 from controller.sandbox.image import ImageBuilder
 from controller.sandbox.labels import JOB
 
 ROOT = Path(__file__).resolve().parent.parent
-APP = 'def greet(name):\n    return "hello " + name\n'
-CHECK = "import sys\nfrom app import greet\nsys.exit(0 if greet('x') == 'Hello x' else 1)\n"
-TASK: dict[str, Any] = {
-    "prompt": "Capitalize the greeting.",
-    "checks": {"greet": {"argv": ["python3", "check.py"], "timeout_seconds": 120}},
-    "limits": {"memory_mb": 256, "workspace_mb": 32, "tmp_mb": 16, "wall_seconds": 600},
-}
-CALLS: dict[str, Any] = {
-    "turns": [
-        [{"id": "c1", "name": "read_file", "arguments": {"path": "app.py"}}],
-        [
-            {
-                "id": "c2",
-                "name": "replace_text",
-                "arguments": {"path": "app.py", "oldText": '"hello "', "newText": '"Hello "'},
-            }
-        ],
-        [{"id": "c3", "name": "run_check", "arguments": {"checkId": "greet"}}],
-    ],
-    "final": "done",
-}
 ENDED = frozenset({"awaiting_review", "applied", "failed", "cancelled", "discarded"})
-GIT_ENV = {
-    "GIT_AUTHOR_NAME": "bench",
-    "GIT_AUTHOR_EMAIL": "bench@example.invalid",
-    "GIT_COMMITTER_NAME": "bench",
-    "GIT_COMMITTER_EMAIL": "bench@example.invalid",
-    "GIT_CONFIG_NOSYSTEM": "1",
-    "GIT_CONFIG_GLOBAL": "/dev/null",
-}
-
-
-def make_repo(root: Path) -> Path:
-    root.mkdir(parents=True)
-    (root / "app.py").write_text(APP)
-    (root / "check.py").write_text(CHECK)
-    env = {**os.environ, **GIT_ENV}
-    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "greet"]):
-        subprocess.run(["git", *args], cwd=root, env=env, check=True)
-    return root
 
 
 @dataclass
@@ -249,20 +210,11 @@ def batch(work: Path, tenants: int, jobs: int, workers: int, max_concurrent: int
     group = tenants_in(work / "roots", tenants, max_concurrent)
     config = write_config(work, group, workers)
     repos = {
-        t.name: (t, [make_repo(t.root / f"repo{i}") for i in range(i0, jobs, tenants)])
+        t.name: (t, [make_repo(t.root / f"repo{i}", i) for i in range(i0, jobs, tenants)])
         for i0, t in enumerate(group)
     }
     with serving(config, work / "home") as url:
         return run_load(url, repos, timeout=900)
-
-
-def batch_bare(image: str, n: int) -> float:
-    argv = ["docker", "run", "--rm", "--network", "none", image, "true"]
-    started = time.monotonic()
-    procs = [subprocess.Popen(argv, stdout=subprocess.DEVNULL) for _ in range(n)]
-    for proc in procs:
-        proc.wait()
-    return time.monotonic() - started
 
 
 def ms(seconds: float) -> str:

@@ -18,28 +18,22 @@ import pytest
 
 from controller.sandbox.labels import HOST, JOB, OWNER_FILTER
 from tests.support.compose import HOSTNAME, Site, compose_command, site
-from tests.support.jobs import APP, APP_AFTER, EDIT, GREET, make_repo
-from tests.support.service import TOKENS, events, wait_status
+from tests.support.jobs import APP, APP_AFTER, make_repo
+from tests.support.service import (
+    CALLS,
+    LIMITS,
+    SLOW_CALLS,
+    TASK,
+    TOKENS,
+    events,
+    slow_task,
+    wait_status,
+)
 
 pytestmark = pytest.mark.docker
 
 ROOT = Path(__file__).resolve().parent.parent
-LIMITS = {"memory_mb": 512, "workspace_mb": 64, "tmp_mb": 32, "wall_seconds": 120}
-TASK: dict[str, Any] = {
-    "prompt": "Capitalize the greeting.",
-    "checks": {"greet": GREET},
-    "limits": LIMITS,
-}
-CALLS: dict[str, Any] = {"turns": [[{"id": "c1", **EDIT}]], "final": "done"}
-SLOW_TASK: dict[str, Any] = {
-    "prompt": "Wait.",
-    "checks": {"slow": {"argv": ["sleep", "60"], "timeout_seconds": 90}},
-    "limits": LIMITS,
-}
-SLOW_CALLS: dict[str, Any] = {
-    "turns": [[{"id": "c1", "name": "run_check", "arguments": {"checkId": "slow"}}]],
-    "final": "done",
-}
+SLOW_TASK = slow_task(60)
 
 
 # -- pytest-docker's fixtures, pointed at the project's compose.yaml ---------------------

@@ -38,22 +38,13 @@ from tests.support.git import Repo, git_env, init
 from tests.support.jobs import (
     APP,
     APP_AFTER,
-    EDIT,
     FILES,
-    GREET,
     NOTES,
     containers_of,
     make_repo,
 )
-from tests.support.service import TOKENS, serving, write_config
+from tests.support.service import CALLS, TASK, TOKENS, serving, write_config
 
-LIMITS = {"memory_mb": 512, "workspace_mb": 64, "tmp_mb": 32, "wall_seconds": 120}
-TASK: dict[str, Any] = {
-    "prompt": "Capitalize the greeting.",
-    "checks": {"greet": GREET},
-    "limits": LIMITS,
-}
-CALLS: dict[str, Any] = {"turns": [[{"id": "c1", **EDIT}]], "final": "done"}
 CAP = 64 * 1024
 BAD_TOKEN = "not-the-token-4242-secret"  # noqa: S105 - a wrong one on purpose
 

@@ -28,26 +28,21 @@ from controller.service.openapi import document
 from controller.service.runner import Runner, host_config_for
 from controller.service.runner import Running as RunningJob
 from controller.service.store import JobRow, SqliteStore
-from tests.support.jobs import APP, APP_AFTER, EDIT, GREET, containers_of, make_repo
-from tests.support.service import TOKENS, events, serving, wait_status, write_config
+from tests.support.jobs import APP, APP_AFTER, containers_of, make_repo
+from tests.support.service import (
+    CALLS,
+    SLOW_CALLS,
+    TASK,
+    TOKENS,
+    events,
+    serving,
+    slow_task,
+    wait_status,
+    write_config,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
-LIMITS = {"memory_mb": 512, "workspace_mb": 64, "tmp_mb": 32, "wall_seconds": 120}
-TASK: dict[str, Any] = {
-    "prompt": "Capitalize the greeting.",
-    "checks": {"greet": GREET},
-    "limits": LIMITS,
-}
-CALLS: dict[str, Any] = {"turns": [[{"id": "c1", **EDIT}]], "final": "done"}
-SLOW_TASK: dict[str, Any] = {
-    "prompt": "Wait.",
-    "checks": {"slow": {"argv": ["sleep", "30"], "timeout_seconds": 60}},
-    "limits": LIMITS,
-}
-SLOW_CALLS: dict[str, Any] = {
-    "turns": [[{"id": "c1", "name": "run_check", "arguments": {"checkId": "slow"}}]],
-    "final": "done",
-}
+SLOW_TASK = slow_task(30)
 JOB_PATHS = ("", "/diff", "/evidence", "/events")
 JOB_ACTIONS = ("/cancel", "/apply", "/revert", "/discard")
 

@@ -15,7 +15,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
-from bench_service import CALLS, TASK, batch, leaked, make_repo, serving, tenants_in, write_config
+from bench_concurrency import CALLS, TASK, make_repo
+from bench_service import batch, leaked, serving, tenants_in, write_config
 from common import percentile
 
 pytestmark = pytest.mark.docker
@@ -62,7 +63,7 @@ def test_each_tenant_lists_only_its_own_jobs(tmp_path: Path) -> None:
             with httpx.Client(base_url=url, headers=headers) as client:
                 ids = set()
                 for i in range(3):
-                    repo = make_repo(tenant.root / f"r{n}{i}")
+                    repo = make_repo(tenant.root / f"r{n}{i}", i)
                     body = {"repo": str(repo), "task": TASK, "calls": CALLS}
                     response = client.post("/v1/jobs", json=body)
                     assert response.status_code == 202, response.text

@@ -18,6 +18,31 @@ import httpx
 import uvicorn
 
 from controller.service.app import Service, build
+from tests.support.jobs import EDIT, GREET
+
+LIMITS = {"memory_mb": 512, "workspace_mb": 64, "tmp_mb": 32, "wall_seconds": 120}
+TASK: dict[str, Any] = {
+    "prompt": "Capitalize the greeting.",
+    "checks": {"greet": GREET},
+    "limits": LIMITS,
+}
+"""The greeting job every service test sends, with :data:`CALLS` (one edit)."""
+CALLS: dict[str, Any] = {"turns": [[{"id": "c1", **EDIT}]], "final": "done"}
+SLOW_CALLS: dict[str, Any] = {
+    "turns": [[{"id": "c1", "name": "run_check", "arguments": {"checkId": "slow"}}]],
+    "final": "done",
+}
+"""Runs :func:`slow_task`'s check as a tool call: the job stays running that long."""
+
+
+def slow_task(seconds: int) -> dict[str, Any]:
+    """A task whose only check sleeps ``seconds``."""
+    return {
+        "prompt": "Wait.",
+        "checks": {"slow": {"argv": ["sleep", str(seconds)], "timeout_seconds": seconds + 30}},
+        "limits": LIMITS,
+    }
+
 
 TOKENS = {"alpha": "alpha-token-0123456789", "beta": "beta-token-9876543210"}
 
