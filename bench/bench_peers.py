@@ -11,7 +11,9 @@ What is compared, each side alternating which goes first in every round:
 
 1. ready: from nothing to the first tool call possible. patchbox: ``api.open_session`` on a
    small repository (health gate, private baseline, a hardened sandbox holding the
-   repository, the agent's handshake), spares off. SWE-ReX, two ways: its
+   repository, the agent's handshake), spares off; and for context the same with the
+   default configuration, where the session claims the spare the previous one left (and
+   offers one for the next while it runs). SWE-ReX, two ways: its
    ``DockerDeployment.start`` as shipped (``docker run`` + ``is_alive`` polled every 0.25 s)
    and the same server started with ``docker run -d`` and ``is_alive`` polled every 10 ms
    (the peer's best case). SWE-ReX's container starts empty: the repository's files are
@@ -394,8 +396,9 @@ class PeerBox:
 class Box:
     """One patchbox session driven through ``controller.api``."""
 
-    def __init__(self, repo: Path) -> None:
+    def __init__(self, repo: Path, spares: int = 0) -> None:
         self.repo = repo
+        self.spares = spares
         self.session: Session | None = None
         self.value = 0
 
@@ -406,7 +409,8 @@ class Box:
 
         task = TaskSpec.model_validate(TASK)
         started = time.perf_counter()
-        self.session = api.open_session(self.repo, task=task, config=HostConfig(spare_sandboxes=0))
+        config = HostConfig(spare_sandboxes=self.spares)
+        self.session = api.open_session(self.repo, task=task, config=config)
         return time.perf_counter() - started
 
     def _call(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -459,6 +463,7 @@ class Box:
 @dataclass
 class Results:
     ready_box: list[float] = field(default_factory=list)
+    ready_spare: list[float] = field(default_factory=list)
     ready_stock: list[float] = field(default_factory=list)
     ready_direct: list[float] = field(default_factory=list)
     close_box: list[float] = field(default_factory=list)
@@ -485,8 +490,8 @@ class Bench:
         self.open_boxes: list[Box] = []
         self.open_peers: list[PeerBox] = []
 
-    def new_box(self) -> Box:
-        box = Box(self.repo)
+    def new_box(self, spares: int = 0) -> Box:
+        box = Box(self.repo, spares)
         self.open_boxes.append(box)
         return box
 
@@ -505,6 +510,8 @@ class Bench:
         self.open_peers.clear()
 
     async def ready_round(self, r: int) -> None:
+        from controller import api
+
         res = self.results
 
         async def box_side() -> None:
@@ -512,6 +519,15 @@ class Bench:
             res.ready_box.append(box.start())
             check(box.read(SAMPLE_PATH) == SAMPLE, "patchbox's first read")
             res.close_box.append(box.close())
+
+        async def spare_side() -> None:
+            box = self.new_box(spares=1)
+            res.ready_spare.append(box.start())
+            check(box.read(SAMPLE_PATH) == SAMPLE, "patchbox's first read")
+            job_id = box.session.job_id if box.session is not None else ""
+            box.close()  # waits for the spare offered for the next round
+            source = api.job(job_id).diagnostics.get("baseline_source")
+            check(source == "spare", f"a spare served the session ({source})")
 
         async def stock_side() -> None:
             peer = self.new_peer()
@@ -527,7 +543,12 @@ class Bench:
             check(await peer.read(SAMPLE_PATH) == SAMPLE, "SWE-ReX's first read")
             await peer.close()
 
-        sides: list[Callable[[], Awaitable[None]]] = [box_side, stock_side, direct_side]
+        sides: list[Callable[[], Awaitable[None]]] = [
+            box_side,
+            stock_side,
+            direct_side,
+            spare_side,
+        ]
         for k in range(len(sides)):
             await sides[(r + k) % len(sides)]()
         await self.close_all()
@@ -677,6 +698,8 @@ def _row(
 def report(res: Results) -> None:
     ready_stock = percentile(res.ready_stock, 50) / percentile(res.ready_box, 50)
     ready_direct = percentile(res.ready_direct, 50) / percentile(res.ready_box, 50)
+    spare_stock = percentile(res.ready_stock, 50) / percentile(res.ready_spare, 50)
+    spare_direct = percentile(res.ready_direct, 50) / percentile(res.ready_spare, 50)
     read_x = percentile(res.read_peer, 50) / percentile(res.read_box, 50)
     mixed_x = percentile(res.mixed_peer, 50) / percentile(res.mixed_box, 50)
     target = f">= {READY_TARGET:.0f}x"
@@ -686,9 +709,14 @@ def report(res: Results) -> None:
         _row("ready: SWE-ReX docker run -d, 10 ms poll", res.ready_direct, f"{ready_direct:.2f}x"),
         _row("close: patchbox Session.close", res.close_box, "-"),
         _row("close: SWE-ReX DockerDeployment.stop", res.close_peer, "-"),
+        _row("ready: patchbox, a spare waiting (default)", res.ready_spare, "1"),
+        _row("  SWE-ReX DockerDeployment.start / it", res.ready_stock, f"{spare_stock:.2f}x"),
+        _row("  SWE-ReX docker run -d, 10 ms poll / it", res.ready_direct, f"{spare_direct:.2f}x"),
     ]
     rows[1][5:] = [target, _yes(ready_stock >= READY_TARGET)]
     rows[2][5:] = [target, _yes(ready_direct >= READY_TARGET)]
+    rows[6][5:] = [target, _yes(spare_stock >= READY_TARGET)]
+    rows[7][5:] = [target, _yes(spare_direct >= READY_TARGET)]
     print_table(["ready", "n", "median", "max", "SWE-ReX / patchbox", "target", "met?"], rows)
     print()
     rows = []
@@ -734,16 +762,20 @@ def report(res: Results) -> None:
 async def run(args: argparse.Namespace, peer: Peer) -> int:
     from controller.sandbox.dockerclient import connect
     from controller.sandbox.image import ImageBuilder
-    from controller.sandbox.labels import JOB, current_identity, new_job_id
+    from controller.sandbox.labels import HOME, JOB, current_identity, home_id, new_job_id
 
+    scratch = Path(tempfile.mkdtemp(prefix="bench-peers-"))
+    os.environ["PATCHBOX_HOME"] = str(scratch / "home")  # its spares are this run's own
     client = connect()
     ImageBuilder(client).ensure()
     image = ensure_peer_image(client, peer.version)
     job_id = new_job_id()
     labels = current_identity().labels(job_id, "bench")
-    scratch = Path(tempfile.mkdtemp(prefix="bench-peers-"))
     repo = make_repo(scratch / "repo")
     bench = Bench(peer, image, repo, labels)
+    first = bench.new_box(spares=1)  # leaves the spare the first timed round claims
+    first.start()
+    first.close()
     print(
         f"SWE-ReX {peer.version}, image {image}; {time.strftime('%Y-%m-%d %H:%M:%S')}",
         file=sys.stderr,
@@ -762,9 +794,11 @@ async def run(args: argparse.Namespace, peer: Peer) -> int:
         await bench.idle(client, args)
     finally:
         await bench.close_all()
-        for container in client.containers.list(all=True, filters={"label": f"{JOB}={job_id}"}):
-            with contextlib.suppress(Exception):
-                container.remove(force=True, v=True)
+        ours = [f"{JOB}={job_id}", f"{HOME}={home_id()}"]  # the peer's, then the spares
+        for label in ours:
+            for container in client.containers.list(all=True, filters={"label": label}):
+                with contextlib.suppress(Exception):
+                    container.remove(force=True, v=True)
         shutil.rmtree(scratch, ignore_errors=True)
     print(f"load average at the end: {loadavg()}", file=sys.stderr)
     report(bench.results)

@@ -1,5 +1,3 @@
-import sys
+from controller.cli.main import run
 
-from controller.cli.main import main
-
-sys.exit(main())
+run()

@@ -13,10 +13,12 @@ import hashlib
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from controller.errors import ErrorCode, PatchboxError
+from controller.errors import ErrorCode, GitError, PatchboxError
 from controller.paths import owned_temp_dir
 from controller.repo.baseline import Baseline, private_repo_of
+from controller.repo.private import PrivateRepo
 from controller.sandbox.base import Sandbox
 from patchbox_agent import diffs, jail
 
@@ -96,15 +98,22 @@ def collect(box: Sandbox, baseline: Baseline) -> Collected:
         files: list[ChangedFile] = []
         entries: list[str] = []
         budget = MAX_CHANGED_BYTES
+        blobs = scratch / "blobs"
+        blobs.mkdir()
+        fetched: list[tuple[str, str, Path]] = []
         for kind, paths in (("added", changes.added), ("modified", changes.modified)):
             for path in paths:
                 mode, data = _fetch(box, path, budget)
                 budget -= len(data)
-                hashed = ("hash-object", "-w", "--no-filters", "--stdin")
-                oid = private.git(*hashed, writes=True, stdin=data).decode().strip()
-                entries.append(f"{mode} {oid}\t{path}\0")
+                blob = blobs / str(len(fetched))
+                blob.write_bytes(data)
+                fetched.append((mode, path, blob))
                 digest = hashlib.sha256(data).hexdigest()
                 files.append(ChangedFile(path, kind, mode, digest))
+        oids = _store_blobs(private, [blob for _, _, blob in fetched])
+        entries += [
+            f"{mode} {oid}\t{path}\0" for (mode, path, _), oid in zip(fetched, oids, strict=True)
+        ]
         # Mode 0 drops an entry (--force-remove would want a work tree).
         zero = "0" * len(baseline.tree)
         entries += [f"0 {zero}\t{path}\0" for path in changes.removed]
@@ -133,6 +142,28 @@ def collect(box: Sandbox, baseline: Baseline) -> Collected:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return Collected(diff=diff, tree=tree, files=sorted(files, key=lambda f: f.path))
+
+
+def _store_blobs(private: PrivateRepo, blobs: list[Path]) -> list[str]:
+    """Writes the files ``blobs`` into the private git dir as blobs, bytes as they are (no
+    filter or conversion); their object ids, in order. One ``git hash-object`` for all of
+    them (a process per file cost about 2.4 ms each: 2.4 s for 1,000 changed files)."""
+    if not blobs:
+        return []
+    if any("\n" in str(blob) for blob in blobs):  # one path per line: hash them one by one
+        hashed = ("hash-object", "-w", "--no-filters", "--stdin")
+        return [
+            private.git(*hashed, writes=True, stdin=b.read_bytes()).decode().strip() for b in blobs
+        ]
+    listing = "".join(f"{blob}\n" for blob in blobs).encode("utf-8", "surrogateescape")
+    out = private.git(
+        "hash-object", "-w", "--no-filters", "--stdin-paths", writes=True, stdin=listing
+    )
+    oids = out.decode("ascii").split()
+    if len(oids) != len(blobs):
+        msg = f"git hash-object gave {len(oids)} object ids for {len(blobs)} files"
+        raise GitError(msg)
+    return oids
 
 
 def baseline_sha256(baseline: Baseline, paths: Iterable[str]) -> dict[str, str | None]:

@@ -20,7 +20,6 @@ from pathlib import Path
 import docker
 import structlog
 
-from controller.changes.apply import apply_changeset
 from controller.changes.collect import Collected, baseline_sha256, collect
 from controller.changes.validate import ChangeSet, validate_changeset
 from controller.config.checks import resolve_checks, resolve_environment, with_environment
@@ -503,6 +502,8 @@ class Job:
         self._move("applied" if decision.applied else "awaiting_review")
 
     def _apply(self, baseline: Baseline, decision: Decision) -> Decision:
+        from controller.changes.apply import apply_changeset  # auto mode only: kept off start
+
         try:
             apply_changeset(
                 baseline,
