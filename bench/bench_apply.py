@@ -10,6 +10,9 @@ The repository of ``bench_tools`` (``--files``, default 100,000) gets a baseline
 - reference (b): the same ``git apply`` followed by the flushes the journal needs and git
   does not make: ``fsync`` of each written file and of each of their folders, on the same
   number of threads as the apply uses;
+- reference (c): ``git apply --check`` of the diff in the scratch worktree: the kind of
+  check ``apply_changeset`` runs itself (there with ``--cached`` on a temporary index of the
+  touched paths), so a floor under any checked apply;
 - ``apply_changeset``: validation (parse, rules, every touched path looked up in the private
   git dir, contents computed in memory), ``git apply --check --cached`` on a temporary index,
   the work-tree checks (operations in progress, SHA-256 of each touched file), the fsync'd
@@ -147,12 +150,14 @@ def run(root: Path, worktree: Path, scratch: Path, repeat: int) -> None:
     pool = ThreadPoolExecutor(max_workers=IO_THREADS)
     m: dict[str, list[float]] = {
         "git": [],
+        "git_check": [],
         "git_fsync": [],
         "apply": [],
         "prepare": [],
         "revert": [],
     }
     for i in range(repeat):
+        m["git_check"].append(timed(lambda: git(worktree, "apply", "--check", str(patch))))
         m["git"].append(timed(lambda: git(worktree, "apply", str(patch))))
         git(worktree, "apply", "-R", str(patch))
 
@@ -185,6 +190,7 @@ def run(root: Path, worktree: Path, scratch: Path, repeat: int) -> None:
     rows = [
         row("(a) git apply (reference, scratch worktree)", m["git"], (None, None)),
         row("(b) git apply + fsync of each written file and folder", m["git_fsync"], (ref_a, None)),
+        row("(c) git apply --check alone (apply runs one)", m["git_check"], (ref_a, ref_b)),
         row("apply_changeset: validate + check + journal + apply", m["apply"], (ref_a, ref_b), met),
         row("  prepare_changeset alone (validate + check)", m["prepare"], (ref_a, ref_b)),
         row("revert_changeset", m["revert"], (ref_a, ref_b)),

@@ -47,7 +47,7 @@ from bench_idle import SERIES, measure_reference, measure_sandboxes
 from bench_tools import RARE, ensure_repo, git
 from common import fit_line, loadavg, percentile, print_table
 from controller.changes.apply import apply_changeset, revert_changeset
-from controller.changes.collect import collect
+from controller.changes.collect import MAX_CHANGED_FILES, collect
 from controller.changes.journal import Journal
 from controller.changes.validate import ChangesetLimits
 from controller.config.limits import Limits
@@ -68,8 +68,8 @@ MEASURES: list[tuple[str, str, str | None]] = [
     ("again", "search_text, same version (cache)", "grep"),
     ("list", "list_files, fresh version", "ls"),
     ("collect1", "collect the diff: 1 file changed", "diff1"),
-    ("collect", "collect the diff: 1% of files changed", "diff"),
-    ("apply", "apply the 1% diff (apply_changeset)", "gitapply"),
+    ("collect", "collect the diff: 1% of files changed (at most 1,000)", "diff"),
+    ("apply", "apply that diff (apply_changeset)", "gitapply"),
     ("revert", "revert it (revert_changeset)", "gitapply"),
 ]
 """(key, what, key of its reference or None)."""
@@ -108,8 +108,9 @@ def _name(i: int) -> str:
 
 
 def changed_files(root: Path, files: int) -> list[str]:
-    """1% of the files (at least one), spread over the tree; ``edit_target.py`` first."""
-    count = max(1, files // 100)
+    """1% of the files (at least one, at most the 1,000 a job may change), spread over the
+    tree; ``edit_target.py`` first."""
+    count = min(max(1, files // 100), MAX_CHANGED_FILES)
     step = max(1, files // count)
     others = [_name(i) for i in range(0, files, step)]
     chosen = ["edit_target.py", *others][:count]

@@ -21,11 +21,13 @@ container run, both measured in one run, interleaved.
    functions the job calls; the controller is not changed), and the interpreter and import
    times are taken on their own: ``python3 -c pass``, ``python3 -c 'import
    controller.cli.main, controller.cli.commands'`` (what ``run`` imports before it does
-   anything) and ``python3 -m controller --version``.
+   anything), ``python3 -c 'import pydantic, docker, structlog'`` (the dependencies alone)
+   and ``python3 -m controller --version``.
 
    The controller's modules are compiled to bytecode first (``compileall``), as installing
-   the package does; ``--no-compile`` measures a checkout whose bytecode is neither there
-   nor written (``PYTHONDONTWRITEBYTECODE=1``): every start then compiles the sources.
+   the package does; ``--no-compile`` removes that bytecode and sets
+   ``PYTHONDONTWRITEBYTECODE=1``: every start then compiles the controller's sources, as in
+   a checkout on a machine that never writes bytecode.
 
     python3 bench/bench_floor.py [--part floor|job|both] [--calls 2000] [--api-calls 200]
                                  [--jobs 10] [--no-compile]
@@ -52,6 +54,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
+AGENT = ROOT / "sandbox-image" / "patchbox_agent"
 FLOOR_TARGET = 2.0
 JOB_TARGET = 2.0
 EVENTS_ENV = "BENCH_FLOOR_EVENTS"
@@ -61,6 +64,8 @@ CALLS = {
     "final": "done",
 }
 SAMPLE_PATH = "bench/sample.txt"
+DEPENDENCIES = "import pydantic, docker, structlog"
+"""The third-party packages a job needs, imported alone: part of any CLI job's floor."""
 SAMPLE = "".join(f"{i:02d} {'x' * 60}\n" for i in range(16))
 
 
@@ -334,6 +339,7 @@ class JobSamples:
     docker_run: list[float] = field(default_factory=list)
     python_pass: list[float] = field(default_factory=list)
     imports: list[float] = field(default_factory=list)
+    deps: list[float] = field(default_factory=list)
     version: list[float] = field(default_factory=list)
     phases: dict[str, list[float]] = field(default_factory=dict)
     phases_cold: dict[str, list[float]] = field(default_factory=dict)
@@ -410,6 +416,7 @@ class JobBench:
         s.python_pass.append(timed([self.py, "-c", "pass"], self.env, self._zero))
         imports = "import controller.cli.main, controller.cli.commands"
         s.imports.append(timed([self.py, "-c", imports], self.env, self._zero))
+        s.deps.append(timed([self.py, "-c", DEPENDENCIES], self.env, self._zero))
         version = [self.py, "-m", "controller", "--version"]
         s.version.append(timed(version, self.env, self._zero))
 
@@ -453,6 +460,7 @@ def job_rows(s: JobSamples) -> tuple[list[list[str]], list[list[str]]]:
         ("docker run --rm --network none IMAGE true (reference)", s.docker_run),
         ("python3 -c pass", s.python_pass),
         ("python3 -c 'import controller.cli.main, .commands'", s.imports),
+        ("python3 -c 'import pydantic, docker, structlog'", s.deps),
         ("python3 -m controller --version", s.version),
     ):
         rows.append([label, str(len(values)), ms(values)])
@@ -462,7 +470,8 @@ def job_rows(s: JobSamples) -> tuple[list[list[str]], list[list[str]]]:
         row[4:] = [f"<= {JOB_TARGET:.0f}x", met]
     phase_rows = [
         [label, ms(s.phases.get(label, [0.0])), ms(s.phases_cold.get(label, [0.0]))]
-        for label in dict.fromkeys([*s.phases, *s.phases_cold])
+        for label, _, _ in PHASES
+        if label in s.phases or label in s.phases_cold
     ]
     return rows, phase_rows
 
@@ -493,9 +502,12 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     if args.no_compile:
-        print(f"bytecode: as found (PYTHONDONTWRITEBYTECODE={sys.flags.dont_write_bytecode})")
+        for cache in [*(ROOT / "controller").rglob("__pycache__"), *AGENT.rglob("__pycache__")]:
+            shutil.rmtree(cache)
+        os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
+        print("bytecode: none; every start compiles the controller's modules")
     else:
-        for package in (ROOT / "controller", ROOT / "sandbox-image" / "patchbox_agent"):
+        for package in (ROOT / "controller", AGENT):
             compileall.compile_dir(package, quiet=1)
         print("bytecode: the controller's modules compiled ahead, as installing does")
     try:
