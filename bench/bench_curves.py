@@ -135,7 +135,9 @@ class Size:
             image=ImageBuilder(client).ensure().tag,
             job_id="bench",
             runtime="runc",
-            limits=Limits(memory_mb=ws_mb + 1024, workspace_mb=ws_mb, wall_seconds=3600),
+            limits=Limits(
+                memory_mb=min(ws_mb * 2 + 1024, 65536), workspace_mb=ws_mb, wall_seconds=3600
+            ),
         )
         self.changed = changed_files(root, files)
         self.limits = ChangesetLimits(max_files=max(len(self.changed), 1))

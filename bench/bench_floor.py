@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import compileall
+import contextlib
 import json
 import os
 import shutil
@@ -476,6 +477,18 @@ def job_rows(s: JobSamples) -> tuple[list[list[str]], list[list[str]]]:
     return rows, phase_rows
 
 
+def remove_spares() -> None:
+    """The spares this run's jobs offered (its own state directory's): removed, not left to
+    end by themselves."""
+    from controller.sandbox.dockerclient import connect
+    from controller.sandbox.labels import HOME, home_id
+
+    client = connect()
+    for container in client.containers.list(all=True, filters={"label": f"{HOME}={home_id()}"}):
+        with contextlib.suppress(Exception):
+            container.remove(force=True, v=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["trace-cli"]:
@@ -525,6 +538,7 @@ def main(argv: list[str] | None = None) -> int:
             header = ["phase of the traced jobs (medians)", "one spare", "spares off"]
             print_table(header, phase_rows)
     finally:
+        remove_spares()
         shutil.rmtree(scratch, ignore_errors=True)
     print(f"load average at the end: {loadavg()}", file=sys.stderr)
     return 0

@@ -290,14 +290,17 @@ class FileIndex:
     def _visible(self, ignored: set[str], shown: set[str] = _NONE) -> Dict[str, List[str]]:
         """Files neither ``ignored`` (unless ``shown`` before) nor protected."""
         out: Dict[str, List[str]] = {}
+        extra = jail.operator_protected
         for d, names in self._raw.items():
-            kept = [
-                n
-                for n in names
-                if (_join(d, n) not in ignored or _join(d, n) in shown)
-                and not jail.is_protected_path(_join(d, n))
-                and not jail.operator_protected(_join(d, n))
-            ]
+            protected = jail.protected_in(d)
+            prefix = f"{d}/" if d else ""
+            kept = []
+            for n in names:
+                path = prefix + n
+                if path in ignored and path not in shown:
+                    continue
+                if not protected(n) and not extra(path):
+                    kept.append(n)
             if kept:
                 out[d] = kept
         return out
@@ -503,9 +506,9 @@ def snapshot_changes(before: Dict[str, Any], after: Dict[str, Any], limit: int) 
     """Visible files added, removed or modified from one :meth:`FileIndex.snapshot` to
     another: sorted lists, each cut at ``limit`` (names that are not UTF-8 escaped), and
     ``count``, the number of changed files in all."""
-    added = jail.reported(sorted(set(after) - set(before)))
-    removed = jail.reported(sorted(set(before) - set(after)))
-    modified = jail.reported(sorted(p for p in set(before) & set(after) if before[p] != after[p]))
+    added = jail.reported(sorted(after.keys() - before.keys()))
+    removed = jail.reported(sorted(before.keys() - after.keys()))
+    modified = jail.reported(sorted(p for p, meta in after.items() if before.get(p, meta) != meta))
     return {
         "added": added[:limit],
         "removed": removed[:limit],

@@ -23,7 +23,7 @@ from .globs import Glob
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Iterator
+    from typing import Callable, Iterator
 
 MAX_PATH_BYTES = 4096
 MAX_COMPONENTS = 128
@@ -70,6 +70,11 @@ def is_protected_path(path: str) -> bool:
     """True when the whole relative path is protected, including the (directory, name)
     rules such as ``.docker/config.json`` that no single component shows."""
     return protected.is_protected_path(path)
+
+
+def protected_in(folder: str) -> Callable[[str], bool]:
+    """:func:`is_protected_path` for the names in ``folder``, its part checked once."""
+    return protected.protected_in(folder)
 
 
 def split(path: object) -> list[str]:

@@ -18,7 +18,7 @@ import unicodedata
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import FrozenSet, Tuple
+    from typing import Callable, FrozenSet, Tuple
 
 # Whole component names (already folded).
 NAMES: FrozenSet[str] = frozenset(
@@ -95,6 +95,30 @@ def is_protected_name(name: str) -> bool:
     """True when one path component is protected whatever its directory (folded here)."""
     f = fold(name)
     return f in NAMES or f.startswith(PREFIXES) or f.endswith(SUFFIXES)
+
+
+def protected_in(folder: str) -> Callable[[str], bool]:
+    """``is_protected_path`` for the names of one folder (``""``: the top), the folder's
+    part checked once: ``protected_in(d)(n) == is_protected_path(d + "/" + n)``.
+
+    For ASCII the folded form is ``lower()`` (NFC changes no ASCII text, case folding
+    lowers it) and folds component by component, so a name then needs only its own test and
+    its pair with the folder's last component. Anything else takes the whole-path test."""
+    if not folder.isascii():
+        return lambda name: is_protected_path(f"{folder}/{name}")
+    if folder and is_protected_path(folder):
+        return lambda _name: True
+    last = folder.rsplit("/", 1)[-1].lower() if folder else None
+
+    def check(name: str) -> bool:
+        if not name.isascii():
+            return is_protected_path(f"{folder}/{name}" if folder else name)
+        f = name.lower()
+        if f in NAMES or f.startswith(PREFIXES) or f.endswith(SUFFIXES):
+            return True
+        return last is not None and (last, f) in PAIRS
+
+    return check
 
 
 def is_protected_path(path: str) -> bool:
