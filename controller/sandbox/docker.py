@@ -455,6 +455,10 @@ class DockerSandbox(AgentCalls):
         except docker.errors.NotFound:
             pass
         except docker.errors.APIError as exc:
+            if exc.status_code == 409 and "already in progress" in str(exc.explanation):
+                # A claimed spare is removed by Docker once it ends; it was ending already.
+                log.debug("sandbox_removal_in_progress", container=self.container.short_id)
+                return
             log.error(
                 "sandbox_remove_failed",
                 container=self.container.short_id,

@@ -1,0 +1,57 @@
+"""Closing a sandbox whose container Docker is already removing (a claimed spare ends and is
+removed by Docker) is a quiet success; any other failure to remove it is logged as an
+error. Pure unit tests: the container is a stand-in that only knows ``remove``."""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from types import SimpleNamespace
+from typing import Any, cast
+
+import docker.errors
+import pytest
+import structlog.testing
+
+from controller.sandbox.base import SandboxSpec
+from controller.sandbox.docker import DockerSandbox
+
+
+class _Container:
+    short_id = "0123456789ab"
+
+    def __init__(self, status: int, explanation: str) -> None:
+        self.status = status
+        self.explanation = explanation
+        self.removed = 0
+
+    def remove(self, **_: Any) -> None:
+        self.removed += 1
+        response = cast("Any", SimpleNamespace(status_code=self.status))  # what it reads
+        raise docker.errors.APIError("remove", response=response, explanation=self.explanation)
+
+
+def _close(container: _Container) -> list[MutableMapping[str, Any]]:
+    spec = SandboxSpec(image="patchbox-sandbox:test", job_id="job-1")
+    box = DockerSandbox(cast("Any", None), spec, cast("Any", container))
+    with structlog.testing.capture_logs() as logs:
+        box.close()
+        box.close()  # a second close does nothing
+    assert container.removed == 1
+    return logs
+
+
+def test_a_removal_already_in_progress_is_not_an_error() -> None:
+    explanation = "removal of container 0123 is already in progress"
+    logs = _close(_Container(409, explanation))
+    assert [e["event"] for e in logs] == ["sandbox_removal_in_progress"]
+    assert logs[0]["log_level"] == "debug"
+
+
+@pytest.mark.parametrize(
+    ("status", "explanation"),
+    [(409, "You cannot remove a running container"), (500, "driver failed")],
+)
+def test_other_failures_are_logged_as_errors(status: int, explanation: str) -> None:
+    logs = _close(_Container(status, explanation))
+    assert [(e["event"], e["log_level"]) for e in logs] == [("sandbox_remove_failed", "error")]
+    assert logs[0]["error"] == explanation
