@@ -16,6 +16,7 @@ import pytest
 PROGRAM = textwrap.dedent(
     """
     import atexit, sys, threading, time
+    from concurrent.futures import ThreadPoolExecutor
     from pathlib import Path
     import controller.cli.main as cli
 
@@ -28,6 +29,9 @@ PROGRAM = textwrap.dedent(
     def fake_main(argv=None) -> int:
         atexit.register(lambda: (out / "atexit").write_text("ran"))
         threading.Thread(target=late_writer).start()
+        # a pool whose idle workers (not daemons) wait for work until told to stop at exit
+        pool = ThreadPoolExecutor(max_workers=4)
+        list(pool.map(abs, range(8)))
         sys.stdout.write("x" * int(sys.argv[2]))  # partly buffered: flushed on the way out
         sys.stderr.write("to stderr")
         return 3
