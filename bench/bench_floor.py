@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import compileall
-import contextlib
 import json
 import os
 import shutil
@@ -49,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from common import fmt_ms, loadavg, percentile, print_table
+from common import fmt_ms, loadavg, percentile, print_table, remove_labelled
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -483,10 +482,7 @@ def remove_spares() -> None:
     from controller.sandbox.dockerclient import connect
     from controller.sandbox.labels import HOME, home_id
 
-    client = connect()
-    for container in client.containers.list(all=True, filters={"label": f"{HOME}={home_id()}"}):
-        with contextlib.suppress(Exception):
-            container.remove(force=True, v=True)
+    remove_labelled(connect(), f"{HOME}={home_id()}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -62,7 +62,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from common import cgroup_memory, fmt_ms, loadavg, percentile, print_table
+from common import cgroup_memory, fmt_ms, loadavg, percentile, print_table, remove_labelled
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -794,11 +794,8 @@ async def run(args: argparse.Namespace, peer: Peer) -> int:
         await bench.idle(client, args)
     finally:
         await bench.close_all()
-        ours = [f"{JOB}={job_id}", f"{HOME}={home_id()}"]  # the peer's, then the spares
-        for label in ours:
-            for container in client.containers.list(all=True, filters={"label": label}):
-                with contextlib.suppress(Exception):
-                    container.remove(force=True, v=True)
+        remove_labelled(client, f"{JOB}={job_id}")  # the peer's
+        remove_labelled(client, f"{HOME}={home_id()}")  # patchbox's spares
         shutil.rmtree(scratch, ignore_errors=True)
     print(f"load average at the end: {loadavg()}", file=sys.stderr)
     report(bench.results)

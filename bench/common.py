@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,3 +68,11 @@ def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
         return 0.0, mean_y
     slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / var
     return slope, mean_y - slope * mean_x
+
+
+def remove_labelled(client: Any, label: str) -> None:
+    """Removes every container carrying ``label`` (``key=value``), running or not; a
+    container that is already going is no failure."""
+    for container in client.containers.list(all=True, filters={"label": label}):
+        with contextlib.suppress(Exception):
+            container.remove(force=True, v=True)

@@ -556,9 +556,10 @@ def run() -> None:
     run the threading module's exit hooks and wait for the threads that are not daemons
     (``threading._shutdown``, as the interpreter calls it), run the ``atexit`` handlers
     (logging's shutdown among them), flush standard output and error. Those are done here,
-    in that order, and the process then ends with :func:`os._exit`, which skips only the teardown of
-    every module and object (60 to 200 ms for the modules a job imports, and nothing in it
-    that writes anywhere: files are written through ``with`` blocks or raw descriptors).
+    in that order, and the process then ends with :func:`os._exit`, which skips only the
+    teardown of every module and object (60 to 200 ms for the modules a job imports, and
+    nothing in it that writes anywhere: files are written through ``with`` blocks or raw
+    descriptors).
     An exception out of ``main`` (``SystemExit`` from argument parsing among them) ends the
     process the usual way."""
     import atexit
@@ -571,10 +572,8 @@ def run() -> None:
     threading._shutdown()  # type: ignore[attr-defined]  # noqa: SLF001
     atexit._run_exitfuncs()  # noqa: SLF001
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):  # a reader gone (``| head``): quiet
             stream.flush()
-        except (OSError, ValueError):
-            _quiet_stdout()
     os._exit(code)
 
 

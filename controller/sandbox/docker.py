@@ -25,6 +25,7 @@ from controller.config.limits import SHM_MB
 from controller.errors import LimitExceededError, ProtocolError, SandboxError, map_error
 from controller.sandbox.base import PRELOAD_TARGET, HelloResult, RunResult, SandboxSpec
 from controller.sandbox.calls import ARCHIVE_TIMEOUT, DEFAULT_CALL_TIMEOUT, AgentCalls
+from controller.sandbox.dockerclient import removal_in_progress
 from controller.sandbox.labels import ControllerIdentity
 from controller.sandbox.protocol import MAX_RESPONSE_FRAME
 from controller.sandbox.session import AgentSession
@@ -455,8 +456,7 @@ class DockerSandbox(AgentCalls):
         except docker.errors.NotFound:
             pass
         except docker.errors.APIError as exc:
-            if exc.status_code == 409 and "already in progress" in str(exc.explanation):
-                # A claimed spare is removed by Docker once it ends; it was ending already.
+            if removal_in_progress(exc):  # a claimed spare: Docker removes it once it ends
                 log.debug("sandbox_removal_in_progress", container=self.container.short_id)
                 return
             log.error(

@@ -19,3 +19,9 @@ def connect(timeout: float = 120.0) -> docker.DockerClient:
             "sure this user may use it"
         ) from exc
     return client
+
+
+def removal_in_progress(exc: docker.errors.APIError) -> bool:
+    """A forced removal refused because Docker is removing the container already (an
+    auto-removed container that ended, or another remover first): gone is what was wanted."""
+    return exc.status_code == 409 and "already in progress" in str(exc.explanation)

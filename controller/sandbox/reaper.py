@@ -12,6 +12,7 @@ import docker.errors
 import structlog
 
 from controller.paths import MOUNT_PREFIX, mount_staging_root
+from controller.sandbox.dockerclient import removal_in_progress
 from controller.sandbox.labels import (
     CONTROLLER,
     HOME,
@@ -75,7 +76,7 @@ def _reap_containers(client: docker.DockerClient, everything: bool, report: Reap
         except docker.errors.NotFound:
             pass  # removed by someone else meanwhile: gone is what we wanted
         except docker.errors.APIError as exc:
-            if exc.status_code == 409:  # removal already in progress
+            if removal_in_progress(exc):
                 continue
             report.failures += 1
             log.error("reap_container_failed", container=cid[:12], error=str(exc.explanation))

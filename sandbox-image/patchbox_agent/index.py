@@ -508,7 +508,8 @@ def snapshot_changes(before: Dict[str, Any], after: Dict[str, Any], limit: int) 
     ``count``, the number of changed files in all."""
     added = jail.reported(sorted(after.keys() - before.keys()))
     removed = jail.reported(sorted(before.keys() - after.keys()))
-    modified = jail.reported(sorted(p for p, meta in after.items() if before.get(p, meta) != meta))
+    changed = (p for p, meta in after.items() if p in before and before[p] != meta)
+    modified = jail.reported(sorted(changed))
     return {
         "added": added[:limit],
         "removed": removed[:limit],
