@@ -11,15 +11,13 @@ gives p50/p99 of each and the ratio p50(channel) / p50(exec) against the targets
 from __future__ import annotations
 
 import argparse
-import io
 import subprocess
 import sys
-import tarfile
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from common import loadavg, percentile, print_table
+from common import SAMPLE_PATH, fmt_ms, loadavg, percentile, print_table, sample_archive
 from controller.cli.demo.run import example_archive
 from controller.config.limits import Limits
 from controller.sandbox.base import Runtime, SandboxSpec
@@ -31,35 +29,9 @@ from controller.sandbox.labels import current_identity, new_job_id
 if TYPE_CHECKING:
     pass
 
-SAMPLE_PATH = "bench/sample.txt"
 SAMPLE_SIZE = 1024
 TARGET_DIVISOR: dict[Runtime, int] = {"runc": 80, "runsc": 40}
 """Target: p50(channel) must be at most 1/N of p50(docker exec)."""
-
-
-def sample_text() -> bytes:
-    """16 lines of 64 bytes: a 1 KB text file."""
-    return b"".join(f"{i:02d} {'x' * 60}\n".encode() for i in range(SAMPLE_SIZE // 64))
-
-
-def sample_archive() -> bytes:
-    data = sample_text()
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        folder = tarfile.TarInfo("bench")
-        folder.type = tarfile.DIRTYPE
-        folder.mode = 0o755
-        tar.addfile(folder)
-        info = tarfile.TarInfo(SAMPLE_PATH)
-        info.size = len(data)
-        info.mode = 0o644
-        tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
-def fmt_ms(seconds: float) -> str:
-    ms = seconds * 1000
-    return f"{ms:.3f} ms" if ms < 10 else f"{ms:.1f} ms"
 
 
 @dataclass

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from common import loadavg, percentile, print_table
+from common import make_repo as common_make_repo
 from controller.sandbox.dockerclient import connect
 from controller.sandbox.image import ImageBuilder
 
@@ -50,25 +51,11 @@ CALLS = {
     ],
     "final": "done",
 }
-GIT_ENV = {
-    "GIT_AUTHOR_NAME": "bench",
-    "GIT_AUTHOR_EMAIL": "bench@example.invalid",
-    "GIT_COMMITTER_NAME": "bench",
-    "GIT_COMMITTER_EMAIL": "bench@example.invalid",
-    "GIT_CONFIG_NOSYSTEM": "1",
-    "GIT_CONFIG_GLOBAL": "/dev/null",
-}
 
 
 def make_repo(root: Path, n: int) -> Path:
-    root.mkdir(parents=True)
-    (root / "app.py").write_text(APP)
-    (root / "check.py").write_text(CHECK)
-    (root / "README.md").write_text(f"# repository {n}\n")
-    env = {**os.environ, **GIT_ENV}
-    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "greet"]):
-        subprocess.run(["git", *args], cwd=root, env=env, check=True)
-    return root
+    files = {"app.py": APP, "check.py": CHECK, "README.md": f"# repository {n}\n"}
+    return common_make_repo(root, files, "greet")
 
 
 def busy_seconds() -> float:

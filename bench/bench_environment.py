@@ -46,7 +46,8 @@ from typing import TYPE_CHECKING, Any
 
 import docker.errors
 
-from common import loadavg, print_table
+from common import fmt_ms, loadavg, print_table
+from common import make_repo as common_make_repo
 from controller.config.environment import EnvironmentSpec
 from controller.config.limits import Limits
 from controller.errors import EnvironmentBuildError
@@ -99,14 +100,6 @@ REF_REPO = "patchbox-bench-ref"
 OUTSIDE = "outside the steps"
 """Before the first step and after the last: patchbox's plan, context and image lookup; the
 CLI's start; on both sides the context's upload and the daemon's unpacking of it."""
-GIT_ENV = {
-    "GIT_AUTHOR_NAME": "bench",
-    "GIT_AUTHOR_EMAIL": "bench@example.invalid",
-    "GIT_COMMITTER_NAME": "bench",
-    "GIT_COMMITTER_EMAIL": "bench@example.invalid",
-    "GIT_CONFIG_NOSYSTEM": "1",
-    "GIT_CONFIG_GLOBAL": "/dev/null",
-}
 
 
 def progress(message: str) -> None:
@@ -114,14 +107,12 @@ def progress(message: str) -> None:
 
 
 def make_repo(root: Path) -> Path:
-    root.mkdir(parents=True)
-    (root / "app.py").write_text('def greet(name):\n    return "hello " + name\n')
-    (root / "requirements.txt").write_text("iniconfig==2.0.0\n")
-    (root / "README.md").write_text("# bench\n")
-    env = {**os.environ, **GIT_ENV}
-    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "bench"]):
-        subprocess.run(["git", *args], cwd=root, env=env, check=True)
-    return root
+    files = {
+        "app.py": 'def greet(name):\n    return "hello " + name\n',
+        "requirements.txt": "iniconfig==2.0.0\n",
+        "README.md": "# bench\n",
+    }
+    return common_make_repo(root, files)
 
 
 @dataclass
@@ -430,10 +421,6 @@ def fmt_s(seconds: float) -> str:
     return f"{seconds:.2f} s" if abs(seconds) < 1 else f"{seconds:.1f} s"
 
 
-def fmt_ms(seconds: float) -> str:
-    return f"{seconds * 1000:.0f} ms"
-
-
 def row(
     what: str,
     ours: list[float],
@@ -520,21 +507,21 @@ def main(argv: list[str] | None = None) -> int:
             f"{runtime}: job sandbox ready, environment vs default image",
             ready.env_job,
             ready.default_job,
-            fmt_ms,
+            lambda seconds: fmt_ms(seconds, whole=True),
             READY_TARGET,
         ),
         row(
             f"{runtime}: of it start + baseline + hello (context)",
             ready.env_start,
             ready.default_start,
-            fmt_ms,
+            lambda seconds: fmt_ms(seconds, whole=True),
             None,
         ),
         row(
             f"{runtime}: of it image lookup (context)",
             ready.env_lookup,
             ready.default_lookup,
-            fmt_ms,
+            lambda seconds: fmt_ms(seconds, whole=True),
             None,
         ),
     ]

@@ -48,7 +48,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from common import fmt_ms, loadavg, percentile, print_table, remove_labelled
+from common import (
+    SAMPLE,
+    SAMPLE_PATH,
+    fmt_ms,
+    loadavg,
+    make_repo,
+    percentile,
+    print_table,
+    remove_labelled,
+    sample_archive,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -63,22 +73,8 @@ CALLS = {
     "turns": [[{"id": "c1", "name": "read_file", "arguments": {"path": "bench/sample.txt"}}]],
     "final": "done",
 }
-SAMPLE_PATH = "bench/sample.txt"
 DEPENDENCIES = "import pydantic, docker, structlog"
 """The third-party packages a job needs, imported alone: part of any CLI job's floor."""
-SAMPLE = "".join(f"{i:02d} {'x' * 60}\n" for i in range(16))
-
-
-def make_repo(root: Path) -> Path:
-    from controller.repo.git import GitContext, run_git
-
-    (root / "bench").mkdir(parents=True)
-    (root / SAMPLE_PATH).write_text(SAMPLE)
-    ctx = GitContext(cwd=root, home=root.parent)
-    run_git(ctx, "init", "-q")
-    run_git(ctx, "add", "-A")
-    run_git(ctx, "commit", "-q", "-m", "bench sample")
-    return root
 
 
 def check(ok: bool, what: str) -> None:
@@ -218,24 +214,6 @@ def time_calls(owner: type, name: str, into: list[float]) -> None:
             into.append(time.perf_counter() - started)
 
     setattr(owner, name, wrapped)
-
-
-def sample_archive() -> bytes:
-    import io
-    import tarfile
-
-    data = SAMPLE.encode()
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        folder = tarfile.TarInfo("bench")
-        folder.type = tarfile.DIRTYPE
-        folder.mode = 0o755
-        tar.addfile(folder)
-        info = tarfile.TarInfo(SAMPLE_PATH)
-        info.size = len(data)
-        info.mode = 0o644
-        tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 # -- 2. the job: the traced CLI process ---------------------------------------------------

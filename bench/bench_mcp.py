@@ -39,18 +39,15 @@ import anyio
 from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters
 
-from common import loadavg, percentile, print_table
+from common import SAMPLE, SAMPLE_PATH, fmt_ms, loadavg, make_repo, percentile, print_table
 from controller import api
 from controller.config.host import HostConfig
 from controller.config.task import TaskSpec
 from controller.mcp.server import PROMPT_URI
-from controller.repo.git import GitContext, run_git
 from controller.sandbox.dockerclient import connect
 from controller.sandbox.image import ImageBuilder
 
 ROOT = Path(__file__).resolve().parent.parent
-SAMPLE_PATH = "bench/sample.txt"
-SAMPLE = "".join(f"{i:02d} {'x' * 60}\n" for i in range(16))
 TARGET = 3.0
 """Target: p50(MCP) / p50(API) at most this."""
 TASK = {
@@ -65,21 +62,6 @@ TASK = {
     },
 }
 CONFIG = "spare_sandboxes = 0\n"
-
-
-def make_repo(root: Path) -> Path:
-    (root / "bench").mkdir(parents=True)
-    (root / SAMPLE_PATH).write_text(SAMPLE)
-    ctx = GitContext(cwd=root, home=root.parent)
-    run_git(ctx, "init", "-q")
-    run_git(ctx, "add", "-A")
-    run_git(ctx, "commit", "-q", "-m", "bench sample")
-    return root
-
-
-def fmt_ms(seconds: float) -> str:
-    ms = seconds * 1000
-    return f"{ms:.3f} ms" if ms < 10 else f"{ms:.1f} ms"
 
 
 def check(ok: bool, what: str) -> None:

@@ -47,13 +47,11 @@ import argparse
 import asyncio
 import contextlib
 import importlib
-import io
 import os
 import shutil
 import socket
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import uuid
@@ -62,7 +60,18 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from common import cgroup_memory, fmt_ms, loadavg, percentile, print_table, remove_labelled
+from common import (
+    SAMPLE,
+    SAMPLE_PATH,
+    cgroup_memory,
+    fmt_ms,
+    loadavg,
+    percentile,
+    print_table,
+    remove_labelled,
+    sample_archive,
+)
+from common import make_repo as common_make_repo
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -76,8 +85,6 @@ SWEREX_REPO = "patchbox-bench-swerex"
 SERVER_PORT = 8000
 """The port ``swerex-remote`` listens on inside its container."""
 WORKDIR = "/workspace"
-SAMPLE_PATH = "bench/sample.txt"
-SAMPLE = "".join(f"{i:02d} {'x' * 60}\n" for i in range(16))
 CONFIG_PATH = "src/config.py"
 N_MODULES = 20
 RUN_ARGV = ["python3", "-c", "pass"]
@@ -156,33 +163,8 @@ def time_calls(owner: type, name: str, into: list[float]) -> Callable[[], None]:
     return lambda: setattr(owner, name, original)
 
 
-def sample_archive() -> bytes:
-    """A tar holding the 1 KB sample, for a bare sandbox."""
-    data = SAMPLE.encode()
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        folder = tarfile.TarInfo("bench")
-        folder.type = tarfile.DIRTYPE
-        folder.mode = 0o755
-        tar.addfile(folder)
-        info = tarfile.TarInfo(SAMPLE_PATH)
-        info.size = len(data)
-        info.mode = 0o644
-        tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
 def make_repo(root: Path) -> Path:
-    from controller.repo.git import GitContext, run_git
-
-    for rel, text in repo_files().items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    ctx = GitContext(cwd=root, home=root.parent)
-    run_git(ctx, "init", "-q")
-    run_git(ctx, "add", "-A")
-    run_git(ctx, "commit", "-q", "-m", "bench files")
-    return root
+    return common_make_repo(root, repo_files(), "bench files")
 
 
 def check(ok: bool, what: str) -> None:

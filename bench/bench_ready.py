@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from common import loadavg, percentile, print_table
+from common import fmt_ms, loadavg, percentile, print_table
 from controller.config.limits import Limits
 from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.docker import DockerSandbox
@@ -36,10 +36,6 @@ if TYPE_CHECKING:
 
 TARGET_RATIO = 1.3
 """median(ready) must be at most 1.3 x median(docker run)."""
-
-
-def fmt_ms(seconds: float) -> str:
-    return f"{seconds * 1000:.0f} ms"
 
 
 PHASES = ("create", "events + attach", "start", "hello", "close")
@@ -163,8 +159,8 @@ def rows_for(runtime: Runtime, samples: Samples) -> list[list[str]]:
         [
             f"{runtime}: ready (create+attach+start+hello)",
             n,
-            fmt_ms(ready),
-            fmt_ms(percentile(samples.ready, 90)),
+            fmt_ms(ready, whole=True),
+            fmt_ms(percentile(samples.ready, 90), whole=True),
             f"{ready / ref:.2f}x",
             f"<= {TARGET_RATIO}x",
             "yes" if ready / ref <= TARGET_RATIO else "NO",
@@ -172,8 +168,8 @@ def rows_for(runtime: Runtime, samples: Samples) -> list[list[str]]:
         [
             f"{runtime}: ready + close",
             n,
-            fmt_ms(total),
-            fmt_ms(percentile(samples.ready_close, 90)),
+            fmt_ms(total, whole=True),
+            fmt_ms(percentile(samples.ready_close, 90), whole=True),
             f"{total / ref:.2f}x",
             "-",
             "-",
@@ -181,8 +177,8 @@ def rows_for(runtime: Runtime, samples: Samples) -> list[list[str]]:
         [
             f"{runtime}: docker run --rm true (reference)",
             str(len(samples.docker_run)),
-            fmt_ms(ref),
-            fmt_ms(percentile(samples.docker_run, 90)),
+            fmt_ms(ref, whole=True),
+            fmt_ms(percentile(samples.docker_run, 90), whole=True),
             "1",
             "-",
             "-",
@@ -190,8 +186,8 @@ def rows_for(runtime: Runtime, samples: Samples) -> list[list[str]]:
         [
             f"{runtime}: docker run --rm python3 -c pass (context)",
             str(len(samples.python_run)),
-            fmt_ms(percentile(samples.python_run, 50)),
-            fmt_ms(percentile(samples.python_run, 90)),
+            fmt_ms(percentile(samples.python_run, 50), whole=True),
+            fmt_ms(percentile(samples.python_run, 90), whole=True),
             f"{percentile(samples.python_run, 50) / ref:.2f}x",
             "-",
             "-",
@@ -199,8 +195,8 @@ def rows_for(runtime: Runtime, samples: Samples) -> list[list[str]]:
         [
             f"{runtime}: docker run --rm python3 -c 'import agent' (context)",
             str(len(samples.import_run)),
-            fmt_ms(percentile(samples.import_run, 50)),
-            fmt_ms(percentile(samples.import_run, 90)),
+            fmt_ms(percentile(samples.import_run, 50), whole=True),
+            fmt_ms(percentile(samples.import_run, 90), whole=True),
             f"{percentile(samples.import_run, 50) / ref:.2f}x",
             "-",
             "-",
@@ -214,8 +210,8 @@ def phase_rows(runtime: Runtime, samples: Samples) -> list[list[str]]:
         [
             f"{runtime}: {phase}",
             str(len(values)),
-            fmt_ms(percentile(values, 50)),
-            fmt_ms(percentile(values, 90)),
+            fmt_ms(percentile(values, 50), whole=True),
+            fmt_ms(percentile(values, 90), whole=True),
             f"{percentile(values, 50) / ready:.0%} of ready" if phase != "close" else "-",
         ]
         for phase, values in samples.phases.items()

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import math
+import tarfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
+
+SAMPLE_PATH = "bench/sample.txt"
+"""The file the per-call benchmarks read."""
+SAMPLE = "".join(f"{i:02d} {'x' * 60}\n" for i in range(16))
+"""16 lines of 64 bytes: a 1 KB text file."""
 
 
 def loadavg() -> str:
@@ -25,10 +32,51 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def fmt_ms(seconds: float) -> str:
-    """Milliseconds, three decimals below 10 ms, one above."""
+def fmt_ms(seconds: float, *, whole: bool = False) -> str:
+    """Milliseconds: three decimals below 10 ms and one above, or ``whole`` ones."""
     ms = seconds * 1000
+    if whole:
+        return f"{ms:.0f} ms"
     return f"{ms:.3f} ms" if ms < 10 else f"{ms:.1f} ms"
+
+
+def sample_archive(files: Mapping[str, str] | None = None) -> bytes:
+    """A tar of ``files`` (default: the sample at :data:`SAMPLE_PATH`) with their folders,
+    for a bare sandbox's workspace."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        folders: set[str] = set()
+        for rel, text in (files or {SAMPLE_PATH: SAMPLE}).items():
+            parts = rel.split("/")[:-1]
+            for depth in range(1, len(parts) + 1):
+                name = "/".join(parts[:depth])
+                if name not in folders:
+                    folders.add(name)
+                    folder = tarfile.TarInfo(name)
+                    folder.type = tarfile.DIRTYPE
+                    folder.mode = 0o755
+                    tar.addfile(folder)
+            data = text.encode()
+            info = tarfile.TarInfo(rel)
+            info.size = len(data)
+            info.mode = 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def make_repo(root: Path, files: Mapping[str, str] | None = None, message: str = "bench") -> Path:
+    """A git repository at ``root`` with one commit of ``files`` (default: the sample),
+    made through the controller's own git runner (no user configuration)."""
+    from controller.repo.git import GitContext, run_git
+
+    for rel, text in (files or {SAMPLE_PATH: SAMPLE}).items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    ctx = GitContext(cwd=root, home=root.parent)
+    run_git(ctx, "init", "-q")
+    run_git(ctx, "add", "-A")
+    run_git(ctx, "commit", "-q", "-m", message)
+    return root
 
 
 def cgroup_memory(stats: dict[str, Any]) -> tuple[int, int]:
