@@ -70,6 +70,11 @@ def add_parser(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
             help=f"read the token from this file (default ${TOKEN_VARIABLE})",
         )
         cmd.add_argument("--json", action="store_true")
+        cmd.add_argument(
+            "--allow-insecure-http",
+            action="store_true",
+            help="allow a plain http:// service that is not on loopback (token and diffs in clear)",
+        )
         return cmd
 
     submit = command("submit", "send a job", job=False)
@@ -122,7 +127,7 @@ def connect(args: argparse.Namespace) -> ServiceClient:
     server = (args.server or os.environ.get(SERVER_VARIABLE, "")).strip()
     if not server:
         raise UsageError(f"no service: give --server URL or set {SERVER_VARIABLE}")
-    return ServiceClient(server, _token(args))
+    return ServiceClient(server, _token(args), allow_insecure_http=args.allow_insecure_http)
 
 
 def run(args: argparse.Namespace, progress: Progress) -> Outcome:
