@@ -28,14 +28,18 @@ Every error is a :class:`controller.errors.PatchboxError` with its code.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import queue
+import shutil
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
+
+from pydantic import BaseModel, ConfigDict
 
 from controller.config.host import HostConfig, load_config
 from controller.config.task import TaskSpec
@@ -474,6 +478,100 @@ def apply_job(
     return record, result
 
 
+class RemoteOrigin(BaseModel):
+    """Where a diff applied with :func:`apply_remote_diff` came from (kept in the local
+    job's ``diagnostics["remote"]``; shown, never trusted)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    server: str
+    job_id: str
+    bundle: str
+
+
+def apply_remote_diff(  # noqa: PLR0913 - the diff, where it applies, keyword-only rules
+    repo: Path,
+    diff: str | bytes,
+    commit: str,
+    *,
+    origin: RemoteOrigin,
+    allowed_paths: list[str] | None = None,
+    merge: bool = False,
+    config: HostConfig | None = None,
+) -> tuple[JobRecord, ApplyResult]:
+    """Applies a diff made elsewhere on ``commit`` (a service's bundle job) to the work tree
+    of ``repo`` as :func:`apply_job` applies a local job: the baseline is ``commit``'s tree
+    (``APPLY_CONFLICT`` when the repository does not have it), then
+    :func:`controller.changes.apply.apply_changeset` with every rule of a local job (the
+    protected paths of ``config``, config paths only as ``allowed_paths`` names them,
+    links, modes, sizes), the touched paths' check on the work tree and the journal.
+
+    The apply is a local job of its own (a new id, ``diagnostics["remote"]`` says where it
+    came from): ``patchbox jobs`` lists it, ``patchbox revert`` undoes it. It is recorded
+    (``awaiting_review``, with its diff) before the apply starts; when the apply is refused
+    before it wrote anything (``CHANGESET_INVALID``, ``APPLY_CONFLICT``, ...) the record is
+    removed again, so a refused diff leaves nothing behind."""
+    from controller.changes.apply import apply_changeset
+    from controller.changes.journal import Journal
+    from controller.errors import ApplyConflictError
+    from controller.jobs.evidence import write_evidence
+    from controller.jobs.records import Decision, FileChange
+    from controller.repo.baseline import commit_baseline
+    from controller.sandbox.labels import new_job_id
+
+    config = config or load_config()
+    baseline = commit_baseline(repo, commit)
+    if baseline is None:
+        msg = (
+            f"cannot apply: the diff was made on commit {commit[:12]}, which this repository "
+            "does not have (fetch it, or apply in the repository the job was sent from); "
+            "nothing was written"
+        )
+        raise ApplyConflictError([], msg)
+    raw = diff.encode("utf-8", "surrogateescape") if isinstance(diff, str) else diff
+    text = raw.decode("utf-8", "surrogateescape")
+    store = JobStore()
+    task: dict[str, Any] = {} if allowed_paths is None else {"allowed_paths": allowed_paths}
+    record = JobRecord(
+        job_id=new_job_id(),
+        repo=baseline.repo,
+        state="awaiting_review",
+        task=task,
+        baseline=baseline,
+        diagnostics={"remote": origin.model_dump()},
+        diff_sha256=hashlib.sha256(raw).hexdigest(),
+    )
+    record.history = [("awaiting_review", record.created_at)]
+    store.save(record)
+    write_evidence(record, text, store)
+    try:
+        with write_lock(record.repo):
+            result = apply_changeset(
+                baseline,
+                raw,
+                job_id=record.job_id,
+                allowed_paths=record.allowed_paths,
+                extra_protected=tuple(config.protected),
+                merge=merge,
+            )
+    except BaseException:
+        if Journal().phase(record.job_id) == "none":  # nothing was written: nothing kept
+            shutil.rmtree(store.folder(record.job_id), ignore_errors=True)
+        raise
+    record.files = [
+        FileChange.model_validate(f.model_dump(include=set(FileChange.model_fields)))
+        for f in result.changeset.files
+    ]
+    record.move("applied")
+    reason = f"the diff of job {origin.job_id} on {origin.server}"
+    record.decision = Decision(
+        mode=record.mode, reason=reason, applied_by="user", merged=result.merged
+    )
+    store.save(record)
+    write_evidence(record, text, store)
+    return record, result
+
+
 def revert_job(job_id: str) -> tuple[JobRecord, RevertResult]:
     """Undoes an applied job exactly (``REVERT_CONFLICT`` when a touched path changed)."""
     from controller.changes.apply import revert_changeset
@@ -521,8 +619,10 @@ def job(job_id: str) -> JobRecord:
 __all__ = [
     "CallResult",
     "Proposal",
+    "RemoteOrigin",
     "Session",
     "apply_job",
+    "apply_remote_diff",
     "discard_job",
     "job",
     "job_diff",

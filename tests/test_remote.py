@@ -19,9 +19,7 @@ from typing import Any
 import docker
 import pytest
 
-from controller.cli.remote import apply_diff
 from controller.errors import (
-    ApplyConflictError,
     ErrorCode,
     ExitCode,
     ServiceError,
@@ -39,7 +37,6 @@ from tests.support.jobs import (
     APP,
     APP_AFTER,
     FILES,
-    NOTES,
     containers_of,
     make_repo,
 )
@@ -314,40 +311,6 @@ def test_an_answer_that_is_not_the_services_api_is_a_bad_response(tmp_path: Path
     assert "'TEAPOT'" in unknown.message
     assert type(service_error(409, "QUOTA_EXCEEDED", "x")) is ServiceError
     assert isinstance(service_error(401, "UNAUTHORIZED", "x"), ServiceUsageError)
-
-
-def test_a_bundle_jobs_diff_applies_locally_all_or_nothing(tmp_path: Path) -> None:
-    origin = init(tmp_path / "origin", FILES, message="greet")
-    bundle_head = origin.head()
-    origin.git("mv", "notes.txt", "renamed notes.txt")
-    origin.write("app.py", APP_AFTER)
-    diff = origin.git("diff", "-M", "HEAD") + "\n"
-    origin.git("reset", "-q", "--hard")
-    assert "rename from notes.txt" in diff
-    # a copy that moved on, with the renamed file changed: refused, nothing written
-    moved = init(tmp_path / "moved", None)
-    moved.git("pull", "-q", str(origin.path), "HEAD")
-    moved.write("notes.txt", "mine\n")
-    moved.commit("mine")
-    with pytest.raises(ApplyConflictError, match=r"notes\.txt"):
-        apply_diff(moved.path, diff, bundle_head)
-    assert (moved.path / "app.py").read_text() == APP
-    # a repository without the bundle's commit
-    other = init(tmp_path / "other", {"app.py": APP, "notes.txt": NOTES}, message="x")
-    with pytest.raises(ApplyConflictError, match="does not have that commit"):
-        apply_diff(other.path, diff, bundle_head)
-    # the same HEAD with a local edit git apply cannot take: refused by --check
-    origin.write("app.py", "something else\n")
-    with pytest.raises(ApplyConflictError, match="git apply --check"):
-        apply_diff(origin.path, diff, bundle_head)
-    assert (origin.path / "notes.txt").read_text() == NOTES
-    origin.git("checkout", "--", "app.py")
-    files = apply_diff(origin.path, diff, bundle_head)
-    assert sorted(f["path"] for f in files) == ["app.py", "renamed notes.txt"]
-    assert (origin.path / "app.py").read_text() == APP_AFTER
-    assert (origin.path / "renamed notes.txt").read_text() == NOTES
-    assert not (origin.path / "notes.txt").exists()
-    assert origin.git("diff", "--cached", "--name-only") == ""  # the index is not touched
 
 
 class CuttingProxy:

@@ -8,8 +8,12 @@ service's codes (:func:`controller.errors.service_error`); a service that does n
 ``SERVICE_UNREACHABLE`` (exit 3). ``docs/service.md`` describes each command.
 
 A job on a repository the service cannot see runs on a git bundle (``submit --bundle``):
-the client uploads ``git bundle create - HEAD`` and ``remote apply`` applies the job's diff
-to the local repository with ``git apply``, all or nothing.
+the client uploads ``git bundle create - HEAD`` and ``remote apply`` downloads the job's
+diff (no more than the change set's size limit) and applies it to the local repository as a
+local job (:func:`controller.api.apply_remote_diff`): the bundle's commit is the baseline,
+and every rule, check and the journal of ``patchbox apply`` hold. The service is not
+trusted: config paths are written only when the user names them here (``--allow-path``, a
+local ``--task`` file), never because the service says so.
 """
 
 from __future__ import annotations
@@ -17,25 +21,30 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shlex
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 
 from controller.errors import (
     ApplyConflictError,
+    ChangesetInvalidError,
     ErrorCode,
     ExitCode,
     GitError,
     ServiceError,
     ServiceUsageError,
     UsageError,
+    describe_validation,
     exit_code_for_error,
 )
 
 if TYPE_CHECKING:
-    from controller.repo.layout import RepoLayout
     from controller.service.client import Event, ServiceClient
 
 Outcome = tuple[int, dict[str, Any] | None, str]
@@ -45,6 +54,7 @@ TOKEN_VARIABLE = "PATCHBOX_TOKEN"  # noqa: S105 - the variable's name, not a tok
 SERVER_VARIABLE = "PATCHBOX_SERVER"
 MAX_INPUT_BYTES = 1024 * 1024
 MAX_TOKEN_FILE_BYTES = 4096
+MAX_ALLOW_PATH = 4096
 ENDED_OK = frozenset({"awaiting_review", "applied"})
 
 
@@ -70,6 +80,11 @@ def add_parser(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
             help=f"read the token from this file (default ${TOKEN_VARIABLE})",
         )
         cmd.add_argument("--json", action="store_true")
+        cmd.add_argument(
+            "--allow-insecure-http",
+            action="store_true",
+            help="allow a plain http:// service that is not on loopback (token and diffs in clear)",
+        )
         return cmd
 
     submit = command("submit", "send a job", job=False)
@@ -90,6 +105,22 @@ def add_parser(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
     apply = command("apply", "apply a job (a bundle job: to the local repository)")
     apply.add_argument(
         "--repo", help="for a bundle job: the local repository (default: the current folder)"
+    )
+    apply.add_argument(
+        "--task",
+        metavar="FILE",
+        help="for a bundle job: a local task file whose allowed_paths the diff may write",
+    )
+    apply.add_argument(
+        "--allow-path",
+        action="append",
+        metavar="PATH",
+        help="for a bundle job: a path the diff may write, config paths included (repeatable)",
+    )
+    apply.add_argument(
+        "--merge",
+        action="store_true",
+        help="for a bundle job: merge files you changed meanwhile three-way",
     )
     command("revert", "undo an applied job on the service")
     command("discard", "drop a job awaiting review, failed or cancelled")
@@ -122,7 +153,7 @@ def connect(args: argparse.Namespace) -> ServiceClient:
     server = (args.server or os.environ.get(SERVER_VARIABLE, "")).strip()
     if not server:
         raise UsageError(f"no service: give --server URL or set {SERVER_VARIABLE}")
-    return ServiceClient(server, _token(args))
+    return ServiceClient(server, _token(args), allow_insecure_http=args.allow_insecure_http)
 
 
 def run(args: argparse.Namespace, progress: Progress) -> Outcome:
@@ -253,167 +284,121 @@ def _apply(client: ServiceClient, args: argparse.Namespace, progress: Progress) 
     view = client.job(args.job)
     bundle = view.get("bundle")
     if not bundle:
-        if args.repo:
-            msg = "--repo is for a bundle job; this job is applied in the service's work tree"
+        local = [f for f, v in LOCAL_APPLY_FLAGS.items() if getattr(args, v)]
+        if local:
+            msg = (
+                f"{', '.join(local)}: for a bundle job only; this job is applied in the "
+                "service's work tree"
+            )
             raise UsageError(msg)
         data = client.apply(args.job)
         files = data.get("files") or []
         return ExitCode.OK, data, f"job {args.job} applied on the service: {len(files)} file(s)"
+    ref = _bundle_ref(args.job, bundle)
     if view.get("status") != "awaiting_review":
         msg = f"job {args.job} is {view.get('status')}; only a job awaiting review is applied"
-        raise UsageError(msg)
+        raise UsageError(msg[:300])
+    return _apply_here(client, args, ref, progress)
+
+
+LOCAL_APPLY_FLAGS = {
+    "--repo": "repo",
+    "--task": "task",
+    "--allow-path": "allow_path",
+    "--merge": "merge",
+}
+"""The options of ``remote apply`` that only a bundle job's local apply takes."""
+
+
+class BundleRef(BaseModel):
+    """A job view's ``bundle``: the uploaded bundle and the commit the job ran on."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,128}$")]
+    head: Annotated[str, StringConstraints(pattern=r"^([0-9a-f]{40}|[0-9a-f]{64})$")]
+
+
+def _bundle_ref(job: str, bundle: object) -> BundleRef:
+    try:
+        return BundleRef.model_validate(bundle)
+    except ValidationError as exc:
+        fields = describe_validation(exc, subject="bundle")
+        msg = f"the service's job {job} names a bundle that is not one ({fields})"
+        raise ServiceError(msg) from None
+
+
+def _allowed_paths(args: argparse.Namespace) -> list[str] | None:
+    """The ``allowed_paths`` of the local apply: the local task file's, plus every
+    ``--allow-path``; None (no limit beyond the protected paths, no config path) without
+    either. What the service says of the job's task is never read."""
+    allowed: list[str] | None = None
+    if args.task:
+        from controller.cli.commands import load_task
+
+        allowed = load_task(Path(args.task)).allowed_paths
+    for path in args.allow_path or []:
+        if not path.strip() or len(path) > MAX_ALLOW_PATH:
+            raise UsageError(f"--allow-path takes a path of 1 to {MAX_ALLOW_PATH} characters")
+        allowed = [*(allowed or []), path]
+    return allowed
+
+
+def _apply_here(
+    client: ServiceClient, args: argparse.Namespace, ref: BundleRef, progress: Progress
+) -> Outcome:
+    """A bundle job's diff, downloaded up to the change set's size limit, applied to the
+    local repository as a local job (:func:`controller.api.apply_remote_diff`)."""
+    from controller.api import RemoteOrigin, apply_remote_diff
+    from controller.changes.validate import ChangesetLimits, ChangesetReason
+
+    allowed = _allowed_paths(args)
     repo = Path(args.repo or ".").resolve()
-    diff = client.diff(args.job)
+    limit = ChangesetLimits().max_diff_bytes
+
+    def too_large(cap: int) -> ChangesetInvalidError:
+        message = f"the job's diff is over {cap} bytes (max_diff_bytes): the rest was not read"
+        return ChangesetInvalidError([ChangesetReason(code="too_large", message=message)])
+
+    diff = client.diff(args.job, max_bytes=limit, too_large=too_large)
     if not diff.strip():
         raise UsageError(f"job {args.job} has an empty diff: there is nothing to apply")
     progress(f"applying job {args.job} to {repo}")
-    files = apply_diff(repo, diff, str(bundle.get("head", "")))
+    origin = RemoteOrigin(server=client.url, job_id=args.job, bundle=ref.id)
+    try:
+        record, result = apply_remote_diff(
+            repo, diff, ref.head, origin=origin, allowed_paths=allowed, merge=args.merge
+        )
+    except ApplyConflictError as exc:
+        again = f"patchbox remote apply {args.job} --repo {shlex.quote(str(repo))} --merge"
+        exc.message = MERGE_HINT.sub(again, exc.message)
+        raise
+    except ChangesetInvalidError as exc:
+        if any(r.code in {"config_path", "not_allowed"} for r in exc.reasons):
+            exc.message += (
+                "; the service's word is not taken for which paths the job may write: name "
+                "them with --allow-path PATH, or --task FILE whose allowed_paths does"
+            )
+        raise
+    files = [f.model_dump(mode="json") for f in result.files]
     data = {
         "job_id": args.job,
-        "status": "applied",
+        "local_job_id": record.job_id,
+        "status": record.state,
         "files": files,
-        "merged": [],
+        "merged": result.merged,
         "repo": str(repo),
     }
-    text = f"job {args.job} applied to {repo}: {len(files)} file(s)"
-    text += "\nthe service still lists the job awaiting review: patchbox remote discard " + args.job
+    text = (
+        f"job {args.job} applied to {repo} as local job {record.job_id}: {len(files)} file(s)"
+        f"\nundo: patchbox revert {record.job_id}"
+        "\nthe service still lists the job awaiting review: patchbox remote discard " + args.job
+    )
     return ExitCode.OK, data, text
 
 
-# -- applying a bundle job's diff locally ----------------------------------------------------
-
-
-def apply_diff(repo: Path, diff: str, head: str) -> list[dict[str, Any]]:
-    """Applies a bundle job's ``diff`` to the work tree of ``repo``, all or nothing: when the
-    local HEAD is not the bundle's ``head``, every path the diff touches must hold the
-    bundle's content; then ``git apply --check``, then ``git apply`` (the index is not
-    touched). ``APPLY_CONFLICT`` otherwise, nothing written. Git runs hardened, and ``git
-    apply`` through a private git dir (the repository's own configuration is not read)."""
-    from controller.repo.git import GitContext, run_git
-    from controller.repo.layout import locate, operations_in_progress, resolve_head
-
-    layout = locate(repo)
-    busy = operations_in_progress(layout)
-    if busy:
-        listed = ", ".join(r.code for r in busy)
-        raise ApplyConflictError([], f"cannot apply: a git operation is in progress ({listed})")
-    patch = diff.encode("utf-8", "surrogateescape")
-    with tempfile.TemporaryDirectory(prefix="patchbox-apply-") as tmp:
-        folder = Path(tmp)
-        run_git(GitContext(cwd=folder, home=folder), "init", "-q", str(folder / "private"))
-        private = GitContext(
-            cwd=layout.top, git_dir=folder / "private" / ".git", work_tree=layout.top, home=folder
-        )
-        stat = run_git(private, "apply", "--numstat", "-z", "-", stdin=patch, check=False)
-        if stat.returncode != 0:
-            raise ApplyConflictError(
-                [], f"cannot apply: the diff is not one git reads: {_last(stat.stderr)}"
-            )
-        files, paths = _numstat(stat.stdout)
-        paths += _renamed_from(diff)
-        local, _reason = resolve_head(layout)
-        if local != head:
-            _same_as_bundle(layout, head, paths, folder)
-        checked = run_git(private, "apply", "--check", "-", stdin=patch, check=False)
-        if checked.returncode != 0:
-            refused = _last(checked.stderr)
-            msg = f"cannot apply: git apply --check refused the diff ({refused}); nothing written"
-            raise ApplyConflictError([], msg)
-        run_git(private, "apply", "-", stdin=patch)
-    return files
-
-
-def _same_as_bundle(layout: RepoLayout, head: str, paths: list[str], folder: Path) -> None:
-    """Every path in ``paths`` holds the bundle's HEAD content in the work tree."""
-    from controller.repo.git import GitContext, run_git
-
-    repo = GitContext(
-        cwd=folder,
-        git_dir=layout.git_dir,
-        work_tree=layout.top,
-        home=folder,
-        literal_pathspecs=True,
-    )
-    known = run_git(repo, "cat-file", "-e", f"{head}^{{commit}}", check=False)
-    if known.returncode != 0:
-        msg = (
-            f"cannot apply: the local HEAD is not the bundle's HEAD {head[:12]}, and this "
-            "repository does not have that commit (fetch it, or check it out)"
-        )
-        raise ApplyConflictError([], msg)
-    changed = run_git(repo, "diff", "--name-only", "-z", head, "--", *paths, check=False)
-    if changed.returncode != 0:
-        raise ApplyConflictError([], f"cannot apply: git diff failed ({_last(changed.stderr)})")
-    names = [n for n in changed.stdout.decode("utf-8", "surrogateescape").split("\0") if n]
-    if names:
-        shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
-        msg = (
-            f"cannot apply: the local HEAD is not the bundle's HEAD {head[:12]} and these "
-            f"paths differ from it: {shown}; nothing was written"
-        )
-        raise ApplyConflictError([], msg)
-
-
-def _numstat(raw: bytes) -> tuple[list[dict[str, Any]], list[str]]:
-    """``git apply --numstat -z``: the files (``path``, ``added``, ``removed``) and every path
-    touched (a rename's both names)."""
-    parts = raw.decode("utf-8", "surrogateescape").split("\0")
-    files: list[dict[str, Any]] = []
-    paths: list[str] = []
-    index = 0
-    while index < len(parts) and parts[index]:
-        added, removed, path = parts[index].split("\t", 2)
-        index += 1
-        if not path:  # a rename: the old and the new name follow
-            old, path = parts[index], parts[index + 1]
-            index += 2
-            paths.append(old)
-        paths.append(path)
-        files.append({"path": path, "added": _count(added), "removed": _count(removed)})
-    return files, paths
-
-
-def _renamed_from(diff: str) -> list[str]:
-    """The old names of renamed or copied files (``git apply --numstat`` gives the new)."""
-    return [
-        _unquote(line.split(" ", 2)[2])
-        for line in diff.splitlines()
-        if line.startswith(("rename from ", "copy from "))
-    ]
-
-
-def _unquote(name: str) -> str:
-    """A path as git writes it in a diff header: as is, or C-quoted."""
-    if not (len(name) >= 2 and name.startswith('"') and name.endswith('"')):
-        return name
-    raw = name[1:-1].encode("utf-8", "surrogateescape")
-    out = bytearray()
-    escapes = {ord("n"): 10, ord("t"): 9, ord("a"): 7, ord("b"): 8, ord("f"): 12, ord("r"): 13}
-    escapes |= {ord("v"): 11, ord("\\"): 92, ord('"'): 34}
-    index = 0
-    while index < len(raw):
-        byte = raw[index]
-        if byte == 92 and index + 1 < len(raw):  # a backslash
-            follow = raw[index + 1]
-            if 48 <= follow <= 55 and index + 3 < len(raw):  # three octal digits
-                out.append(int(raw[index + 1 : index + 4], 8) & 0xFF)
-                index += 4
-                continue
-            out.append(escapes.get(follow, follow))
-            index += 2
-            continue
-        out.append(byte)
-        index += 1
-    return out.decode("utf-8", "surrogateescape")
-
-
-def _count(text: str) -> int | None:
-    return int(text) if text.isdigit() else None
-
-
-def _last(stderr: bytes) -> str:
-    lines = stderr.decode("utf-8", "replace").strip().splitlines()
-    return lines[-1][:300] if lines else "no detail"
+MERGE_HINT = re.compile(r"patchbox apply \S+ --merge")
+"""The ``--merge`` command of a refused apply's message, for the local job's id."""
 
 
 # -- text ---------------------------------------------------------------------------------

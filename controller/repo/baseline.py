@@ -26,6 +26,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -44,6 +45,7 @@ from controller.errors import (
     GitError,
     PatchboxError,
     RepoBlockedError,
+    UsageError,
 )
 from controller.paths import owned_temp_dir
 from controller.repo.git import GIT_TIMEOUT, GitContext, git_argv, run_git
@@ -468,6 +470,44 @@ def build_baseline(
             return baseline, report
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+OBJECT_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+"""A full commit id, SHA-1 or SHA-256."""
+
+
+def commit_baseline(path: Path, commit: str) -> Baseline | None:
+    """The clean baseline of ``commit`` (a full object id) for the repository at ``path``:
+    its tree, read in the private git dir (which borrows the repository's objects; nothing
+    is written to the repository, and its work tree and index are not read). None when the
+    repository does not have that commit. For a diff made elsewhere on that commit (a bundle
+    job on a service): :func:`controller.changes.apply.apply_changeset` then checks the work
+    tree's touched paths against it as for any job. Raises ``NOT_A_REPOSITORY``."""
+    if not OBJECT_ID.fullmatch(commit):
+        msg = f"not a full commit id: {commit[:80]!r}"
+        raise UsageError(msg)
+    started = time.perf_counter()
+    layout = locate(path)
+    private = PrivateRepo(layout)
+    with private.locked():
+        private.ensure()
+        kind = run_git(private.ctx(), "cat-file", "-t", commit, check=False)
+        if kind.returncode != 0 or kind.stdout.strip() != b"commit":
+            return None
+        tree = private.git("rev-parse", f"{commit}^{{tree}}").decode().strip()
+        private.git("update-ref", f"refs/patchbox/baselines/{tree}", commit)
+    return Baseline(
+        repo=str(layout.top),
+        mode="require-clean",
+        head=commit,
+        tree=tree,
+        commit=commit,
+        local_digest=hashlib.sha256(b"\0" + tree.encode()).hexdigest(),
+        counts=Counts(),
+        submodules=submodule_paths(layout),
+        private_git_dir=str(private.git_dir),
+        built_ms=round((time.perf_counter() - started) * 1000),
+    )
 
 
 def grow_pipe(fd: int) -> None:

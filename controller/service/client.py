@@ -14,13 +14,20 @@ Every error answer of the service (``{"error": {"code", "message"}}``) is raised
 wrong: a bad token, another tenant's job, a malformed body); a service that does not answer
 is :class:`controller.errors.ServiceUnreachableError` (``SERVICE_UNREACHABLE``). The token is
 sent in the ``Authorization`` header only and never appears in a message.
+
+A service is not trusted with this process either: every answer is read up to a bound
+(:data:`MAX_ANSWER_BYTES`, :data:`MAX_ERROR_BYTES`, one event :data:`MAX_EVENT_BYTES`, a
+diff the caller's ``max_bytes``) and no further, compressed answers are refused, and plain
+``http`` is refused to a host that is not loopback unless the caller allows it
+(``allow_insecure_http``): the token and the diffs would cross the network in clear.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Self
@@ -29,6 +36,7 @@ import httpx
 
 from controller.errors import (
     ErrorCode,
+    PatchboxError,
     ServiceError,
     ServiceUnreachableError,
     UsageError,
@@ -43,6 +51,13 @@ READ_SECONDS = 120.0
 UPLOAD_SECONDS = 3600.0
 EVENT_RETRIES = 5
 """Reconnections of an event stream in a row without a new event before giving up."""
+MAX_ANSWER_BYTES = 32 * 1024 * 1024
+"""The largest answer read (a job's object holds its diff, at most 8 MiB for the engine)."""
+MAX_ERROR_BYTES = 64 * 1024
+"""The largest error answer read; a longer one is not the service's error shape."""
+MAX_EVENT_BYTES = 1024 * 1024
+"""The longest line of an event stream."""
+INSECURE_HTTP_FLAG = "--allow-insecure-http"
 
 
 @dataclass(frozen=True)
@@ -63,7 +78,16 @@ def _token(token: str) -> str:
     return token
 
 
-def _base_url(url: str) -> httpx.URL:
+def _loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _base_url(url: str, *, allow_insecure_http: bool = False) -> httpx.URL:
     try:
         parsed = httpx.URL(url.strip())
     except (httpx.InvalidURL, TypeError) as exc:
@@ -74,7 +98,27 @@ def _base_url(url: str) -> httpx.URL:
         raise UsageError(msg)
     if parsed.userinfo:
         raise UsageError("the service URL must not hold a user or password; use the token")
+    if parsed.scheme == "http" and not allow_insecure_http and not _loopback(parsed.host):
+        msg = (
+            f"plain http to {parsed.host[:100]!r}, which is not loopback, would send the token "
+            f"and take the diffs in clear: use https, or pass {INSECURE_HTTP_FLAG} "
+            "(a network you trust)"
+        )
+        raise UsageError(msg)
     return parsed.copy_with(path=parsed.path.rstrip("/") + "/", query=None, fragment=None)
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """An answer of the service, its body read whole (within its bound)."""
+
+    status: int
+    content_type: str
+    body: bytes
+
+
+TooLarge = Callable[[int], PatchboxError]
+"""The error for an answer over its bound (given the bound)."""
 
 
 class ServiceClient:
@@ -87,12 +131,13 @@ class ServiceClient:
         *,
         timeout: float = READ_SECONDS,
         transport: httpx.BaseTransport | None = None,
+        allow_insecure_http: bool = False,
     ) -> None:
-        self.url = str(_base_url(url))
+        self.url = str(_base_url(url, allow_insecure_http=allow_insecure_http))
         self._secret = _token(token)
         self._http = httpx.Client(
             base_url=self.url,
-            headers={"Authorization": f"Bearer {self._secret}"},
+            headers={"Authorization": f"Bearer {self._secret}", "Accept-Encoding": "identity"},
             timeout=httpx.Timeout(timeout, connect=CONNECT_SECONDS),
             transport=transport,
             follow_redirects=False,
@@ -112,35 +157,82 @@ class ServiceClient:
     def _scrub(self, text: str) -> str:
         return text.replace(self._secret, "[redacted]")
 
-    def _request(self, method: str, path: str, doing: str, **kwargs: Any) -> httpx.Response:
+    def _too_large(self, doing: str) -> TooLarge:
+        def error(limit: int) -> PatchboxError:
+            msg = f"{doing}: the service's answer is over {limit} bytes; the rest was not read"
+            return ServiceError(msg)
+
+        return error
+
+    def _read(self, response: httpx.Response, limit: int, too_large: TooLarge) -> Iterator[bytes]:
+        """The body of ``response`` as it arrives (not decoded), raising ``too_large``
+        before more than ``limit`` bytes are taken: a declared length over it is refused
+        before any byte is read."""
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in {"", "identity"}:
+            msg = f"the service's answer is compressed ({encoding[:40]}), which was not asked for"
+            raise ServiceError(msg, status=response.status_code)
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise too_large(limit)
+        total = 0
+        for chunk in response.iter_raw():
+            total += len(chunk)
+            if total > limit:
+                raise too_large(limit)
+            yield chunk
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        doing: str,
+        *,
+        limit: int = MAX_ANSWER_BYTES,
+        too_large: TooLarge | None = None,
+        **kwargs: Any,
+    ) -> _Answer:
+        """One request; its answer read up to ``limit`` bytes (``too_large`` past that,
+        by default ``SERVICE_BAD_RESPONSE``); an error answer raised as the service's."""
         try:
-            response = self._http.request(method, path.lstrip("/"), **kwargs)
+            with self._http.stream(method, path.lstrip("/"), **kwargs) as response:
+                if response.status_code >= 400:
+                    raise self._error(response, doing)
+                body = b"".join(self._read(response, limit, too_large or self._too_large(doing)))
+                kind = response.headers.get("content-type", "")
+                return _Answer(response.status_code, kind, body)
         except httpx.HTTPError as exc:
             raise map_service_error(exc, f"{doing} at {self.url}", scrub=self._scrub) from exc
-        if response.status_code >= 400:
-            raise self._error(response, doing)
-        return response
 
     def _error(self, response: httpx.Response, doing: str) -> ServiceError:
+        kind = response.headers.get("content-type", "no content type")[:60]
+        status = response.status_code
+
+        def not_ours(limit: int) -> PatchboxError:
+            del limit
+            msg = (
+                f"{doing}: the service answered {status} with something that is not its "
+                f"error shape ({kind}); is {self.url} a patchbox service?"
+            )
+            return ServiceError(msg, status=status)
+
         try:
-            body = response.json()
-            error = body["error"]
+            raw = b"".join(self._read(response, MAX_ERROR_BYTES, not_ours))
+        except ServiceError as exc:
+            return exc
+        try:
+            error = json.loads(raw)["error"]
             code, message = str(error["code"]), str(error["message"])
         except (ValueError, KeyError, TypeError):
-            kind = response.headers.get("content-type", "no content type")[:60]
-            msg = (
-                f"{doing}: the service answered {response.status_code} with something that "
-                f"is not its error shape ({kind}); is {self.url} a patchbox service?"
-            )
-            return ServiceError(msg, status=response.status_code)
-        return service_error(response.status_code, code, self._scrub(message))
+            return ServiceError(not_ours(0).message, status=status)
+        return service_error(status, code, self._scrub(message))
 
-    def _json(self, response: httpx.Response, doing: str) -> Any:
+    def _json(self, answer: _Answer, doing: str) -> Any:
         try:
-            return response.json()
+            return json.loads(answer.body)
         except ValueError:
             msg = f"{doing}: the service's answer is not JSON; is {self.url} a patchbox service?"
-            raise ServiceError(msg, status=response.status_code) from None
+            raise ServiceError(msg, status=answer.status) from None
 
     def _object(self, method: str, path: str, doing: str, **kwargs: Any) -> dict[str, Any]:
         data = self._json(self._request(method, path, doing, **kwargs), doing)
@@ -214,11 +306,24 @@ class ServiceClient:
         """The job as ``patchbox run --json`` prints it (plus ``bundle`` for a bundle job)."""
         return self._object("GET", self._job_path(job_id), f"reading job {job_id}")
 
-    def diff(self, job_id: str) -> str:
-        """The job's unified diff (empty before it is collected)."""
-        return self._request(
-            "GET", self._job_path(job_id, "/diff"), f"reading {job_id}'s diff"
-        ).text
+    def diff(
+        self,
+        job_id: str,
+        *,
+        max_bytes: int = MAX_ANSWER_BYTES,
+        too_large: TooLarge | None = None,
+    ) -> str:
+        """The job's unified diff (empty before it is collected), UTF-8 (a byte that is not
+        stays a surrogate escape). Over ``max_bytes`` the download stops there and
+        ``too_large(max_bytes)`` is raised (by default ``SERVICE_BAD_RESPONSE``)."""
+        answer = self._request(
+            "GET",
+            self._job_path(job_id, "/diff"),
+            f"reading {job_id}'s diff",
+            limit=max_bytes,
+            too_large=too_large,
+        )
+        return answer.body.decode("utf-8", "surrogateescape")
 
     def evidence(self, job_id: str) -> dict[str, Any]:
         """The job's evidence bundle; ``JOB_NOT_FINISHED`` before the job wrote it."""
@@ -283,11 +388,10 @@ class ServiceClient:
         headers = {"Last-Event-ID": str(last)} if last else {}
         with self._http.stream("GET", path, headers=headers) as response:
             if response.status_code >= 400:
-                response.read()
                 raise self._error(response, "streaming the events")
             opened.append(True)
             fields: dict[str, str] = {}
-            for line in response.iter_lines():
+            for line in self._lines(response):
                 if line:
                     if not line.startswith(":"):
                         name, _, value = line.partition(":")
@@ -296,6 +400,25 @@ class ServiceClient:
                 if "id" in fields and "event" in fields:
                     yield _event(fields)
                 fields = {}
+
+    def _lines(self, response: httpx.Response) -> Iterator[str]:
+        """The lines of an event stream, each at most :data:`MAX_EVENT_BYTES`."""
+
+        def too_long(limit: int) -> PatchboxError:
+            return ServiceError(f"the event stream holds a line over {limit} bytes")
+
+        pending = b""
+        for chunk in self._read(response, 1 << 62, too_long):
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            if len(pending) > MAX_EVENT_BYTES:
+                raise too_long(MAX_EVENT_BYTES)
+            for line in lines:
+                if len(line) > MAX_EVENT_BYTES:
+                    raise too_long(MAX_EVENT_BYTES)
+                yield line.removesuffix(b"\r").decode("utf-8", "replace")
+        if pending:
+            yield pending.removesuffix(b"\r").decode("utf-8", "replace")
 
     def wait(self, job_id: str) -> dict[str, Any]:
         """Follows the job's events until it ends; then the job (:meth:`job`)."""
