@@ -126,6 +126,8 @@ def apply_changeset(  # noqa: PLR0913 - the change set and keyword-only job inpu
     first (:meth:`~controller.repo.pin.RepoPin.verify`) and the work tree is written only as
     the pinned folder: ``REPO_NOT_ALLOWED`` with nothing written otherwise."""
     check_job_id(job_id)
+    if pin is not None:
+        pin.verify()
     journal = journal or Journal()
     prepared = prepare_changeset(
         baseline,
@@ -135,8 +137,6 @@ def apply_changeset(  # noqa: PLR0913 - the change set and keyword-only job inpu
         limits=limits,
         work_tree=Path(baseline.repo),  # the top of the work tree the baseline was made of
     )
-    if pin is not None:
-        pin.verify()
     layout = locate(Path(baseline.repo))
     repo = str(layout.top)
     with job_at_rest(journal, job_id, ApplyConflictError, repo, pin=pin) as applied:

@@ -210,10 +210,10 @@ class RepoPin:
     def confirm(self, repo: str | None) -> None:
         """After the repository was read (``repo``: the top the read resolved; None when
         the read failed): it was the folder pinned, and still is."""
+        self.verify()
         if repo is not None and repo != self.path:
             msg = f"{self.path} was replaced while the job read it; submit the job again"
             raise RepoNotAllowedError(msg)
-        self.verify()
 
     def _elsewhere(self, what: str) -> RepoNotAllowedError:
         msg = (
