@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from controller.changes.apply import ApplyResult, RevertResult
     from controller.jobs.engine import Job
     from controller.providers.base import Provider
+    from controller.repo.pin import RepoPin
     from controller.sandbox.base import Runtime
 
 SESSION_PROMPT = "interactive session"
@@ -101,11 +102,11 @@ def _view(record: JobRecord, evidence: str) -> dict[str, Any]:
     }
 
 
-def sync_with_journal(store: JobStore, record: JobRecord) -> JobRecord:
+def sync_with_journal(store: JobStore, record: JobRecord, pin: RepoPin | None = None) -> JobRecord:
     """After a crash the journal knows better than the record: settle it, then agree."""
     from controller.changes.apply import recover_job
 
-    recovery = recover_job(record.job_id)
+    recovery = recover_job(record.job_id, pin=pin)
     if recovery.state == "applied" and record.state == "awaiting_review":
         record.move("applied")
         store.save(record)
@@ -165,7 +166,10 @@ def make_job(  # noqa: PLR0913 - a job's inputs, all keyword-only
     secrets: tuple[str, ...],
     client: docker.DockerClient | None,
     progress: Progress | None,
+    pin: RepoPin | None = None,
 ) -> Job:
+    """The job, not started. ``pin``: a service job's repository, held to the folder its
+    tenant submitted (:mod:`controller.repo.pin`)."""
     from controller.jobs.engine import Job, JobRequest
     from controller.sandbox.dockerclient import connect
 
@@ -179,6 +183,7 @@ def make_job(  # noqa: PLR0913 - a job's inputs, all keyword-only
         consent_trusted_auto=consent_trusted_auto,
         runtime=runtime,
         secrets=secrets,
+        pin=pin,
     )
     return Job(client or connect(), request, progress=progress)
 
@@ -430,8 +435,8 @@ def open_session(  # noqa: PLR0913 - a job's inputs, all keyword-only
 # -- after the decision ------------------------------------------------------------------
 
 
-def _ready(store: JobStore, job_id: str) -> JobRecord:
-    return sync_with_journal(store, store.load(job_id))
+def _ready(store: JobStore, job_id: str, pin: RepoPin | None = None) -> JobRecord:
+    return sync_with_journal(store, store.load(job_id), pin)
 
 
 def job_diff(store: JobStore, job_id: str) -> str | None:
@@ -444,16 +449,22 @@ def job_diff(store: JobStore, job_id: str) -> str | None:
 
 
 def apply_job(
-    job_id: str, *, merge: bool = False, config: HostConfig | None = None
+    job_id: str,
+    *,
+    merge: bool = False,
+    config: HostConfig | None = None,
+    pin: RepoPin | None = None,
 ) -> tuple[JobRecord, ApplyResult]:
     """Applies a job awaiting review to its work tree, all or nothing (``APPLY_CONFLICT``
-    naming the files otherwise; with ``merge``, files changed meanwhile merge three-way)."""
+    naming the files otherwise; with ``merge``, files changed meanwhile merge three-way).
+    ``pin``: a service job's repository, verified first and written only as the folder
+    pinned (``REPO_NOT_ALLOWED``, nothing written, otherwise)."""
     from controller.changes.apply import apply_changeset
     from controller.jobs.evidence import write_evidence
     from controller.jobs.records import Decision
 
     store = JobStore()
-    record = _ready(store, job_id)
+    record = _ready(store, job_id, pin)
     if record.state != "awaiting_review":
         msg = f"job {record.job_id} is {record.state}; only a job awaiting review is applied"
         raise UsageError(msg)
@@ -469,6 +480,7 @@ def apply_job(
             allowed_paths=record.allowed_paths,
             extra_protected=tuple((config or load_config()).protected),
             merge=merge,
+            pin=pin,
         )
     record.move("applied")
     decision = record.decision or Decision(mode=record.mode, reason="no decision was recorded")
@@ -572,18 +584,19 @@ def apply_remote_diff(  # noqa: PLR0913 - the diff, where it applies, keyword-on
     return record, result
 
 
-def revert_job(job_id: str) -> tuple[JobRecord, RevertResult]:
-    """Undoes an applied job exactly (``REVERT_CONFLICT`` when a touched path changed)."""
+def revert_job(job_id: str, *, pin: RepoPin | None = None) -> tuple[JobRecord, RevertResult]:
+    """Undoes an applied job exactly (``REVERT_CONFLICT`` when a touched path changed);
+    ``pin`` as for :func:`apply_job`."""
     from controller.changes.apply import revert_changeset
     from controller.jobs.evidence import write_evidence
 
     store = JobStore()
-    record = _ready(store, job_id)
+    record = _ready(store, job_id, pin)
     if record.state != "applied":
         msg = f"job {record.job_id} is {record.state}; only an applied job is reverted"
         raise UsageError(msg)
     with write_lock(record.repo):
-        result = revert_changeset(record.job_id)
+        result = revert_changeset(record.job_id, pin=pin)
     record.move("reverted")
     store.save(record)
     write_evidence(record, job_diff(store, record.job_id), store)
@@ -593,8 +606,11 @@ def revert_job(job_id: str) -> tuple[JobRecord, RevertResult]:
 DISCARDABLE = frozenset({"awaiting_review", "failed", "cancelled"})
 
 
-def discard_job(job_id: str) -> JobRecord:
-    """Drops a job awaiting review, failed or cancelled; the repository is not touched."""
+def discard_job(job_id: str, *, pin: RepoPin | None = None) -> JobRecord:
+    """Drops a job awaiting review, failed or cancelled; the repository is not touched.
+    ``pin``: a service job's repository path must still lead inside its tenant's roots, or
+    nowhere (:meth:`~controller.repo.pin.RepoPin.check_roots`; ``REPO_NOT_ALLOWED``
+    otherwise)."""
     from controller.jobs.evidence import write_evidence
 
     store = JobStore()
@@ -605,6 +621,8 @@ def discard_job(job_id: str) -> JobRecord:
             "cancelled is discarded"
         )
         raise UsageError(msg)
+    if pin is not None:
+        pin.check_roots()
     record.move("discarded")
     store.save(record)
     write_evidence(record, job_diff(store, record.job_id), store)

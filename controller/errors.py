@@ -9,6 +9,9 @@ third-party errors into it.
      +-- InvalidTransitionError       USAGE_ERROR: a job cannot move to the state asked for
      +-- NotARepositoryError          NOT_A_REPOSITORY
      |    +-- BareRepositoryError     a bare repository: no work tree to start from
+     +-- RepoNotAllowedError          REPO_NOT_ALLOWED: a service job's repository or its git
+                                      data is outside its tenant's roots, or is no longer the
+                                      folder that was submitted
      +-- RepoBlockedError             REPO_BLOCKED (or another code): ``reasons`` says why
      +-- GitError                     a git command the controller ran failed
      +-- SandboxError                 SANDBOX_FAILED: the container or its channel broke
@@ -185,6 +188,14 @@ class NotARepositoryError(PatchboxError):
 
 class BareRepositoryError(NotARepositoryError):
     """A bare repository: it has no work tree to start from."""
+
+
+class RepoNotAllowedError(PatchboxError):
+    """A service job's repository is not one its tenant may use: outside the tenant's
+    ``repo_roots`` (or inside the service's own folder), reached through a symbolic link
+    below a root, keeping git data elsewhere, or no longer the folder that was submitted."""
+
+    code = ErrorCode.REPO_NOT_ALLOWED
 
 
 class RepoBlockedError(PatchboxError):

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -53,6 +53,9 @@ from controller.changes.worktree import WorkTree
 from controller.errors import ApplyConflictError, RevertConflictError
 from controller.repo.baseline import Baseline
 from controller.repo.layout import locate
+
+if TYPE_CHECKING:
+    from controller.repo.pin import RepoPin
 
 __all__ = [
     "AppliedFile",
@@ -109,6 +112,7 @@ def apply_changeset(  # noqa: PLR0913 - the change set and keyword-only job inpu
     limits: ChangesetLimits | None = None,
     merge: bool = False,
     journal: Journal | None = None,
+    pin: RepoPin | None = None,
 ) -> ApplyResult:
     """Applies a job's diff to the user's work tree, all or nothing.
 
@@ -116,8 +120,14 @@ def apply_changeset(  # noqa: PLR0913 - the change set and keyword-only job inpu
     validation, :class:`ApplyConflictError` when the work tree is not as expected (also for
     a job already applied; its ``conflicts`` name every path and why, its message the files
     that differ and, where ``merge`` would merge them, the command); in both cases nothing
-    was written. A job that was rolled back or reverted may be applied again."""
+    was written. A job that was rolled back or reverted may be applied again.
+
+    With ``pin`` (a service job's repository) the repository and its git data are verified
+    first (:meth:`~controller.repo.pin.RepoPin.verify`) and the work tree is written only as
+    the pinned folder: ``REPO_NOT_ALLOWED`` with nothing written otherwise."""
     check_job_id(job_id)
+    if pin is not None:
+        pin.verify()
     journal = journal or Journal()
     prepared = prepare_changeset(
         baseline,
@@ -129,13 +139,13 @@ def apply_changeset(  # noqa: PLR0913 - the change set and keyword-only job inpu
     )
     layout = locate(Path(baseline.repo))
     repo = str(layout.top)
-    with job_at_rest(journal, job_id, ApplyConflictError, repo) as applied:
+    with job_at_rest(journal, job_id, ApplyConflictError, repo, pin=pin) as applied:
         if applied is not None:
             raise ApplyConflictError(
                 [Conflict(code="already_applied", message=f"job {job_id} is applied")]
             )
         journal.discard(job_id)
-        with WorkTree(layout.top) as wt:
+        with WorkTree(layout.top, pin=pin) as wt:
             plan = plan_apply(prepared, layout, baseline, wt, merge)
             if plan.conflicts:
                 raise apply_refused(plan.conflicts, job_id=job_id, suggest_merge=plan.suggest_merge)
@@ -164,25 +174,30 @@ def apply_changeset(  # noqa: PLR0913 - the change set and keyword-only job inpu
     )
 
 
-def revert_changeset(job_id: str, *, journal: Journal | None = None) -> RevertResult:
+def revert_changeset(
+    job_id: str, *, journal: Journal | None = None, pin: RepoPin | None = None
+) -> RevertResult:
     """Restores every path an applied job touched. Raises
     :class:`RevertConflictError` (nothing written) when the job is not applied, a git
-    operation is in progress, or a touched path no longer has its post-apply content."""
+    operation is in progress, or a touched path no longer has its post-apply content. With
+    ``pin``, as :func:`apply_changeset`."""
     check_job_id(job_id)
     journal = journal or Journal()
-    with job_at_rest(journal, job_id, RevertConflictError) as rec:
+    if pin is not None:
+        pin.verify()
+    with job_at_rest(journal, job_id, RevertConflictError, pin=pin) as rec:
         if rec is None:
             raise RevertConflictError(
                 [Conflict(code="not_applied", message=f"job {job_id} is not applied")]
             )
-        _revert_locked(journal, rec)
+        _revert_locked(journal, rec, pin)
     return RevertResult(job_id=job_id, files=_applied_files(rec.record, reverse=True))
 
 
-def _revert_locked(journal: Journal, rec: Recorded) -> None:
+def _revert_locked(journal: Journal, rec: Recorded, pin: RepoPin | None) -> None:
     record = rec.record
     conflicts = check_repo(locate(Path(record.repo)))
-    with WorkTree(Path(record.repo)) as wt:
+    with WorkTree(Path(record.repo), pin=pin) as wt:
         for entry in record.paths:
             state = wt.state(entry.path)
             if not state.matches(entry.after):
@@ -193,7 +208,7 @@ def _revert_locked(journal: Journal, rec: Recorded) -> None:
         journal.mark(record.job_id, "revert.begin")
         fault_point("revert.begin")
         run_or_roll_back(wt, rec, "before", "revert", journal)
-    with WorkTree(Path(record.repo)) as fresh:
+    with WorkTree(Path(record.repo), pin=pin) as fresh:
         wrong = mismatches(fresh, rec, "before")
     if wrong:
         raise RevertConflictError(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -23,6 +23,9 @@ from controller.changes.journal import Journal, Recorded, check_job_id, fault_po
 from controller.changes.transaction import RacedError, Target, clean_temps, mismatches, move
 from controller.changes.worktree import WorkTree
 from controller.errors import ConflictError, JournalCorruptError
+
+if TYPE_CHECKING:
+    from controller.repo.pin import RepoPin
 
 
 class Recovery(BaseModel):
@@ -41,13 +44,19 @@ class Recovery(BaseModel):
 
 @contextlib.contextmanager
 def job_at_rest(
-    journal: Journal, job_id: str, error: type[ConflictError], repo: str | None = None
+    journal: Journal,
+    job_id: str,
+    error: type[ConflictError],
+    repo: str | None = None,
+    *,
+    pin: RepoPin | None = None,
 ) -> Iterator[Recorded | None]:
     """Holds the job's lock, then its repository's (``repo``, else the one its journal
     record names), brings an interrupted apply or revert of the job to rest, and yields the
     job's record when it is applied, None when it is not. A job with no record, and no
     ``repo``, takes no repository lock. Raises ``error`` with ``needs_attention`` conflicts
-    when the record cannot be read or the job cannot be brought to rest."""
+    when the record cannot be read or the job cannot be brought to rest. With ``pin`` (a
+    service job) the work tree is reached only as the pinned folder."""
     with journal.locked(f"job:{job_id}"):
         if repo is None:
             if journal.phase(job_id) == "none":
@@ -55,7 +64,7 @@ def job_at_rest(
                 return
             repo = _record(journal, job_id, error).record.repo
         with journal.locked(f"repo:{repo}"):
-            yield _settle(journal, job_id, error)
+            yield _settle(journal, job_id, error, pin)
 
 
 def _record(journal: Journal, job_id: str, error: type[ConflictError]) -> Recorded:
@@ -65,13 +74,15 @@ def _record(journal: Journal, job_id: str, error: type[ConflictError]) -> Record
         raise error([Conflict(code="needs_attention", message=exc.message)]) from exc
 
 
-def _settle(journal: Journal, job_id: str, error: type[ConflictError]) -> Recorded | None:
+def _settle(
+    journal: Journal, job_id: str, error: type[ConflictError], pin: RepoPin | None
+) -> Recorded | None:
     phase = journal.phase(job_id)
     if phase == "none":
         return None
     rec = _record(journal, job_id, error)
     if phase in ("applying", "reverting"):
-        outcome = _recover_locked(journal, job_id, rec)
+        outcome = _recover_locked(journal, job_id, rec, pin)
         if outcome.state == "needs_attention":
             paths: list[str | None] = [*outcome.paths] or [None]
             raise error(
@@ -80,14 +91,16 @@ def _settle(journal: Journal, job_id: str, error: type[ConflictError]) -> Record
     return rec if journal.phase(job_id) == "applied" else None
 
 
-def _recover_locked(journal: Journal, job_id: str, rec: Recorded) -> Recovery:
+def _recover_locked(
+    journal: Journal, job_id: str, rec: Recorded, pin: RepoPin | None = None
+) -> Recovery:
     phase = journal.phase(job_id)
     if phase == "applied":
         return Recovery(job_id=job_id, state="applied")
     if phase not in ("applying", "reverting"):
         return Recovery(job_id=job_id, state="not_applied")
     target: Target = "before" if phase == "applying" else "after"
-    trouble = _roll_back(rec, target)
+    trouble = _roll_back(rec, target, pin)
     if trouble is not None:
         return trouble
     applying = phase == "applying"
@@ -104,7 +117,7 @@ def _recover_locked(journal: Journal, job_id: str, rec: Recorded) -> Recovery:
     )
 
 
-def _roll_back(rec: Recorded, target: Target) -> Recovery | None:
+def _roll_back(rec: Recorded, target: Target, pin: RepoPin | None) -> Recovery | None:
     """Brings every path of an interrupted operation to ``target``; a ``needs_attention``
     report (nothing written) when a path holds neither of its contents."""
     job_id = rec.record.job_id
@@ -113,7 +126,7 @@ def _roll_back(rec: Recorded, target: Target) -> Recovery | None:
         return Recovery(job_id=job_id, state="needs_attention", paths=paths, message=message)
 
     try:
-        wt = WorkTree(Path(rec.record.repo))
+        wt = WorkTree(Path(rec.record.repo), pin=pin)
     except OSError:
         return attention([], "the work tree cannot be opened")
     with wt:
@@ -131,13 +144,16 @@ def _roll_back(rec: Recorded, target: Target) -> Recovery | None:
             return attention([raced.path], "a path changed during recovery")
         except OSError as exc:
             return attention([], f"a write failed during recovery: {exc.strerror}")
-    with WorkTree(Path(rec.record.repo)) as fresh:
+    with WorkTree(Path(rec.record.repo), pin=pin) as fresh:
         wrong = mismatches(fresh, rec, target)
     return attention(wrong, "differs after recovery") if wrong else None
 
 
-def recover_job(job_id: str, *, journal: Journal | None = None) -> Recovery:
-    """Settles one job (see the journal rule above) and reports its state."""
+def recover_job(
+    job_id: str, *, journal: Journal | None = None, pin: RepoPin | None = None
+) -> Recovery:
+    """Settles one job (see the journal rule above) and reports its state; with ``pin``
+    the work tree is reached only as the pinned folder."""
     check_job_id(job_id)
     journal = journal or Journal()
     with journal.locked(f"job:{job_id}"):
@@ -149,7 +165,7 @@ def recover_job(job_id: str, *, journal: Journal | None = None) -> Recovery:
         except JournalCorruptError as exc:
             return Recovery(job_id=job_id, state="needs_attention", message=exc.message)
         with journal.locked(f"repo:{rec.record.repo}"):
-            return _recover_locked(journal, job_id, rec)
+            return _recover_locked(journal, job_id, rec, pin)
 
 
 def recover(journal: Journal | None = None) -> list[Recovery]:

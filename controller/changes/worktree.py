@@ -17,9 +17,12 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 from controller.changes.journal import Side
+
+if TYPE_CHECKING:
+    from controller.repo.pin import RepoPin
 
 IO_THREADS = 8
 """Threads that write and flush files at once (their flushes share the disk's commits);
@@ -55,10 +58,18 @@ class FileState:
 class WorkTree:
     """A work tree reached through folder descriptors opened with ``O_NOFOLLOW``: a
     symlink anywhere in a path makes it ``other``, never followed. Close it (context
-    manager) to release the descriptors."""
+    manager) to release the descriptors.
 
-    def __init__(self, top: Path) -> None:
-        self._root = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    With ``pin`` (a service job's repository) the top itself is opened by the pin's walk
+    from its root, no link followed, and must be the folder pinned (``REPO_NOT_ALLOWED``
+    otherwise): every read and write is then relative to that folder, wherever its path
+    leads later."""
+
+    def __init__(self, top: Path, *, pin: RepoPin | None = None) -> None:
+        if pin is not None:
+            self._root = pin.open_top(top)
+        else:
+            self._root = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self._fds: dict[str, int] = {"": self._root}
 
     def __enter__(self) -> Self:

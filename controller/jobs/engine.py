@@ -45,6 +45,7 @@ from controller.jobs.required import run_required_checks
 from controller.providers.base import Provider
 from controller.repo.baseline import Baseline
 from controller.repo.layout import locate, operations_in_progress
+from controller.repo.pin import RepoPin
 from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.docker import DockerSandbox
 from controller.sandbox.environment import EnvironmentBuilder
@@ -73,6 +74,10 @@ class JobRequest:
     runtime: Runtime | None = None
     secrets: tuple[str, ...] = ()
     """Values that must appear nowhere (the provider key): scrubbed from the evidence."""
+    pin: RepoPin | None = None
+    """A service job's repository, held to the folder its tenant submitted: verified before
+    anything of it is read and again once the baseline is frozen (or its build failed),
+    and an ``auto`` apply writes only that folder."""
 
 
 class Job:
@@ -95,7 +100,7 @@ class Job:
         self.cancelled = threading.Event()
         self.record = JobRecord(
             job_id=new_job_id(),
-            repo=str(request.repo.resolve()),
+            repo=request.pin.path if request.pin is not None else str(request.repo.resolve()),
             task=request.task.model_dump(mode="json"),
             mode=request.task.mode,
             consent={
@@ -244,6 +249,8 @@ class Job:
         request, record = self.request, self.record
         task = request.task
         self._move("preparing")
+        if request.pin is not None:
+            request.pin.verify()
         checks = resolve_checks(
             task.checks or self.request.config.checks,
             None,
@@ -292,6 +299,7 @@ class Job:
             mode="include-local-changes" if request.include_local_changes else "require-clean",
             pool=pool,
             image_for=image_for,
+            confirm=request.pin.confirm if request.pin is not None else None,
         )
         self._box = prepared.sandbox
         self._prepared = prepared
@@ -511,6 +519,7 @@ class Job:
                 job_id=self.record.job_id,
                 allowed_paths=self.request.task.allowed_paths,
                 extra_protected=tuple(self.request.config.protected),
+                pin=self.request.pin,
             )
         except ApplyConflictError as exc:
             return with_conflict(decision, exc.message)

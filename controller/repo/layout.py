@@ -66,15 +66,29 @@ class RepoLayout(BaseModel):
     kind: Literal["repository", "gitdir-file", "linked-worktree"]
 
 
-def _read_gitfile(dotgit: Path) -> Path:
+GITFILE_LIMIT = 4096
+"""The bytes of a ``.git`` file that are read (its ``gitdir:`` line)."""
+
+
+def gitfile_target(data: bytes, top: Path) -> Path:
+    """The git dir a ``.git`` file of the work tree ``top`` names, as a real path
+    (``NotARepositoryError`` for a file that is not a ``gitdir:`` line)."""
     try:
-        text = dotgit.read_bytes()[:4096].decode("utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise NotARepositoryError(f"{dotgit.name} cannot be read as a gitdir file") from exc
+        text = data[:GITFILE_LIMIT].decode("utf-8").strip()
+    except UnicodeDecodeError as exc:
+        raise NotARepositoryError(".git cannot be read as a gitdir file") from exc
     if not text.startswith("gitdir:"):
         raise NotARepositoryError(".git is a file without a 'gitdir:' line")
     target = Path(text[len("gitdir:") :].strip())
-    return (dotgit.parent / target).resolve() if not target.is_absolute() else target.resolve()
+    return (top / target).resolve() if not target.is_absolute() else target.resolve()
+
+
+def _read_gitfile(dotgit: Path) -> Path:
+    try:
+        data = dotgit.read_bytes()[:GITFILE_LIMIT]
+    except OSError as exc:
+        raise NotARepositoryError(f"{dotgit.name} cannot be read as a gitdir file") from exc
+    return gitfile_target(data, dotgit.parent)
 
 
 def _looks_like_git_dir(path: Path) -> bool:
@@ -117,17 +131,26 @@ def locate(path: Path) -> RepoLayout:
         raise NotARepositoryError(f"{path} is not a folder")
     git_dir, kind = _git_dir_of(top, path)
     common_dir = git_dir
-    commondir_file = git_dir / "commondir"
-    if commondir_file.is_file():
+    named = common_dir_of(git_dir)
+    if named is not None:
         # A linked worktree's own git dir has HEAD and index; objects are in the common dir.
-        rel = Path(commondir_file.read_text("utf-8").strip())
-        common_dir = (git_dir / rel).resolve() if not rel.is_absolute() else rel.resolve()
+        common_dir = named
         kind = "linked-worktree"
         if not (common_dir / "objects").is_dir():
             raise NotARepositoryError("the worktree's common git dir is missing")
     if not (git_dir / "HEAD").is_file() or not (common_dir / "objects").is_dir():
         raise NotARepositoryError(f"{git_dir} is not a git dir")
     return RepoLayout(top=top, git_dir=git_dir, common_dir=common_dir, kind=kind)
+
+
+def common_dir_of(git_dir: Path) -> Path | None:
+    """The common git dir a linked worktree's ``commondir`` file names, as a real path;
+    None for a git dir without one."""
+    commondir_file = git_dir / "commondir"
+    if not commondir_file.is_file():
+        return None
+    rel = Path(commondir_file.read_text("utf-8").strip())
+    return (git_dir / rel).resolve() if not rel.is_absolute() else rel.resolve()
 
 
 def _outside() -> GitContext:
@@ -291,12 +314,23 @@ def _configured_file(layout: RepoLayout | None, key: str, default: str) -> list[
         value = read_config(layout, key) or value
     home = Path.home()
     if value:
-        path = Path(value).expanduser()
-        if not path.is_absolute():
-            path = (layout.top if layout is not None else home) / path
+        path = named_file(layout, value)
     else:
         path = Path(os.environ.get("XDG_CONFIG_HOME") or str(home / ".config")) / "git" / default
     return [path] if path.is_file() else []
+
+
+CONFIGURED_FILES = ("core.excludesFile", "core.attributesFile")
+"""The settings whose files the baseline reads (see :func:`environment_excludes`)."""
+
+
+def named_file(layout: RepoLayout | None, value: str) -> Path:
+    """The file a setting's value names, as git reads it: ``~`` expanded, a relative path
+    from the work tree's top (from the home folder without a repository)."""
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        path = (layout.top if layout is not None else Path.home()) / path
+    return path
 
 
 def environment_excludes(layout: RepoLayout | None = None) -> list[Path]:

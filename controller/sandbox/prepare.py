@@ -552,6 +552,7 @@ def prepare(  # noqa: PLR0913 - the inputs of a job's start, all keyword-only
     cache: BaselineCache | None = None,
     pool: SparePool | None = None,
     image_for: Callable[[Baseline], str] | None = None,
+    confirm: Callable[[str | None], None] | None = None,
 ) -> Prepared:
     """Health gate, baseline, and a greeted sandbox holding it (see the module docstring
     for the order of sources). Raises the baseline's errors (``NOT_A_REPOSITORY``,
@@ -560,7 +561,13 @@ def prepare(  # noqa: PLR0913 - the inputs of a job's start, all keyword-only
     ``SANDBOX_FAILED`` with nothing left running.
 
     ``image_for``, when given, names the sandbox's image once the baseline exists (a project
-    environment reads its inputs from it, and builds the image if it is missing)."""
+    environment reads its inputs from it, and builds the image if it is missing).
+
+    ``confirm``, when given, is called once the baseline is built, with the top it was read
+    from, before any sandbox gets it; and with None when the build failed, before its error
+    is raised. Its error wins: a service job's repository swapped while it was read fails
+    the job with the pin's error, not with what the read found
+    (:meth:`controller.repo.pin.RepoPin.confirm`)."""
     started = time.perf_counter()
     cache = cache or BaselineCache()
     early: _FifoStart | None = None
@@ -568,7 +575,14 @@ def prepare(  # noqa: PLR0913 - the inputs of a job's start, all keyword-only
     if image_for is None:
         early, predicted = _early_start(client, repo, spec, identity, cache, pool)
     try:
-        baseline, report = build_baseline(repo, mode, snapshot)
+        try:
+            baseline, report = build_baseline(repo, mode, snapshot)
+        except Exception:
+            if confirm is not None:
+                confirm(None)
+            raise
+        if confirm is not None:
+            confirm(baseline.repo)
     except BaseException:
         if early is not None:
             early.discard()

@@ -30,6 +30,7 @@ from controller.errors import ErrorCode, GitError, PatchboxError, describe_valid
 from controller.jobs.evidence import relative_to_home
 from controller.jobs.records import JobStore
 from controller.logs import Scrubber
+from controller.repo.pin import RepoPin, pin_repo
 from controller.sandbox.labels import new_job_id
 from controller.service.bundles import (
     BUNDLE_ID,
@@ -42,7 +43,7 @@ from controller.service.bundles import (
 from controller.service.config import ServiceConfig, TenantConfig
 from controller.service.metrics import Metrics, metrics_text
 from controller.service.openapi import OPENAPI
-from controller.service.runner import Runner
+from controller.service.runner import Runner, pin_of
 from controller.service.store import PENDING_STATES, QUEUED, Bundle, JobRow, ServiceStore, now
 
 MAX_BODY_BYTES = 2 * 1024 * 1024
@@ -75,7 +76,6 @@ class Service:
         self.runner = runner
         self.metrics = Metrics()
         self.stopping = threading.Event()
-        self._roots = {t.name: [os.path.realpath(r) for r in t.repo_roots] for t in service.tenants}
 
     # -- who and what ---------------------------------------------------------------------
 
@@ -105,17 +105,16 @@ class Service:
             raise ServiceError(404, "NOT_FOUND", f"no bundle {bundle_id[:64]!r}")
         return found
 
-    def allowed_repo(self, tenant: TenantConfig, repo: str) -> str:
-        real = os.path.realpath(repo)
-        data = os.path.realpath(self.config.data_path())
-        if real == data or real.startswith(data.rstrip(os.sep) + os.sep):
-            msg = "the repository is in the service's own folder (submit a bundle instead)"
-            raise ServiceError(403, "REPO_NOT_ALLOWED", msg)
-        for root in self._roots[tenant.name]:
-            if real == root or real.startswith(root.rstrip(os.sep) + os.sep):
-                return real
-        msg = f"the repository is outside the repo_roots of tenant {tenant.name!r}"
-        raise ServiceError(403, "REPO_NOT_ALLOWED", msg)
+    def allowed_repo(self, tenant: TenantConfig, repo: str) -> RepoPin:
+        """The repository, resolved below one of the tenant's roots and pinned, its git data
+        checked (:mod:`controller.repo.pin`): ``REPO_NOT_ALLOWED`` (403) otherwise."""
+        pin = pin_repo(self.runner.confinements[tenant.name], repo)
+        pin.verify()
+        return pin
+
+    def pin_of(self, row: JobRow) -> RepoPin | None:
+        """A job's pin (None for a bundle job): what apply, revert and discard check."""
+        return pin_of(self.runner.confinements[row.tenant], row)
 
     # -- views ----------------------------------------------------------------------------
 
@@ -195,9 +194,11 @@ STATUS_OF = {
     ErrorCode.JOB_ALREADY_RUNNING: 409,
     ErrorCode.ENVIRONMENT_NOT_READY: 503,
     ErrorCode.INTERNAL_ERROR: 500,
+    ErrorCode.REPO_NOT_ALLOWED: 403,
 }
 """The HTTP status of an engine error raised by an action on a job (400 for the others): a
-job in the wrong state, a changed work tree or a busy repository is a conflict."""
+job in the wrong state, a changed work tree or a busy repository is a conflict; a
+repository that is no longer the one submitted is refused."""
 
 
 async def body_of(request: Request) -> dict[str, Any]:
@@ -240,18 +241,18 @@ async def submit(service: Service, request: Request) -> Response:
     if not isinstance(local, bool):
         raise ServiceError(400, "BAD_REQUEST", "include_local_changes must be a boolean")
     bundle: Bundle | None = None
+    pin: RepoPin | None = None
     if bundle_id is not None:
         if not isinstance(bundle_id, str) or local:
             msg = "bundle must be an uploaded bundle's id; a bundle job has no local changes"
             raise ServiceError(400, "BAD_REQUEST", msg)
         bundle = service.own_bundle(tenant, bundle_id)
-        real = ""
     else:
         if not isinstance(repo, str) or "\0" in repo or len(repo) > 4096:
             raise ServiceError(400, "BAD_REQUEST", "repo must be an absolute path")
         if not Path(repo).is_absolute():
             raise ServiceError(400, "BAD_REQUEST", "repo must be an absolute path")
-        real = service.allowed_repo(tenant, repo)
+        pin = await anyio.to_thread.run_sync(service.allowed_repo, tenant, repo)
     _validate_task(task, body.get("calls"), service.host)
     if service.store.count_pending(tenant.name) >= tenant.max_queued_jobs:
         msg = (
@@ -260,8 +261,11 @@ async def submit(service: Service, request: Request) -> Response:
         )
         raise ServiceError(429, "QUOTA_EXCEEDED", msg)
     job_id = new_job_id()
-    stored = body | {"repo": real}
-    if bundle is not None:
+    if pin is not None:
+        real = pin.path
+        stored = body | {"repo": real, "pin": pin.record().model_dump()}
+    else:
+        assert bundle is not None  # noqa: S101 - a repo or a bundle, checked above
         real = await anyio.to_thread.run_sync(_clone_for, service, bundle, job_id)
         stored = body | {"repo": real, "bundle": bundle.bundle_id, "bundle_head": bundle.head}
     row = JobRow(job_id, tenant.name, real, stored, QUEUED, now())
@@ -416,7 +420,7 @@ def action(name: str) -> Handler:
         if name in {"apply", "revert"} and not tenant.allow_apply:
             msg = f"tenant {tenant.name!r} may not {name} jobs (allow_apply = false)"
             raise ServiceError(403, "APPLY_NOT_ALLOWED", msg)
-        data = await anyio.to_thread.run_sync(_act, service, name, row.job_id)
+        data = await anyio.to_thread.run_sync(_act, service, name, row)
         service.store.append_event(row.job_id, "state", {"state": data["status"]})
         service.store.update_state(row.job_id, data["status"])
         return JSONResponse(data)
@@ -424,18 +428,21 @@ def action(name: str) -> Handler:
     return handler
 
 
-def _act(service: Service, name: str, job_id: str) -> dict[str, Any]:
+def _act(service: Service, name: str, row: JobRow) -> dict[str, Any]:
+    """Applies, reverts or discards the job; its repository must still be the folder the
+    tenant submitted, its git data inside the tenant's roots (``REPO_NOT_ALLOWED``)."""
     from controller import api
 
+    job_id, pin = row.job_id, service.pin_of(row)
     if name == "apply":
-        record, applied = api.apply_job(job_id, config=service.host)
+        record, applied = api.apply_job(job_id, config=service.host, pin=pin)
         files = [f.model_dump(mode="json") for f in applied.files]
         return {"job_id": job_id, "status": record.state, "files": files, "merged": applied.merged}
     if name == "revert":
-        record, reverted = api.revert_job(job_id)
+        record, reverted = api.revert_job(job_id, pin=pin)
         files = [f.model_dump(mode="json") for f in reverted.files]
         return {"job_id": job_id, "status": record.state, "files": files}
-    record = api.discard_job(job_id)
+    record = api.discard_job(job_id, pin=pin)
     return {"job_id": job_id, "status": record.state}
 
 

@@ -15,11 +15,12 @@ def _json(schema: dict[str, Any]) -> dict[str, Any]:
 
 def _errors(*statuses: int) -> dict[str, Any]:
     text = {
-        400: "a malformed body, an invalid task or an unusable bundle (BAD_REQUEST, "
-        "USAGE_ERROR, BUNDLE_INVALID)",
+        400: "a malformed body, an invalid task, an unusable bundle or a repository path "
+        "that does not exist (BAD_REQUEST, USAGE_ERROR, BUNDLE_INVALID, NOT_A_REPOSITORY)",
         401: "no or a bad bearer token (UNAUTHORIZED)",
-        403: "a repository outside the tenant's repo_roots (REPO_NOT_ALLOWED), or apply or "
-        "revert without allow_apply (APPLY_NOT_ALLOWED)",
+        403: "a repository outside the tenant's repo_roots, behind a symbolic link below a "
+        "root, with git data outside them, or no longer the folder submitted "
+        "(REPO_NOT_ALLOWED), or apply or revert without allow_apply (APPLY_NOT_ALLOWED)",
         404: "no such job or bundle for this tenant (NOT_FOUND)",
         409: "the job is not in a state for this, its work tree changed or its repository "
         "is busy, or it ran on a bundle (USAGE_ERROR, APPLY_CONFLICT, REVERT_CONFLICT, "
@@ -290,6 +291,7 @@ OPENAPI: dict[str, Any] = {
         "/v1/jobs/{job_id}/discard": _job_op(
             "discard a job awaiting review, failed or cancelled",
             {"200": {"description": "discarded"} | _json(ACTION_RESULT)},
+            403,
             409,
             post=True,
         ),

@@ -24,6 +24,7 @@ import structlog
 
 from controller.errors import ErrorCode, NotReadyError
 from controller.jobs.records import JobRecord, JobStore
+from controller.repo.pin import Confinement, PinRecord, RepoPin, pin_repo
 from controller.service.bundles import remove_clone, sweep
 from controller.service.store import (
     QUEUED,
@@ -56,6 +57,23 @@ def host_config_for(host: HostConfig, tenant: TenantConfig, row: JobRow) -> Host
     if row.request.get("bundle") or tenant.max_sandboxes is not None:
         return host.model_copy(update={"spare_sandboxes": 0})
     return host
+
+
+def confinement_of(service: ServiceConfig, tenant: TenantConfig) -> Confinement:
+    """Where the tenant's repositories and their git data may be: its ``repo_roots``, never
+    the service's own ``data_dir``."""
+    return Confinement.of(tenant.name, tenant.repo_roots, [str(service.data_path())])
+
+
+def pin_of(confinement: Confinement, row: JobRow) -> RepoPin | None:
+    """The pin of a job on a tenant's repository as its submit stored it (None for a job
+    on a bundle's clone); a job queued without one (by an older service) is pinned now."""
+    if row.request.get("bundle"):
+        return None
+    stored = row.request.get("pin")
+    if stored is None:
+        return pin_repo(confinement, row.repo)
+    return RepoPin.of_record(row.repo, PinRecord.model_validate(stored), confinement)
 
 
 def tool_call_event(call: dict[str, Any]) -> dict[str, Any]:
@@ -157,6 +175,7 @@ class Runner:
         self.host = host
         self.service = service
         self.tenants: dict[str, TenantConfig] = {t.name: t for t in service.tenants}
+        self.confinements = {t.name: confinement_of(service, t) for t in service.tenants}
         self._order = [t.name for t in service.tenants]
         self._next = 0
         self._lock = threading.RLock()
@@ -323,6 +342,7 @@ class Runner:
                 feed.sync(holder[0].record)
 
         config = host_config_for(self.host, self.tenants[row.tenant], row)
+        pin = pin_of(self.confinements[row.tenant], row)
         job = api.make_job(
             Path(row.repo),
             TaskSpec.model_validate(row.request["task"]),
@@ -335,6 +355,7 @@ class Runner:
             secrets=secrets,
             client=client,
             progress=progress,
+            pin=pin,
         )
         job.record.job_id = row.job_id  # the service's id is the engine's
         holder.append(job)

@@ -54,11 +54,14 @@ def write_config(
     allow_apply: bool = True,
     max_queued_jobs: int = 10,
     bundle_max_bytes: int | None = None,
+    runtime: str | None = None,
 ) -> Path:
     """A host configuration (no spare sandboxes) with tenants ``alpha`` and ``beta``, their
-    repository roots ``folder/alpha`` and ``folder/beta``; ``bundle_max_bytes`` when given."""
+    repository roots ``folder/alpha`` and ``folder/beta``; ``bundle_max_bytes`` and the
+    sandbox ``runtime`` when given."""
     lines = [
         "spare_sandboxes = 0",
+        *([f'runtime = "{runtime}"'] if runtime else []),
         "[service]",
         f'database = "{folder / "service.db"}"',
         f"workers = {workers}",
