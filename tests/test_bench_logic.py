@@ -10,7 +10,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 from bench_floor import PHASES, phases_of
-from bench_peers import SAMPLE_PATH, mixed_sequence, repo_files
+from bench_peers import mixed_sequence, repo_files
+from common import SAMPLE_PATH
 
 
 def test_the_mixed_sequence_has_100_calls_of_every_kind() -> None:
