@@ -161,7 +161,11 @@ def make_job(  # noqa: PLR0913 - a job's inputs, all keyword-only
     secrets: tuple[str, ...],
     client: docker.DockerClient | None,
     progress: Progress | None,
+    apply_denied: str | None = None,
 ) -> Job:
+    """The job, not yet run. ``apply_denied`` says why the requester may not apply it (the
+    service's tenant without ``allow_apply``): its ``auto`` and ``trusted-auto`` stop for
+    review."""
     from controller.jobs.engine import Job, JobRequest
     from controller.sandbox.dockerclient import connect
 
@@ -175,6 +179,7 @@ def make_job(  # noqa: PLR0913 - a job's inputs, all keyword-only
         consent_trusted_auto=consent_trusted_auto,
         runtime=runtime,
         secrets=secrets,
+        apply_denied=apply_denied,
     )
     return Job(client or connect(), request, progress=progress)
 

@@ -73,6 +73,10 @@ class JobRequest:
     runtime: Runtime | None = None
     secrets: tuple[str, ...] = ()
     """Values that must appear nowhere (the provider key): scrubbed from the evidence."""
+    apply_denied: str | None = None
+    """Why the requester may not apply this job (a service tenant without ``allow_apply``, a
+    job on an uploaded bundle): ``auto`` and ``trusted-auto`` then stop for review. None
+    when it may."""
 
 
 class Job:
@@ -439,6 +443,7 @@ class Job:
             record.mode,
             allow_trusted_auto=request.config.allow_trusted_auto,
             consent_trusted_auto=request.consent_trusted_auto,
+            apply_denied=request.apply_denied,
         ):
             record.checks = [
                 CheckResult(
@@ -487,6 +492,7 @@ class Job:
                 checks=record.checks,
                 files=record.files,
                 baseline_unchanged=auto and baseline_unchanged(baseline, changeset),
+                apply_denied=request.apply_denied,
             )
         )
         if decision.applied:

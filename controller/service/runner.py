@@ -58,6 +58,17 @@ def host_config_for(host: HostConfig, tenant: TenantConfig, row: JobRow) -> Host
     return host
 
 
+def apply_denied(tenant: TenantConfig, row: JobRow) -> str | None:
+    """Why the job's ``auto`` or ``trusted-auto`` may not apply it (None: it may): the
+    tenant has no ``allow_apply``, or the job runs on an uploaded bundle's clone, which is
+    no work tree of the tenant's. The engine's decision then stops for review."""
+    if not tenant.allow_apply:
+        return f"tenant {tenant.name!r} may not apply jobs (allow_apply = false)"
+    if row.request.get("bundle"):
+        return "the job ran on an uploaded bundle: the service has no work tree to apply it in"
+    return None
+
+
 def tool_call_event(call: dict[str, Any]) -> dict[str, Any]:
     keys = ("turn", "id", "name", "ok", "error_code")
     return {k: call.get(k) for k in keys}
@@ -322,7 +333,8 @@ class Runner:
             if holder:
                 feed.sync(holder[0].record)
 
-        config = host_config_for(self.host, self.tenants[row.tenant], row)
+        tenant = self.tenants[row.tenant]
+        config = host_config_for(self.host, tenant, row)
         job = api.make_job(
             Path(row.repo),
             TaskSpec.model_validate(row.request["task"]),
@@ -335,6 +347,7 @@ class Runner:
             secrets=secrets,
             client=client,
             progress=progress,
+            apply_denied=apply_denied(tenant, row),
         )
         job.record.job_id = row.job_id  # the service's id is the engine's
         holder.append(job)

@@ -54,11 +54,16 @@ def write_config(
     allow_apply: bool = True,
     max_queued_jobs: int = 10,
     bundle_max_bytes: int | None = None,
+    host: str = "",
+    tenants: dict[str, str] | None = None,
 ) -> Path:
     """A host configuration (no spare sandboxes) with tenants ``alpha`` and ``beta``, their
-    repository roots ``folder/alpha`` and ``folder/beta``; ``bundle_max_bytes`` when given."""
+    repository roots ``folder/alpha`` and ``folder/beta``; ``bundle_max_bytes`` when given.
+    ``host`` is more of the host configuration (TOML before ``[service]``); ``tenants`` more
+    of a tenant's table by its name (its keys, then any sub-table)."""
     lines = [
         "spare_sandboxes = 0",
+        host,
         "[service]",
         f'database = "{folder / "service.db"}"',
         f"workers = {workers}",
@@ -76,6 +81,7 @@ def write_config(
             "max_concurrent_jobs = 2",
             f"max_queued_jobs = {max_queued_jobs}",
             f"allow_apply = {'true' if allow_apply and name == 'alpha' else 'false'}",
+            (tenants or {}).get(name, ""),
         ]
     path = folder / "config.toml"
     path.write_text("\n".join(lines) + "\n")
