@@ -18,8 +18,9 @@ def _errors(*statuses: int) -> dict[str, Any]:
         400: "a malformed body, an invalid task or an unusable bundle (BAD_REQUEST, "
         "USAGE_ERROR, BUNDLE_INVALID)",
         401: "no or a bad bearer token (UNAUTHORIZED)",
-        403: "a repository outside the tenant's repo_roots (REPO_NOT_ALLOWED), or apply or "
-        "revert without allow_apply (APPLY_NOT_ALLOWED)",
+        403: "a repository outside the tenant's repo_roots (REPO_NOT_ALLOWED), a task over "
+        "the tenant's policy (TASK_NOT_ALLOWED), or apply or revert without allow_apply "
+        "(APPLY_NOT_ALLOWED)",
         404: "no such job or bundle for this tenant (NOT_FOUND)",
         409: "the job is not in a state for this, its work tree changed or its repository "
         "is busy, or it ran on a bundle (USAGE_ERROR, APPLY_CONFLICT, REVERT_CONFLICT, "

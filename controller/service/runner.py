@@ -326,18 +326,21 @@ class Runner:
     ) -> Job:
         from controller import api
         from controller.config.task import TaskSpec
+        from controller.service.policy import check_task
 
+        tenant = self.tenants[row.tenant]
+        task = TaskSpec.model_validate(row.request["task"])
+        check_task(task, tenant)  # again: the configuration may have changed since submit
         holder: list[Job] = []
 
         def progress(_message: str) -> None:
             if holder:
                 feed.sync(holder[0].record)
 
-        tenant = self.tenants[row.tenant]
         config = host_config_for(self.host, tenant, row)
         job = api.make_job(
             Path(row.repo),
-            TaskSpec.model_validate(row.request["task"]),
+            task,
             provider,
             config=config,
             include_local_changes=bool(row.request.get("include_local_changes", False)),
