@@ -27,6 +27,7 @@ from controller.sandbox.environment import LABEL_KEY, LABEL_SPEC
 from controller.sandbox.image import ImageBuilder
 from controller.service.config import LimitCaps, TenantConfig, load_service_config
 from controller.service.policy import refusals
+from tests.support.git import Repo, git_env
 from tests.support.jobs import APP, APP_AFTER, GREET, containers_of, make_repo, snapshot
 from tests.support.service import CALLS, TASK, events, serving, wait_status, write_config
 
@@ -90,6 +91,22 @@ def test_auto_never_applies_for_a_tenant_without_allow_apply(
         assert applied["status"] == "applied", applied["error"]
         assert applied["decision"]["reason"] == "auto: every gate holds"
         assert (alpha_repo / "app.py").read_text() == APP_AFTER
+        # a bundle job has no work tree of the tenant's: even alpha's stops for review
+        laptop = make_repo(tmp_path / "laptop")
+        raw = Repo(laptop, git_env()).run("bundle", "create", "-", "HEAD").stdout
+        uploaded = alpha.post(
+            "/v1/bundles", content=raw, headers={"Content-Type": "application/octet-stream"}
+        )
+        assert uploaded.status_code == 201, uploaded.text
+        body = {"bundle": uploaded.json()["bundle_id"], "task": auto, "calls": CALLS}
+        on_bundle = alpha.post("/v1/jobs", json=body)
+        assert on_bundle.status_code == 202, on_bundle.text
+        view = wait_status(alpha, on_bundle.json()["job_id"], END)
+        assert view["status"] == "awaiting_review", view["error"]
+        assert view["decision"]["reason"] == (
+            "auto fell back to review: apply_permitted (the job ran on an uploaded bundle: "
+            "the service has no work tree to apply it in)"
+        )
 
 
 # -- environments, limits, modes: refused at submit, nothing queued or built -----------------
