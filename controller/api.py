@@ -167,9 +167,12 @@ def make_job(  # noqa: PLR0913 - a job's inputs, all keyword-only
     client: docker.DockerClient | None,
     progress: Progress | None,
     pin: RepoPin | None = None,
+    apply_denied: str | None = None,
 ) -> Job:
     """The job, not started. ``pin``: a service job's repository, held to the folder its
-    tenant submitted (:mod:`controller.repo.pin`)."""
+    tenant submitted (:mod:`controller.repo.pin`). ``apply_denied`` says why the requester
+    may not apply it (the service's tenant without ``allow_apply``): its ``auto`` and
+    ``trusted-auto`` stop for review."""
     from controller.jobs.engine import Job, JobRequest
     from controller.sandbox.dockerclient import connect
 
@@ -184,6 +187,7 @@ def make_job(  # noqa: PLR0913 - a job's inputs, all keyword-only
         runtime=runtime,
         secrets=secrets,
         pin=pin,
+        apply_denied=apply_denied,
     )
     return Job(client or connect(), request, progress=progress)
 

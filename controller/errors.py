@@ -116,6 +116,7 @@ class ErrorCode(StrEnum):
     REPO_NOT_ALLOWED = "REPO_NOT_ALLOWED"
     APPLY_NOT_ALLOWED = "APPLY_NOT_ALLOWED"
     QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
+    TASK_NOT_ALLOWED = "TASK_NOT_ALLOWED"
     JOB_NOT_FINISHED = "JOB_NOT_FINISHED"
     BUNDLE_INVALID = "BUNDLE_INVALID"
     BUNDLE_TOO_LARGE = "BUNDLE_TOO_LARGE"
@@ -342,7 +343,8 @@ class ServiceUsageError(ServiceError, UsageError):
     """The service refused the request itself: a missing or bad token (``UNAUTHORIZED``), a
     job or bundle that is not the tenant's (``NOT_FOUND``), a malformed request
     (``BAD_REQUEST``, ``METHOD_NOT_ALLOWED``), a repository outside the tenant's roots
-    (``REPO_NOT_ALLOWED``), an invalid task (``USAGE_ERROR``): exit 2."""
+    (``REPO_NOT_ALLOWED``), an invalid task (``USAGE_ERROR``) or one over the tenant's
+    policy (``TASK_NOT_ALLOWED``): exit 2."""
 
 
 class ServiceUnreachableError(NotReadyError):
@@ -359,6 +361,7 @@ SERVICE_USAGE_CODES = frozenset(
         ErrorCode.BAD_REQUEST,
         ErrorCode.METHOD_NOT_ALLOWED,
         ErrorCode.REPO_NOT_ALLOWED,
+        ErrorCode.TASK_NOT_ALLOWED,
         ErrorCode.USAGE_ERROR,
     }
 )

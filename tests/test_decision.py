@@ -12,12 +12,14 @@ from controller.jobs.records import CheckResult, Decision, FileChange
 
 ALL_GATES = {
     "operator_enabled": True,
+    "apply_permitted": True,
     "checks_passed": True,
     "no_deleted_file": True,
     "no_dependency_or_config_path": True,
     "baseline_unchanged": True,
 }
 REVIEW = "review: a person applies or discards"
+DENIED = "tenant 'beta' may not apply jobs (allow_apply = false)"
 SKIPPED = "skipped (trusted-auto): no claim that checks passed"
 
 
@@ -99,6 +101,27 @@ CASES: list[tuple[str, DecisionInputs, dict[str, Any]]] = [
         fell_back("operator_enabled"),
     ),
     (
+        "auto_apply_denied",
+        inputs(apply_denied=DENIED),
+        {
+            "mode": "auto",
+            "applied": False,
+            "gates": ALL_GATES | {"apply_permitted": False},
+            "reason": f"auto fell back to review: apply_permitted ({DENIED})",
+        },
+    ),
+    (
+        "auto_apply_denied_and_not_enabled",
+        inputs(apply_denied=DENIED, allow_auto=False),
+        {
+            "mode": "auto",
+            "applied": False,
+            "gates": ALL_GATES | {"operator_enabled": False, "apply_permitted": False},
+            "reason": "auto fell back to review: operator_enabled (allow_auto = false in the "
+            f"host configuration), apply_permitted ({DENIED})",
+        },
+    ),
+    (
         "auto_no_checks",
         inputs(checks=[]),
         fell_back("checks_passed"),
@@ -148,6 +171,17 @@ CASES: list[tuple[str, DecisionInputs, dict[str, Any]]] = [
         },
     ),
     (
+        "trusted_auto_apply_denied",
+        inputs(mode="trusted-auto", apply_denied=DENIED, checks=[check("t", "failed")]),
+        {
+            "mode": "trusted-auto",
+            "applied": False,
+            "gates": {},
+            "reason": f"trusted-auto fell back to review: {DENIED}",
+            "failed_checks": ["t"],
+        },
+    ),
+    (
         "trusted_auto_not_enabled",
         inputs(mode="trusted-auto", allow_trusted_auto=False),
         {
@@ -191,6 +225,11 @@ def test_only_enabled_and_consented_trusted_auto_skips_checks(
     mode: str, *, enabled: bool, consent: bool, skipped: bool
 ) -> None:
     assert skips_checks(mode, allow_trusted_auto=enabled, consent_trusted_auto=consent) is skipped
+    # a requester that may not apply gets its checks run, whatever else holds
+    denied = skips_checks(
+        mode, allow_trusted_auto=enabled, consent_trusted_auto=consent, apply_denied=DENIED
+    )
+    assert denied is False
 
 
 def test_a_conflict_leaves_the_diff_unapplied_and_says_why() -> None:

@@ -373,6 +373,7 @@ def test_auto_without_operator_enablement_falls_back_to_review(
     data = stored(record)
     assert data["decision"]["gates"] == {
         "operator_enabled": False,
+        "apply_permitted": True,
         "checks_passed": True,
         "no_deleted_file": True,
         "no_dependency_or_config_path": True,

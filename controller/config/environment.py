@@ -24,8 +24,8 @@ from patchbox_agent.globs import Glob, GlobError
 EnvironmentName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
 _PROXY_NAME = re.compile(r"(?i)_proxy$")
-# An image reference as Docker spells it: [host[:port]/]path[:tag][@digest].
-_IMAGE_REF = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$"
+ImageRef = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$")]
+"""An image reference as Docker spells it: ``[host[:port]/]path[:tag][@digest]``."""
 
 MAX_SETUP_STEPS = 32
 MAX_INPUT_PATTERNS = 256
@@ -75,7 +75,7 @@ class EnvironmentSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    base: Annotated[str, StringConstraints(pattern=_IMAGE_REF)] | None = None
+    base: ImageRef | None = None
     """The base image; by default the default sandbox base."""
     setup: list[
         Annotated[

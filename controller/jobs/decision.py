@@ -7,6 +7,9 @@ checks passed, no file is deleted, no dependency or configuration path is touche
 repository is as the baseline saw it); otherwise it falls back to review, naming the gates
 that failed. ``trusted-auto`` applies without running the project's checks, and only with
 both the operator's enablement and the job's consent; otherwise it falls back to review.
+Neither applies for a requester that may not apply the job at all (``apply_denied``: a
+service tenant without ``allow_apply``, a job on an uploaded bundle): both stop for review,
+saying why.
 """
 
 from __future__ import annotations
@@ -36,11 +39,26 @@ class DecisionInputs(BaseModel):
     """The validated diff's files."""
     baseline_unchanged: bool
     """Whether the repository still is as the baseline saw it (auto's last gate)."""
+    apply_denied: str | None = None
+    """Why whoever asked for the job may not apply it (a service tenant without
+    ``allow_apply``, a job on an uploaded bundle); None when it may."""
 
 
-def skips_checks(mode: str, *, allow_trusted_auto: bool, consent_trusted_auto: bool) -> bool:
-    """Whether the project's checks are skipped: trusted-auto, enabled and consented to."""
-    return mode == "trusted-auto" and allow_trusted_auto and consent_trusted_auto
+def skips_checks(
+    mode: str,
+    *,
+    allow_trusted_auto: bool,
+    consent_trusted_auto: bool,
+    apply_denied: str | None = None,
+) -> bool:
+    """Whether the project's checks are skipped: trusted-auto, enabled and consented to, for
+    a requester that may apply (else the checks run and the job stops for review)."""
+    return (
+        mode == "trusted-auto"
+        and allow_trusted_auto
+        and consent_trusted_auto
+        and apply_denied is None
+    )
 
 
 def decide(inputs: DecisionInputs) -> Decision:
@@ -52,6 +70,7 @@ def decide(inputs: DecisionInputs) -> Decision:
         mode,
         allow_trusted_auto=inputs.allow_trusted_auto,
         consent_trusted_auto=inputs.consent_trusted_auto,
+        apply_denied=inputs.apply_denied,
     )
     failed = [
         c.id for c in inputs.checks if c.required and c.status != "passed" and not skipped
@@ -63,8 +82,9 @@ def decide(inputs: DecisionInputs) -> Decision:
         gates = auto_gates(inputs, checks_passed=not failed and bool(inputs.checks))
         failing = [name for name, ok in gates.items() if not ok]
         if failing:
+            hints = GATE_HINTS | {"apply_permitted": inputs.apply_denied or ""}
             reason = "auto fell back to review: " + ", ".join(
-                f"{name} ({GATE_HINTS[name]})" if name in GATE_HINTS else name for name in failing
+                f"{name} ({hints[name]})" for name in failing
             )
             return Decision(mode=mode, gates=gates, reason=reason, failed_checks=failed)
         return Decision(mode=mode, applied=True, gates=gates, reason="auto: every gate holds")
@@ -75,11 +95,12 @@ def decide(inputs: DecisionInputs) -> Decision:
             checks="skipped (trusted-auto): no claim that checks passed",
             reason="trusted-auto with operator enablement and consent",
         )
-    why = (
-        "not enabled by the operator (allow_trusted_auto = false in the host configuration)"
-        if not inputs.allow_trusted_auto
-        else "no consent flag (--consent-trusted-auto)"
-    )
+    if inputs.apply_denied is not None:
+        why = inputs.apply_denied
+    elif not inputs.allow_trusted_auto:
+        why = "not enabled by the operator (allow_trusted_auto = false in the host configuration)"
+    else:
+        why = "no consent flag (--consent-trusted-auto)"
     return Decision(
         mode=mode, reason="trusted-auto fell back to review: " + why, failed_checks=failed
     )
@@ -91,6 +112,7 @@ def auto_gates(inputs: DecisionInputs, *, checks_passed: bool) -> dict[str, bool
     paths = [f.path for f in files] + [f.old_path for f in files if f.old_path]
     return {
         "operator_enabled": inputs.allow_auto,
+        "apply_permitted": inputs.apply_denied is None,
         "checks_passed": checks_passed,
         "no_deleted_file": all(f.kind != "delete" for f in files),
         # the write policy's list: manifests, lock files, git and CI config, hooks
@@ -101,12 +123,14 @@ def auto_gates(inputs: DecisionInputs, *, checks_passed: bool) -> dict[str, bool
 
 GATE_HINTS = {
     "operator_enabled": "allow_auto = false in the host configuration",
+    "apply_permitted": "the requester may not apply the job",
     "checks_passed": "a required check did not pass, or there is none",
     "no_deleted_file": "the diff deletes a file",
     "no_dependency_or_config_path": "the diff touches a manifest, lock file or config",
     "baseline_unchanged": "a file the diff touches changed since the baseline",
 }
-"""What a failing auto gate means, in the user's words (the switch that blocks it)."""
+"""What a failing auto gate means, in the user's words (the switch that blocks it); for
+``apply_permitted`` the reason says why (the input's ``apply_denied``)."""
 
 
 def with_conflict(decision: Decision, message: str) -> Decision:

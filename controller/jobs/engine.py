@@ -78,6 +78,10 @@ class JobRequest:
     """A service job's repository, held to the folder its tenant submitted: verified before
     anything of it is read and again once the baseline is frozen (or its build failed),
     and an ``auto`` apply writes only that folder."""
+    apply_denied: str | None = None
+    """Why the requester may not apply this job (a service tenant without ``allow_apply``, a
+    job on an uploaded bundle): ``auto`` and ``trusted-auto`` then stop for review. None
+    when it may."""
 
 
 class Job:
@@ -447,6 +451,7 @@ class Job:
             record.mode,
             allow_trusted_auto=request.config.allow_trusted_auto,
             consent_trusted_auto=request.consent_trusted_auto,
+            apply_denied=request.apply_denied,
         ):
             record.checks = [
                 CheckResult(
@@ -495,6 +500,7 @@ class Job:
                 checks=record.checks,
                 files=record.files,
                 baseline_unchanged=auto and baseline_unchanged(baseline, changeset),
+                apply_denied=request.apply_denied,
             )
         )
         if decision.applied:

@@ -26,6 +26,7 @@ from starlette.routing import Route
 
 from controller.api import job_view
 from controller.config.host import HostConfig
+from controller.config.task import TaskSpec
 from controller.errors import ErrorCode, GitError, PatchboxError, describe_validation
 from controller.jobs.evidence import relative_to_home
 from controller.jobs.records import JobStore
@@ -43,6 +44,7 @@ from controller.service.bundles import (
 from controller.service.config import ServiceConfig, TenantConfig
 from controller.service.metrics import Metrics, metrics_text
 from controller.service.openapi import OPENAPI
+from controller.service.policy import check_task
 from controller.service.runner import Runner, pin_of
 from controller.service.store import PENDING_STATES, QUEUED, Bundle, JobRow, ServiceStore, now
 
@@ -253,7 +255,7 @@ async def submit(service: Service, request: Request) -> Response:
         if not Path(repo).is_absolute():
             raise ServiceError(400, "BAD_REQUEST", "repo must be an absolute path")
         pin = await anyio.to_thread.run_sync(service.allowed_repo, tenant, repo)
-    _validate_task(task, body.get("calls"), service.host)
+    _validate_task(task, body.get("calls"), service.host, tenant)
     if service.store.count_pending(tenant.name) >= tenant.max_queued_jobs:
         msg = (
             f"tenant {tenant.name!r} has {tenant.max_queued_jobs} jobs queued or running "
@@ -334,15 +336,21 @@ async def upload_bundle(service: Service, request: Request) -> Response:
     return JSONResponse({"bundle_id": bundle_id, "head": head, "size": size}, status_code=201)
 
 
-def _validate_task(task: dict[str, Any], calls: object, host: HostConfig) -> None:
-    from controller.config.task import TaskSpec
-
+def _validate_task(
+    task: dict[str, Any], calls: object, host: HostConfig, tenant: TenantConfig
+) -> TaskSpec:
+    """The task: valid, within the tenant's policy (403 ``TASK_NOT_ALLOWED``), with calls
+    or a usable provider."""
     try:
-        TaskSpec.model_validate(task)
+        spec = TaskSpec.model_validate(task)
     except ValidationError as exc:
         fields = describe_validation(exc, subject="task", max_chars=1000)
         msg = f"the task is invalid: {fields}"
         raise ServiceError(400, str(ErrorCode.USAGE_ERROR), msg) from exc
+    try:
+        check_task(spec, tenant)
+    except PatchboxError as exc:
+        raise ServiceError(403, str(exc.code), exc.message) from exc
     if calls is None:  # the host configuration's provider: it must be configured
         from controller.providers import ProviderConfig
 
@@ -354,16 +362,16 @@ def _validate_task(task: dict[str, Any], calls: object, host: HostConfig) -> Non
         except PatchboxError as exc:
             msg = f"no calls and no usable model provider: {exc.message}"
             raise ServiceError(400, str(exc.code), msg[:1000]) from exc
-        return
-    if calls is not None:
-        from controller.providers import parse_calls
+        return spec
+    from controller.providers import parse_calls
 
-        if not isinstance(calls, dict):
-            raise ServiceError(400, str(ErrorCode.USAGE_ERROR), "calls must be an object")
-        try:
-            parse_calls(json.dumps(calls))
-        except PatchboxError as exc:
-            raise ServiceError(400, str(exc.code), exc.message) from exc
+    if not isinstance(calls, dict):
+        raise ServiceError(400, str(ErrorCode.USAGE_ERROR), "calls must be an object")
+    try:
+        parse_calls(json.dumps(calls))
+    except PatchboxError as exc:
+        raise ServiceError(400, str(exc.code), exc.message) from exc
+    return spec
 
 
 async def list_jobs(service: Service, request: Request) -> Response:

@@ -21,6 +21,13 @@ rest is validated as :class:`controller.config.host.HostConfig` (which forbids u
     max_sandboxes = 4
     max_queued_jobs = 10
     allow_apply = true
+    environments = ["py"]         # [environments.NAME] of the host configuration it may name
+    allow_inline_environment = false
+    inline_environment_bases = [] # bases an inline environment may name (none: the default)
+
+    [service.tenants.max_limits]  # the most its tasks may ask for (default: the defaults)
+    memory_mb = 2048
+    wall_seconds = 1800
 """
 
 from __future__ import annotations
@@ -31,13 +38,41 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from controller.config.environment import EnvironmentName, ImageRef
 from controller.config.host import HostConfig
 from controller.errors import UsageError, describe_validation
 from controller.paths import patchbox_home
 
 
+class LimitCaps(BaseModel):
+    """The most a tenant's task may ask for: each of the task's ``limits``, each check's
+    ``timeout_seconds`` (``check_seconds``), the number of its checks, and an inline
+    environment's build. The defaults are the task's own defaults, so a task that does not
+    say passes; a task over a cap is refused (``TASK_NOT_ALLOWED``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    memory_mb: int = Field(default=1024, ge=64, le=65536)
+    cpus: float = Field(default=1.0, gt=0.0, le=64.0)
+    pids: int = Field(default=256, ge=16, le=32768)
+    workspace_mb: int = Field(default=512, ge=1, le=65536)
+    tmp_mb: int = Field(default=64, ge=1, le=4096)
+    wall_seconds: float = Field(default=900.0, gt=0.0, le=86400.0)
+    check_seconds: float = Field(default=300.0, gt=0.0, le=86400.0)
+    """The task's ``limits.check_seconds`` and every check's ``timeout_seconds``."""
+    max_turns: int = Field(default=50, ge=1, le=10000)
+    max_tool_calls: int = Field(default=200, ge=1, le=100000)
+    checks: int = Field(default=16, ge=0, le=1024)
+    """How many checks a task may define."""
+    setup_memory_mb: int = Field(default=4096, ge=128, le=65536)
+    """An inline environment's ``setup_memory_mb``."""
+    setup_timeout_seconds: float = Field(default=1800.0, gt=0, le=6 * 3600)
+    """An inline environment's ``setup_timeout_seconds``."""
+
+
 class TenantConfig(BaseModel):
-    """One tenant: who it is (its token's SHA-256), where its repositories are, its quotas."""
+    """One tenant: who it is (its token's SHA-256), where its repositories are, its quotas,
+    and what its tasks may ask for (:mod:`controller.service.policy`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -58,6 +93,15 @@ class TenantConfig(BaseModel):
         return min(self.max_concurrent_jobs, self.max_sandboxes)
 
     allow_apply: bool = False
+    environments: list[EnvironmentName] = Field(default_factory=list, max_length=256)
+    """The host configuration's ``[environments.NAME]`` the tenant's tasks may name."""
+    allow_inline_environment: bool = False
+    """Whether a task may give its own environment block (setup steps run as root, with
+    network, on the service's Docker host)."""
+    inline_environment_bases: list[ImageRef] = Field(default_factory=list, max_length=256)
+    """The images an inline environment may name as its ``base`` (without one it gets the
+    default sandbox base)."""
+    max_limits: LimitCaps = Field(default_factory=LimitCaps)
 
 
 class ServiceConfig(BaseModel):
@@ -133,4 +177,12 @@ def load_service_config(path: Path | None = None) -> tuple[HostConfig, ServiceCo
         fields = describe_validation(exc, subject="service")
         msg = f"the configuration file {str(target)!r} has invalid [service] fields: {fields}"
         raise UsageError(msg) from exc
+    for tenant in service.tenants:
+        unknown = sorted(set(tenant.environments) - set(host.environments))
+        if unknown:
+            msg = (
+                f"the configuration file {str(target)!r}: tenant {tenant.name!r} lists "
+                f"environments the host configuration does not define: {', '.join(unknown)}"
+            )
+            raise UsageError(msg)
     return host, service

@@ -20,7 +20,8 @@ def _errors(*statuses: int) -> dict[str, Any]:
         401: "no or a bad bearer token (UNAUTHORIZED)",
         403: "a repository outside the tenant's repo_roots, behind a symbolic link below a "
         "root, with git data outside them, or no longer the folder submitted "
-        "(REPO_NOT_ALLOWED), or apply or revert without allow_apply (APPLY_NOT_ALLOWED)",
+        "(REPO_NOT_ALLOWED), a task over the tenant's policy (TASK_NOT_ALLOWED), or apply "
+        "or revert without allow_apply (APPLY_NOT_ALLOWED)",
         404: "no such job or bundle for this tenant (NOT_FOUND)",
         409: "the job is not in a state for this, its work tree changed or its repository "
         "is busy, or it ran on a bundle (USAGE_ERROR, APPLY_CONFLICT, REVERT_CONFLICT, "

@@ -76,6 +76,17 @@ def pin_of(confinement: Confinement, row: JobRow) -> RepoPin | None:
     return RepoPin.of_record(row.repo, PinRecord.model_validate(stored), confinement)
 
 
+def apply_denied(tenant: TenantConfig, row: JobRow) -> str | None:
+    """Why the job's ``auto`` or ``trusted-auto`` may not apply it (None: it may): the
+    tenant has no ``allow_apply``, or the job runs on an uploaded bundle's clone, which is
+    no work tree of the tenant's. The engine's decision then stops for review."""
+    if not tenant.allow_apply:
+        return f"tenant {tenant.name!r} may not apply jobs (allow_apply = false)"
+    if row.request.get("bundle"):
+        return "the job ran on an uploaded bundle: the service has no work tree to apply it in"
+    return None
+
+
 def tool_call_event(call: dict[str, Any]) -> dict[str, Any]:
     keys = ("turn", "id", "name", "ok", "error_code")
     return {k: call.get(k) for k in keys}
@@ -334,18 +345,22 @@ class Runner:
     ) -> Job:
         from controller import api
         from controller.config.task import TaskSpec
+        from controller.service.policy import check_task
 
+        tenant = self.tenants[row.tenant]
+        task = TaskSpec.model_validate(row.request["task"])
+        check_task(task, tenant)  # again: the configuration may have changed since submit
         holder: list[Job] = []
 
         def progress(_message: str) -> None:
             if holder:
                 feed.sync(holder[0].record)
 
-        config = host_config_for(self.host, self.tenants[row.tenant], row)
+        config = host_config_for(self.host, tenant, row)
         pin = pin_of(self.confinements[row.tenant], row)
         job = api.make_job(
             Path(row.repo),
-            TaskSpec.model_validate(row.request["task"]),
+            task,
             provider,
             config=config,
             include_local_changes=bool(row.request.get("include_local_changes", False)),
@@ -356,6 +371,7 @@ class Runner:
             client=client,
             progress=progress,
             pin=pin,
+            apply_denied=apply_denied(tenant, row),
         )
         job.record.job_id = row.job_id  # the service's id is the engine's
         holder.append(job)

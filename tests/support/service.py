@@ -55,13 +55,18 @@ def write_config(
     max_queued_jobs: int = 10,
     bundle_max_bytes: int | None = None,
     runtime: str | None = None,
+    host: str = "",
+    tenants: dict[str, str] | None = None,
 ) -> Path:
     """A host configuration (no spare sandboxes) with tenants ``alpha`` and ``beta``, their
     repository roots ``folder/alpha`` and ``folder/beta``; ``bundle_max_bytes`` and the
-    sandbox ``runtime`` when given."""
+    sandbox ``runtime`` when given. ``host`` is more of the host configuration (TOML before
+    ``[service]``); ``tenants`` more of a tenant's table by its name (its keys, then any
+    sub-table)."""
     lines = [
         "spare_sandboxes = 0",
         *([f'runtime = "{runtime}"'] if runtime else []),
+        host,
         "[service]",
         f'database = "{folder / "service.db"}"',
         f"workers = {workers}",
@@ -79,6 +84,7 @@ def write_config(
             "max_concurrent_jobs = 2",
             f"max_queued_jobs = {max_queued_jobs}",
             f"allow_apply = {'true' if allow_apply and name == 'alpha' else 'false'}",
+            (tenants or {}).get(name, ""),
         ]
     path = folder / "config.toml"
     path.write_text("\n".join(lines) + "\n")

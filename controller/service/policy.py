@@ -1,0 +1,111 @@
+"""What a tenant's task may ask for. Through the service a task is the tenant's, not the
+operator's: untrusted input, held to the tenant's configuration before it is queued and
+again when its job starts (the configuration may have changed in between).
+
+- ``mode``: ``review`` and ``auto`` (which applies only with ``allow_apply``, see
+  :func:`controller.service.runner.apply_denied`); ``trusted-auto`` is the operator's.
+- ``environment``: a name on the tenant's ``environments``; a block of its own only with
+  ``allow_inline_environment``, its ``base`` one of ``inline_environment_bases`` (or none,
+  the default sandbox base), its build within ``max_limits``.
+- ``limits``, every check's ``timeout_seconds`` and the number of checks: within
+  ``max_limits``.
+
+Every refusal is ``TASK_NOT_ALLOWED`` naming each field over the policy and the key that
+bounds it.
+"""
+
+from __future__ import annotations
+
+import json
+
+from controller.config.environment import EnvironmentSpec
+from controller.config.task import TaskSpec
+from controller.errors import ErrorCode, PatchboxError
+from controller.service.config import LimitCaps, TenantConfig
+
+
+def _listed(key: str, values: list[str]) -> str:
+    return f"{key} = {json.dumps(values)}"
+
+
+def _over(field: str, value: float, cap_key: str, cap: float, *, default: bool) -> str:
+    given = " (the default)" if default else ""
+    return f"{field} = {value:g}{given} is over max_limits.{cap_key} = {cap:g}"
+
+
+def _environment(task: TaskSpec, tenant: TenantConfig) -> list[str]:
+    chosen = task.environment
+    if chosen is None:
+        return []
+    if not isinstance(chosen, EnvironmentSpec):
+        if chosen in tenant.environments:
+            return []
+        named = _listed("environments", tenant.environments)
+        return [f"environment {chosen!r} is not one the tenant may name ({named})"]
+    if not tenant.allow_inline_environment:
+        named = _listed("environments", tenant.environments)
+        msg = (
+            "an inline environment runs its setup as root with network on the service's "
+            f"Docker host: the tenant may only name one of {named} "
+            "(allow_inline_environment = false)"
+        )
+        return [msg]
+    problems = []
+    if chosen.base is not None and chosen.base not in tenant.inline_environment_bases:
+        problems.append(
+            f"environment.base {chosen.base!r} is not one of "
+            f"{_listed('inline_environment_bases', tenant.inline_environment_bases)} "
+            "(without a base the default sandbox base is used)"
+        )
+    caps = tenant.max_limits
+    asked = chosen.model_fields_set
+    for field in ("setup_memory_mb", "setup_timeout_seconds"):
+        value, cap = getattr(chosen, field), getattr(caps, field)
+        if value > cap:
+            problems.append(
+                _over(f"environment.{field}", value, field, cap, default=field not in asked)
+            )
+    return problems
+
+
+def _limits(task: TaskSpec, caps: LimitCaps) -> list[str]:
+    problems = []
+    asked = task.limits.model_fields_set
+    for field in type(task.limits).model_fields:
+        value, cap = getattr(task.limits, field), getattr(caps, field)
+        if value > cap:
+            problems.append(_over(f"limits.{field}", value, field, cap, default=field not in asked))
+    if len(task.checks) > caps.checks:
+        problems.append(f"{len(task.checks)} checks are over max_limits.checks = {caps.checks}")
+    for check_id, check in task.checks.items():
+        if check.timeout_seconds > caps.check_seconds:
+            problems.append(
+                _over(
+                    f"checks.{check_id}.timeout_seconds",
+                    check.timeout_seconds,
+                    "check_seconds",
+                    caps.check_seconds,
+                    default="timeout_seconds" not in check.model_fields_set,
+                )
+            )
+    return problems
+
+
+def refusals(task: TaskSpec, tenant: TenantConfig) -> list[str]:
+    """What of ``task`` the tenant may not ask for, one line each (empty: all of it may)."""
+    problems = []
+    if task.mode == "trusted-auto":
+        problems.append(
+            "mode 'trusted-auto' is the operator's: the service never runs it (use review or auto)"
+        )
+    problems += _environment(task, tenant)
+    problems += _limits(task, tenant.max_limits)
+    return problems
+
+
+def check_task(task: TaskSpec, tenant: TenantConfig) -> None:
+    """Raises ``TASK_NOT_ALLOWED`` naming everything of ``task`` over the tenant's policy."""
+    problems = refusals(task, tenant)
+    if problems:
+        msg = f"tenant {tenant.name!r} may not run this task: " + "; ".join(problems)
+        raise PatchboxError(msg[:2000], code=ErrorCode.TASK_NOT_ALLOWED)
