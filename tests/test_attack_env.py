@@ -1,0 +1,88 @@
+"""An environment image built with variables keeps their values out of its labels and out of
+``patchbox env list`` / ``env show``: names and the key (a digest) only."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+
+import docker
+import docker.errors
+import pytest
+
+from controller.config.environment import EnvironmentSpec
+from controller.sandbox import environment as envmod
+from tests.support.cli import patchbox
+from tests.support.git import init
+
+# -- labels hold names only ------------------------------------------------------------------
+
+
+def test_an_old_label_with_values_is_shown_with_names_only() -> None:
+    labels = {envmod.LABEL_SPEC: json.dumps({"env": {"B": "v4lue", "A": "x"}})}
+    image = SimpleNamespace(
+        id="sha256:" + "0" * 64,
+        tags=["patchbox-env:0123456789abcdef"],
+        attrs={"Config": {"Labels": labels}},
+    )
+    assert envmod.describe(image)["spec"]["env"] == ["A", "B"]
+    spec = EnvironmentSpec(env={"MODE": "v4lue"}, setup=[["true"]])
+    label = envmod.label_spec(spec)
+    assert label["env"] == ["MODE"]
+    assert "v4lue" not in json.dumps(label)
+
+
+@pytest.mark.docker
+def test_an_environment_image_labels_names_and_never_values(
+    docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
+) -> None:
+    """A real build with two variables: the setup sees both values; the image's labels,
+    ``env list`` and ``env show`` (text and JSON) hold their names and no value."""
+    del sandbox_image
+    repo = init(tmp_path / "p", {"a.txt": "a\n"}).path
+    marker = uuid.uuid4().hex
+    values = {"MODE": f"mode-{marker}-v4lue", "DATABASE_URL": f"postgres://app@db/{marker}v4lue"}
+    task = {
+        "prompt": "p",
+        "environment": {
+            "setup": [["sh", "-c", f'echo "$MODE $DATABASE_URL" > /opt/m # {marker}']],
+            "env": values,
+        },
+    }
+    (tmp_path / "task.json").write_text(json.dumps(task))
+    built = patchbox("env", "build", "--task", str(tmp_path / "task.json"), "--repo", str(repo))
+    assert built.returncode == 0, built.stderr[-3000:]
+    tag = next(t for t in _tags(docker_client, marker))
+    try:
+        image = docker_client.images.get(tag)
+        labels = image.labels
+        assert set(labels) >= {envmod.LABEL_KEY, envmod.LABEL_SPEC, envmod.LABEL_BASE}
+        assert "v4lue" not in json.dumps(labels)
+        assert json.loads(labels[envmod.LABEL_SPEC])["env"] == ["DATABASE_URL", "MODE"]
+        assert len(labels[envmod.LABEL_KEY]) == 64
+        seen = docker_client.containers.run(
+            image.id or "", entrypoint=["cat", "/opt/m"], remove=True
+        )
+        assert seen.decode().split() == [values["MODE"], values["DATABASE_URL"]]
+        env_id = tag.split(":", 1)[1]
+        shown = patchbox("env", "show", env_id, "--json")
+        assert json.loads(shown.stdout)["spec"]["env"] == ["DATABASE_URL", "MODE"]
+        text = patchbox("env", "show", env_id)
+        assert "env: DATABASE_URL\nenv: MODE" in text.stdout
+        listed = patchbox("env", "list", "--json")
+        for out in (shown.stdout, text.stdout, listed.stdout):
+            assert "v4lue" not in out
+    finally:
+        docker_client.images.remove(tag, force=True)
+
+
+def _tags(client: docker.DockerClient, marker: str) -> list[str]:
+    found = client.images.list(filters={"label": "io.patchbox.kind=environment"})
+    return [
+        t
+        for image in found
+        if marker in image.labels.get(envmod.LABEL_SPEC, "")
+        for t in image.tags
+    ]
