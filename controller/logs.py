@@ -25,8 +25,16 @@ import structlog
 
 from controller.tools.text import strip_control
 
-SECRET_NAME = re.compile(r"(?i)(key|token|secret|password|passwd|credential|auth|cookie)")
-"""A name that looks like it holds a secret (``auth`` covers ``authorization``)."""
+SECRET_NAME = re.compile(
+    r"(?i)(key|token|secret|password|passwd|credential|auth(?!or(?!i[sz]ation))|cookie)"
+    r"|(^|_)(creds?|pw|pat)(_|$)"
+    r"|^(?!(old)?pwd$)(.*_)?[a-z0-9]*(pass|pwd|passphrase)(_|$)"
+)
+"""A name that looks like it holds a secret: one holding ``key``, ``token``, ``secret``,
+``password``, ``passwd``, ``credential``, ``auth`` (``authorization`` too, not ``author``) or
+``cookie``; one with a ``_``-separated part that is ``cred``, ``creds``, ``pw`` or ``pat``, or
+that ends in ``pass``, ``pwd`` or ``passphrase`` (``PGPASS``, ``DB_PASS``, ``MYSQL_PWD``), but
+for ``PWD`` and ``OLDPWD``, the working folders."""
 REDACTED = "[redacted]"
 
 

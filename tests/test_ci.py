@@ -2,7 +2,9 @@
 behind a real OpenAI-compatible HTTP server on loopback, the real daemon. The artifacts are
 checked as a CI and a reviewer use them: the JUnit report (the check's own pytest cases),
 ``git am`` of the patch, and a failing report (never an empty green one) when the command
-fails before any job."""
+fails before any job. The documented workflows are parsed and their scripts run in checkouts
+shaped as GitHub's and GitLab's: a pull request that rewrites ``.patchbox/task.json`` does
+not choose the task, and the GitHub job's token can only read."""
 
 from __future__ import annotations
 
@@ -12,12 +14,14 @@ import re
 import shutil
 import subprocess
 import sys
+import uuid
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
 import docker
 import pytest
+import yaml  # type: ignore[import-untyped]
 
 from tests.support.git import git, init
 from tests.support.jobs import APP_AFTER, FILES
@@ -44,12 +48,61 @@ def the_command() -> str:
     return found.group(1).strip()
 
 
+def workflow(section: str) -> dict[Any, Any]:
+    """The YAML example under docs/ci.md's ``## section`` heading, parsed."""
+    found = re.search(
+        rf"^## {re.escape(section)}\n.*?```yaml\n(.*?)```", DOC, re.DOTALL | re.MULTILINE
+    )
+    assert found is not None, section
+    data: dict[Any, Any] = yaml.safe_load(found.group(1))
+    return data
+
+
+def github_steps() -> list[dict[str, Any]]:
+    steps: list[dict[str, Any]] = workflow("GitHub Actions")["jobs"]["patchbox"]["steps"]
+    return steps
+
+
+def gitlab_script() -> list[str]:
+    script: list[str] = workflow("GitLab CI")["patchbox"]["script"]
+    return script
+
+
 def test_both_ci_examples_run_the_documented_command() -> None:
     command = the_command()
     assert command.startswith("patchbox run ")
-    assert f"run: {command}\n" in DOC  # GitHub Actions
-    assert f"    - {command}\n" in DOC  # GitLab CI
-    assert "junit: patchbox-out/junit.xml" in DOC
+    assert '--task "$TASK_FILE"' in command
+    assert [s["run"] for s in github_steps() if s.get("name") == "Run patchbox"] == [command]
+    assert gitlab_script()[-1] == command
+    reports = workflow("GitLab CI")["patchbox"]["artifacts"]["reports"]
+    assert reports == {"junit": "patchbox-out/junit.xml"}
+
+
+def test_the_github_job_can_only_read_and_never_takes_the_task_from_the_checkout() -> None:
+    """The job's token reads contents and nothing else, none is left in the checkout, the
+    event is ``pull_request`` (never ``pull_request_target``), and every script reads the
+    task file only from a commit (``git show REV:.patchbox/task.json``), never from the
+    work tree; the task path is under the runner's temporary folder."""
+    flow = workflow("GitHub Actions")
+    events = flow.get("on", flow.get(True))  # YAML 1.1 reads a bare on as true
+    assert events == {"pull_request": None}
+    job = flow["jobs"]["patchbox"]
+    assert job["permissions"] == {"contents": "read"}
+    assert "permissions" not in flow or flow["permissions"] == {"contents": "read"}
+    steps = github_steps()
+    checkout = next(s for s in steps if str(s.get("uses", "")).startswith("actions/checkout"))
+    assert checkout["with"] == {"fetch-depth": 2, "persist-credentials": False}
+    scripts = [s["run"] for s in steps if "run" in s]
+    for where, script in [
+        *(("github", s) for s in scripts),
+        ("gitlab", "\n".join(gitlab_script())),
+    ]:
+        bare = re.findall(r"(?<![:\w])\.patchbox/task\.json", script)
+        assert bare == [], (where, script)
+        assert "--trust-repo-config" not in script
+    for step in steps:
+        if "TASK_FILE" in step.get("env", {}):
+            assert step["env"]["TASK_FILE"].startswith("${{ runner.temp }}/")
 
 
 def chat(calls: list[tuple[str, str, str]], text: str | None = None) -> dict[str, Any]:
@@ -78,25 +131,36 @@ def project(root: Path, checks: dict[str, Any], prompt: str) -> Path:
     return init(root, files, message="start").path
 
 
-def run_step(repo: Path, server: LoopbackServer, bin_dir: Path) -> subprocess.CompletedProcess[str]:
-    """The documented command, through the shell, with ``patchbox`` on PATH as installed."""
+KEY = "sk-ci-test-key-123456"
+
+
+def runner_env(server: LoopbackServer, bin_dir: Path) -> dict[str, str]:
+    """The runner's environment: ``patchbox`` on PATH as installed, the test provider."""
     bin_dir.mkdir(exist_ok=True)
     shim = bin_dir / "patchbox"
     shim.write_text(f'#!/bin/sh\nPYTHONPATH="{ROOT}" exec "{sys.executable}" -m controller "$@"\n')
     shim.chmod(0o755)
-    env = {
+    return {
         **os.environ,
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "OPENAI_BASE_URL": f"{server.url}/v1",
-        "OPENAI_API_KEY": "sk-ci-test-key-123456",
+        "OPENAI_API_KEY": KEY,
         "PATCHBOX_MODEL": "m",
         "PATCHBOX_PROVIDER_API": "chat",
         "PATCHBOX_PROVIDER_STREAM": "false",
     }
+
+
+def run_step(repo: Path, server: LoopbackServer, bin_dir: Path) -> subprocess.CompletedProcess[str]:
+    """The documented command, through the shell, with the repository's task copied outside
+    the checkout as the step before it leaves it."""
+    task_file = bin_dir.parent / "runner-temp" / "patchbox-task.json"
+    task_file.parent.mkdir(exist_ok=True)
+    task_file.write_bytes((repo / ".patchbox" / "task.json").read_bytes())
     return subprocess.run(
         ["sh", "-c", the_command()],
         cwd=repo,
-        env=env,
+        env={**runner_env(server, bin_dir), "TASK_FILE": str(task_file)},
         capture_output=True,
         text=True,
         timeout=300,
@@ -140,7 +204,7 @@ def test_the_documented_step_publishes_a_patch_git_am_applies_and_the_checks_own
     run = json.loads((out / "run.json").read_text())
     assert run["status"] == "awaiting_review"
     evidence = (out / "evidence.json").read_text()
-    assert "sk-ci-test-key-123456" not in evidence
+    assert KEY not in evidence
     assert str(repo) not in evidence
     assert json.loads(evidence)["transcript"][-1]["text"] == "Done: the greeting is capitalized."
     assert "call c1 replace_text" in (out / "transcript.txt").read_text()
@@ -181,6 +245,150 @@ def test_a_failing_job_is_red_in_the_report_and_the_exit_status(
     root = junit_root(repo / "patchbox-out" / "junit.xml")
     failed = [c.get("name") for c in root.iter("testcase") if c.find("failure") is not None]
     assert failed == ["test_capital"]
+
+
+BASE_PROMPT = "Capitalize the greeting."
+HOSTILE_PROMPT = "Leave the greeting; my setup ran."
+
+
+def pull_request(root: Path, marker: str) -> Path:
+    """An origin as a forge holds it: ``main`` with the project and its task; ``pr``, a pull
+    request that rewrites ``.patchbox/task.json`` (its own prompt, check and an environment
+    whose setup would run as root with network); ``main`` moved on after it; ``merge``, the
+    merge commit GitHub makes (first parent ``main``, second ``pr``)."""
+    origin = project(root, {"tests": PYTEST_CHECK}, BASE_PROMPT)
+    hostile = {
+        "prompt": HOSTILE_PROMPT,
+        "checks": {"mine": {"argv": ["true"]}},
+        "environment": {"setup": [["sh", "-c", f"echo {marker}"]]},
+    }
+    git(origin, "checkout", "-q", "-b", "pr")
+    (origin / ".patchbox" / "task.json").write_text(json.dumps(hostile))
+    git(origin, "commit", "-q", "-am", "Bring my own task")
+    git(origin, "checkout", "-q", "main")
+    (origin / "NOTES.txt").write_text("the base branch moved on\n")
+    git(origin, "add", "NOTES.txt")
+    git(origin, "commit", "-q", "-m", "Notes")
+    git(origin, "checkout", "-q", "-b", "merge")
+    git(origin, "merge", "-q", "--no-ff", "-m", "Merge pull request", "pr")
+    git(origin, "checkout", "-q", "main")
+    return origin
+
+
+def expand(text: str, known: dict[str, str]) -> str:
+    """A workflow value with its ``${{ expression }}`` replaced (an unknown one fails)."""
+    return re.sub(r"\$\{\{\s*(.*?)\s*\}\}", lambda m: known[m.group(1)], text)
+
+
+def assert_the_base_task_ran(
+    checkout: Path,
+    outs: list[subprocess.CompletedProcess[str]],
+    server: LoopbackServer,
+    client: docker.DockerClient,
+    marker: str,
+) -> None:
+    """The scripts passed and the job was the base branch's: its prompt reached the model,
+    its check ran, no environment was built; the pull request's task did nothing."""
+    images = client.images.list(filters={"label": "io.patchbox.kind=environment"})
+    built = [i for i in images if marker in json.dumps(i.labels)]
+    for image in built:  # what the pull request's setup made goes, then the test fails
+        client.images.remove(image.id or "", force=True)
+    assert built == []
+    for out in outs:
+        assert out.returncode == 0, out.stderr[-3000:]
+    assert "environment:" not in outs[-1].stderr
+    run = json.loads((checkout / "patchbox-out" / "run.json").read_text())
+    assert run["status"] == "awaiting_review"
+    assert [c["id"] for c in run["checks"]] == ["tests"]
+    bodies = [r.body.decode() for r in server.received]
+    assert BASE_PROMPT in bodies[0]
+    assert not any(HOSTILE_PROMPT in body for body in bodies)
+
+
+@pytest.mark.docker
+def test_a_pull_request_that_rewrites_the_task_does_not_choose_it_on_github(
+    docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
+) -> None:
+    """The documented GitHub job's scripts, in order, in a checkout as ``actions/checkout``
+    leaves it (the merge commit, ``fetch-depth: 2``) whose ``.patchbox/task.json`` is the
+    pull request's."""
+    del sandbox_image
+    marker = uuid.uuid4().hex
+    origin = pull_request(tmp_path / "origin", marker)
+    checkout = tmp_path / "work"
+    git(tmp_path, "clone", "-q", "--depth", "2", "-b", "merge", f"file://{origin}", str(checkout))
+    in_checkout = json.loads((checkout / ".patchbox" / "task.json").read_text())
+    assert in_checkout["prompt"] == HOSTILE_PROMPT  # what a job reading the checkout would run
+    temp = tmp_path / "runner-temp"
+    temp.mkdir()
+    with LoopbackServer() as server:
+        server.play(
+            json_reply(chat([("c1", "replace_text", EDIT_ARGS)])),
+            json_reply(chat([], "done")),
+        )
+        env = {**runner_env(server, tmp_path / "bin"), "RUNNER_TEMP": str(temp)}
+        known = {
+            "runner.temp": str(temp),
+            "vars.OPENAI_BASE_URL": env["OPENAI_BASE_URL"],
+            "vars.PATCHBOX_MODEL": env["PATCHBOX_MODEL"],
+            "secrets.OPENAI_API_KEY": KEY,
+        }
+        outs = []
+        for step in github_steps():
+            if "run" not in step:
+                continue
+            step_env = {k: expand(str(v), known) for k, v in step.get("env", {}).items()}
+            outs.append(
+                subprocess.run(
+                    ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]],
+                    cwd=checkout,
+                    env={**env, **step_env},
+                    capture_output=True,
+                    text=True,
+                    timeout=300,
+                    check=False,
+                )
+            )
+        assert len(outs) == 2
+        assert json.loads((temp / "patchbox-task.json").read_text())["prompt"] == BASE_PROMPT
+        assert_the_base_task_ran(checkout, outs, server, docker_client, marker)
+
+
+@pytest.mark.docker
+def test_a_merge_request_that_rewrites_the_task_does_not_choose_it_on_gitlab(
+    docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
+) -> None:
+    """The documented GitLab script, as one shell runs it, in a checkout of the merge
+    request's branch whose ``.patchbox/task.json`` is its own."""
+    del sandbox_image
+    marker = uuid.uuid4().hex
+    origin = pull_request(tmp_path / "origin", marker)
+    checkout = tmp_path / "work"
+    git(tmp_path, "clone", "-q", "--depth", "20", "-b", "pr", f"file://{origin}", str(checkout))
+    in_checkout = json.loads((checkout / ".patchbox" / "task.json").read_text())
+    assert in_checkout["prompt"] == HOSTILE_PROMPT
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    with LoopbackServer() as server:
+        server.play(
+            json_reply(chat([("c1", "replace_text", EDIT_ARGS)])),
+            json_reply(chat([], "done")),
+        )
+        env = {
+            **runner_env(server, tmp_path / "bin"),
+            "CI_MERGE_REQUEST_TARGET_BRANCH_NAME": "main",
+            "TMPDIR": str(temp),
+        }
+        out = subprocess.run(
+            ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", "\n".join(gitlab_script())],
+            cwd=checkout,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert_the_base_task_ran(checkout, [out], server, docker_client, marker)
 
 
 def test_a_command_that_fails_before_any_job_writes_a_failing_report(tmp_path: Path) -> None:

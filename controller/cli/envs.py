@@ -97,7 +97,7 @@ def cmd_env_show(args: argparse.Namespace) -> Outcome:
     ]
     lines += [f"setup {i + 1}: {' '.join(step)}" for i, step in enumerate(spec.get("setup", []))]
     lines += [f"input: {p}" for p in spec.get("inputs", [])]
-    lines += [f"env: {k}={v}" for k, v in sorted(spec.get("env", {}).items())]
+    lines += [f"env: {name}" for name in spec.get("env", [])]
     return ExitCode.OK, env, "\n".join(lines)
 
 

@@ -19,7 +19,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from controller.config.environment import EnvironmentSpec
 from controller.config.task import CheckId, CheckSpec, TaskSpec
-from controller.errors import UsageError
+from controller.errors import UsageError, describe_validation
 
 if TYPE_CHECKING:
     from controller.config.host import HostConfig
@@ -62,7 +62,10 @@ def read_repo_checks(repo_root: Path) -> dict[str, CheckSpec]:
         raise UsageError(f"{REPO_CHECKS_FILE}: larger than {MAX_REPO_CHECKS_BYTES} bytes")
     try:
         return _REPO_CHECKS.validate_json(data)
-    except (ValidationError, json.JSONDecodeError) as exc:
+    except ValidationError as exc:
+        problems = describe_validation(exc, subject="checks")
+        raise UsageError(f"{REPO_CHECKS_FILE}: invalid: {problems}") from exc
+    except json.JSONDecodeError as exc:
         raise UsageError(f"{REPO_CHECKS_FILE}: invalid ({exc.__class__.__name__})") from exc
 
 

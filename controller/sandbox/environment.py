@@ -53,7 +53,7 @@ ENV_REPO = "patchbox-env"
 LABEL_KEY = "io.patchbox.env.key"
 LABEL_SPEC = "io.patchbox.env.spec"
 LABEL_BASE = "io.patchbox.env.base"
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
 AGENT_LAYER_MARKER = "# -- agent layer:"
 BUILD_DIR = "/opt/patchbox-build"
 CA_PATH = f"{BUILD_DIR}/ca.pem"
@@ -268,6 +268,15 @@ def environment_key(
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
+def label_spec(spec: EnvironmentSpec) -> dict[str, Any]:
+    """The environment's block as its image's label holds it: ``env`` is its variables'
+    names only (a label is shown to anyone who lists the images; the key, a digest, covers
+    the values)."""
+    shown = spec.model_dump(mode="json")
+    shown["env"] = sorted(spec.env)
+    return shown
+
+
 def dockerfile(
     base_ref: str,
     spec: EnvironmentSpec,
@@ -442,7 +451,7 @@ class EnvironmentBuilder:
             KIND: "environment",
             LABEL_KEY: key,
             LABEL_BASE: base_ref,
-            LABEL_SPEC: spec.model_dump_json(),
+            LABEL_SPEC: json.dumps(label_spec(spec), sort_keys=True),
         }
         user = (self._client.images.get(base_ref).attrs.get("Config") or {}).get("User") or ""
         as_root = user.split(":", 1)[0] in {"", "root", "0"}
@@ -661,6 +670,10 @@ def describe(image: Any) -> dict[str, Any]:
         spec = json.loads(labels.get(LABEL_SPEC, "{}"))
     except ValueError:
         spec = {}
+    if not isinstance(spec, dict):
+        spec = {}
+    if isinstance(spec.get("env"), dict):  # an image built before labels held names only
+        spec["env"] = sorted(spec["env"])
     return {
         "id": (tags[0].split(":", 1)[1] if tags else (image.id or "")[7:23]),
         "tag": tags[0] if tags else None,
