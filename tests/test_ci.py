@@ -21,7 +21,7 @@ from typing import Any
 
 import docker
 import pytest
-import yaml  # type: ignore[import-untyped]
+import yaml
 
 from tests.support.git import git, init
 from tests.support.jobs import APP_AFTER, FILES
