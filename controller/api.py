@@ -431,10 +431,11 @@ def _ready(store: JobStore, job_id: str) -> JobRecord:
 
 
 def job_diff(store: JobStore, job_id: str) -> str | None:
-    """The diff a job made, as its evidence keeps it (None without one)."""
+    """The diff a job made, as its evidence keeps it, byte for byte (None without one): a
+    carriage return stays one (a text-mode read would make it a newline)."""
     path = store.folder(job_id) / "diff.patch"
     try:
-        return path.read_text("utf-8", "surrogateescape")
+        return path.read_bytes().decode("utf-8", "surrogateescape")
     except FileNotFoundError:
         return None
 
