@@ -33,6 +33,7 @@ from controller.errors import (
     UsageError,
     exit_code_for_error,
 )
+from controller.tools.text import visible
 
 if TYPE_CHECKING:
     from controller.repo.layout import RepoLayout
@@ -231,10 +232,10 @@ def _events(client: ServiceClient, args: argparse.Namespace, _progress: Progress
     if args.last_event_id < 0:
         raise UsageError("--last-event-id takes an event id (0 or more)")
     for event in client.events(args.job, last_event_id=args.last_event_id):
-        if args.json:
+        if args.json:  # ASCII: every control or non-ASCII character is a \u escape
             line = json.dumps({"id": event.id, "type": event.type, "data": event.data})
         else:
-            line = f"{event.id} {_event_text(event)}"
+            line = visible(f"{event.id} {_event_text(event)}")
         _write_line(line)
     return ExitCode.OK, None, ""
 

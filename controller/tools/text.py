@@ -1,9 +1,12 @@
-"""Making untrusted text safe to show or store: the one rule for control characters.
+"""Making untrusted text safe to show or store: the rules for control characters.
 
-Everything that came from the sandbox, the model or a provider and is then shown (CLI
-output, ``run --json``, ``show``, error messages, logs) or stored (the job record, the
-evidence, the JUnit XML) passes :func:`strip_control`, directly or through
-:class:`controller.logs.Scrubber`. See docs/architecture.md.
+Everything that came from the sandbox, the model or a provider and is then stored (the job
+record, the evidence, the JUnit XML) or shown in a message (``run --json``, ``show``, error
+messages, logs) passes :func:`strip_control`, directly or through
+:class:`controller.logs.Scrubber`. Text the CLI prints to a terminal passes :func:`visible`
+last: what must stay exact (a diff) keeps its characters, and each control, format or
+bidirectional character in it is shown as an escape instead of reaching the terminal.
+See docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -34,3 +37,47 @@ def strip_control(text: str) -> str:
     text = _CSI.sub("", text)
     text = _ESC.sub("", text)
     return _CONTROL.sub("", text)
+
+
+HIDDEN = re.compile(
+    "["
+    "\x00-\x08\x0b-\x1f\x7f-\x9f"  # C0 but tab and newline, DEL, C1
+    "\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2"  # format (Cf)
+    "\u115f\u1160\u180e\u200b-\u200f"  # Hangul fillers, Mongolian separator, zero widths, marks
+    "\u2028-\u202e\u2060-\u2064\u2066-\u206f"  # separators, bidi, invisible operators
+    "\u3164\ud800-\udfff\ufeff\uffa0\ufff9-\ufffb"  # filler, surrogates, BOM, annotation
+    "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3"
+    "\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f"  # ..., tags
+    "]"
+)
+"""Every character a terminal must not get as it is: the Unicode categories Cc (but tab and
+newline), Cf (bidirectional controls, zero-width and other invisible format characters, tag
+characters), Cs (lone surrogates: bytes that were not UTF-8, kept by ``surrogateescape``),
+Zl and Zp, as the path rule of :mod:`patchbox_agent.names` counts them, plus the Hangul
+fillers (letters that print as blank space). ESC, CSI (``\\x9b``), OSC and every other
+escape sequence start with one of them."""
+
+
+def escape(ch: str) -> str:
+    """``ch`` written as its code point: ``\\xNN`` below U+0100, ``\\uNNNN`` in the Basic
+    Multilingual Plane, ``\\UNNNNNNNN`` above (as a Python string literal writes it)."""
+    code = ord(ch)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
+
+
+def visible(text: str) -> str:
+    """``text`` safe to print to a terminal, with nothing removed: every :data:`HIDDEN`
+    character is replaced by its :func:`escape` (ESC ``[2K`` prints as ``\\x1b[2K``,
+    U+202E as ``\\u202e``, a carriage return as ``\\x0d``); newline, tab and all other
+    text stay."""
+    return HIDDEN.sub(lambda m: escape(m.group()), text)
+
+
+def hidden_characters(text: str) -> list[str]:
+    """The distinct :data:`HIDDEN` characters in ``text``, each as its :func:`escape`, in
+    the order they first occur."""
+    return list(dict.fromkeys(escape(ch) for ch in HIDDEN.findall(text)))
