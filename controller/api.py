@@ -90,6 +90,7 @@ def _view(record: JobRecord, evidence: str) -> dict[str, Any]:
             {"path": f.path, "change": f.kind, "added": f.added, "removed": f.removed}
             for f in record.files
         ],
+        "control_characters": [c.model_dump(mode="json") for c in record.control_characters],
         "checks": [c.model_dump(mode="json", include=set(CHECK_VIEW)) for c in record.checks],
         "tool_calls": stored["tool_calls"],
         "evidence": evidence,

@@ -21,10 +21,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import docker
 import pytest
 
-from controller.tools.text import escape, hidden_characters, visible
-from tests.support.jobs import make_repo
+from controller.changes.tree import MemoryTree
+from controller.changes.validate import MAX_CONTROL_LINES, ControlLine, check_diff, control_lines
+from controller.jobs.records import JobStore
+from controller.tools.text import escape, flag_text, hidden_characters, visible
+from tests.support.git import make_diff
+from tests.support.jobs import FILES, README, call, make_repo
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -127,6 +132,177 @@ def test_the_escapes() -> None:
     assert hidden_characters("a\x1bb\x1b\u202ec\r") == ["\\x1b", "\\u202e", "\\x0d"]
 
 
+# --- validation flags ------------------------------------------------------------------------
+
+HOSTILE_LINES = [f"line {name}: {raw}text" for name, (raw, _) in ATTACKS.items()]
+
+
+def test_validation_flags_the_added_lines_that_hold_them(tmp_path: Path) -> None:
+    before = {"f.txt": "a\nb\nc\n", "crlf.txt": "one\r\ntwo\r\n"}
+    body = "\n".join(h for h in HOSTILE_LINES if not {"\udc9b", "\x00"} & set(h))  # a text diff
+    after = {
+        "f.txt": f"a\x1b[2K\nb\n{body}\nc\n",
+        "crlf.txt": "one\r\ntwo\r\nthree\r\n",  # a CR LF ending is not flagged
+        "new.txt": "ok\nx\u202ey\n",
+    }
+    diff = make_diff(tmp_path, before, after)
+    tree = MemoryTree({k: ("100644", v.encode()) for k, v in before.items()})
+    changeset = check_diff(diff, tree).changeset
+    flagged = {(c.path, c.line): c.characters for c in changeset.control_characters}
+    count = len(HOSTILE_LINES) - 2
+    assert flagged[("f.txt", 1)] == ["\\x1b"]
+    assert [line for path, line in flagged if path == "f.txt"] == [1, *range(3, 3 + count)]
+    assert flagged[("f.txt", 5)] == ["\\x0d"]
+    assert flagged[("f.txt", 6)] == ["\\x1b", "\\x07"]
+    assert flagged[("new.txt", 2)] == ["\\u202e"]
+    assert not any(path == "crlf.txt" for path, _ in flagged)
+    assert control_lines(diff) == changeset.control_characters
+
+
+def test_removed_and_context_lines_are_not_flagged() -> None:
+    before = {"f.txt": "a\x1b[2K\nb\u202e\nc\n"}
+    diff = (
+        "diff --git a/f.txt b/f.txt\n--- a/f.txt\n+++ b/f.txt\n"
+        "@@ -1,3 +1,3 @@\n-a\x1b[2K\n+a\n b\u202e\n c\n"
+    )
+    tree = MemoryTree({"f.txt": ("100644", before["f.txt"].encode())})
+    assert check_diff(diff, tree).changeset.control_characters == []
+
+
+def test_flags_are_bounded_and_a_diff_that_does_not_parse_has_none() -> None:
+    lines = "".join(f"+x{i}\x1b\n" for i in range(MAX_CONTROL_LINES + 5))
+    diff = (
+        "diff --git a/n.txt b/n.txt\nnew file mode 100644\n--- /dev/null\n+++ b/n.txt\n"
+        f"@@ -0,0 +1,{MAX_CONTROL_LINES + 5} @@\n{lines}"
+    )
+    found = control_lines(diff)
+    assert len(found) == MAX_CONTROL_LINES
+    assert found[-1] == ControlLine(path="n.txt", line=MAX_CONTROL_LINES, characters=["\\x1b"])
+    assert control_lines("not a diff \x1b[2J\n") == []
+
+
+def test_the_flag_text() -> None:
+    flags = [{"path": "a.py", "line": 3, "characters": ["\\x1b", "\\u202e"]}]
+    head = (
+        "warning: 1 added line(s) hold control, format or bidi characters, shown in the diff "
+        "as \\xNN or \\uNNNN escapes:"
+    )
+    assert flag_text(flags) == [head, "  a.py:3: \\x1b \\u202e"]
+    assert flag_text([]) == []
+
+
+# --- a real job ------------------------------------------------------------------------------
+
+
+WRITTEN_ATTACKS = [
+    "erase line",
+    "cursor up",
+    "carriage return",
+    "OSC 0 title",
+    "OSC 52 clipboard",
+    "clear screen",
+    "right-to-left override",
+    "C1 CSI",
+]
+WRITTEN = [f"line {name}: {ATTACKS[name][0]}text" for name in WRITTEN_ATTACKS]
+"""What the model writes into README.md, one attack a line (lines 2 to 9), then a line with
+a CR LF ending (line 10, not flagged)."""
+HIDE: dict[str, Any] = {
+    "name": "replace_text",
+    "arguments": {
+        "path": "README.md",
+        "oldText": README,
+        "newText": README + "".join(f"{line}\n" for line in WRITTEN) + "crlf ending\r\n",
+    },
+}
+FLAGGED_LINES = list(range(2, 2 + len(WRITTEN)))
+
+
+def run_hiding_job(
+    repo: Path, tmp_path: Path, runtime: str, checks: dict[str, Any]
+) -> tuple[Any, str]:
+    task = {
+        "prompt": "Document the greeting.",
+        "checks": checks,
+        "limits": {"memory_mb": 512, "workspace_mb": 64, "tmp_mb": 32},
+    }
+    (tmp_path / "task.json").write_text(json.dumps(task))
+    (tmp_path / "calls.json").write_text(json.dumps({"turns": [[call("c1", HIDE)]]}))
+    (tmp_path / "config.toml").write_text("spare_sandboxes = 0\n")
+    args = ["--task", str(tmp_path / "task.json"), "--calls", str(tmp_path / "calls.json")]
+    args += ["--config", str(tmp_path / "config.toml"), "--runtime", runtime]
+    run = raw_patchbox("run", "--repo", str(repo), *args)
+    listed = raw_patchbox("jobs", "--repo", str(repo), "--json")
+    job_id = json.loads(listed.stdout)["jobs"][-1]["job_id"]
+    return run, job_id
+
+
+def assert_flagged(flags: list[dict[str, Any]]) -> None:
+    assert [(f["path"], f["line"]) for f in flags] == [("README.md", n) for n in FLAGGED_LINES]
+    assert flags[0]["characters"] == ["\\x1b"]
+    assert flags[2]["characters"] == ["\\x0d"]
+    assert flags[3]["characters"] == ["\\x1b", "\\x07"]
+    assert flags[6]["characters"] == ["\\u202e"]
+    assert flags[7]["characters"] == ["\\x9b"]
+
+
+@pytest.mark.docker
+def test_show_diff_shows_what_the_model_hid_and_flags_it(
+    docker_client: docker.DockerClient, sandbox_image: str, runtime: str, tmp_path: Path
+) -> None:
+    del docker_client, sandbox_image  # the image is built once, before the job
+    repo = make_repo(tmp_path / "greet", FILES)
+    run, job_id = run_hiding_job(repo, tmp_path, runtime, {})
+    assert run.returncode == 0, run.stderr.decode(errors="replace")
+    terminal_safe(run.stdout)
+    terminal_safe(run.stderr)
+    shown = raw_patchbox("show", job_id, "--diff")
+    assert shown.returncode == 0, shown.stderr
+    text = terminal_safe(shown.stdout)
+    terminal_safe(shown.stderr)
+    assert f"job {job_id}: awaiting_review" in text
+    for name in WRITTEN_ATTACKS:
+        assert f"+line {name}: {ATTACKS[name][1]}text\n" in text, name
+    assert "+crlf ending\\x0d\n" in text
+    assert "warning: 8 added line(s) hold control, format or bidi characters" in text
+    assert "  README.md:2: \\x1b\n" in text
+    assert "  README.md:5: \\x1b \\x07\n" in text
+    as_json = raw_patchbox("show", job_id, "--diff", "--json")
+    assert as_json.returncode == 0
+    assert as_json.stdout.isascii()
+    data = json.loads(as_json.stdout)
+    assert_flagged(data["control_characters"])
+    assert "".join(f"{line}\n" for line in WRITTEN) in data["diff"].replace("\n+", "\n")
+    folder = JobStore().folder(job_id)
+    evidence = json.loads((folder / "evidence.json").read_text())
+    assert_flagged(evidence["diff"]["control_characters"])
+    stored = json.loads((folder / "job.json").read_text())
+    assert_flagged(stored["control_characters"])
+    patch = (folder / "diff.patch").read_bytes()
+    assert b"\x1b]52;c;cm0gLXJmIH4=\x07" in patch  # the diff itself is kept byte for byte
+    applied = raw_patchbox("apply", job_id)  # flagged, not refused: the reviewer decides
+    assert applied.returncode == 0, applied.stderr
+    assert (repo / "README.md").read_bytes() == HIDE["arguments"]["newText"].encode()
+
+
+@pytest.mark.docker
+def test_a_failed_job_says_so_in_its_failure_text(
+    docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
+) -> None:
+    del docker_client, sandbox_image
+    fail = {"argv": ["python3", "-c", "import sys; print('no'); sys.exit(1)"]}
+    repo = make_repo(tmp_path / "greet", FILES)
+    run, job_id = run_hiding_job(repo, tmp_path, "runc", {"fails": fail})
+    assert run.returncode == 1, run.stderr
+    text = terminal_safe(run.stdout)
+    assert f"job {job_id}: failed" in text
+    assert "error CHECK_FAILED" in text
+    assert "warning: 8 added line(s) hold control, format or bidi characters" in text
+    assert "  README.md:9: \\x9b\n" in text
+    shown = raw_patchbox("show", job_id, "--diff")
+    assert "+line C1 CSI: \\x9b31mtext\n" in terminal_safe(shown.stdout)
+
+
 # --- a hostile service -----------------------------------------------------------------------
 
 EVIL = "".join(raw for raw, _ in ATTACKS.values())
@@ -156,6 +332,8 @@ JOBS = {
     "jobs": [
         {"job_id": EVIL, "status": EVIL, "repo": EVIL, "created": 0},
         {"job_id": EVIL, "status": EVIL, "bundle": {"id": EVIL}, "created": 1.5},
+        {"job_id": EVIL, "status": EVIL, "bundle": EVIL, "repo": EVIL, "created": EVIL},
+        EVIL,
     ]
 }
 EVENTS = [
@@ -239,6 +417,8 @@ def test_remote_text_output_holds_no_control_sequence(
     text = terminal_safe(proc.stdout)
     terminal_safe(proc.stderr)
     assert visible(EVIL) in text  # shown, every character of it, not dropped
+    if command[0] == "show":
+        assert f"{visible(EVIL)}:{visible(EVIL)}: {visible(EVIL)}" in text  # the flag line
     if command[0] == "events":
         assert f"4 {visible(EVIL_NAME)} " in text
 

@@ -132,6 +132,7 @@ class Service:
                 "status": row.state,
                 "error": errors[-1] if errors else None,
                 "files": [],
+                "control_characters": [],
                 "checks": [],
                 "tool_calls": [],
                 "evidence": "",

@@ -12,6 +12,7 @@ See docs/architecture.md.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 
 _OSC = re.compile(r"\x1b\][^\x07\x1b]{0,4096}(?:\x07|\x1b\\)?")
 _CSI = re.compile(r"(?:\x1b\[|\x9b)[0-?]{0,64}[ -/]{0,16}[@-~]?")
@@ -81,3 +82,20 @@ def hidden_characters(text: str) -> list[str]:
     """The distinct :data:`HIDDEN` characters in ``text``, each as its :func:`escape`, in
     the order they first occur."""
     return list(dict.fromkeys(escape(ch) for ch in HIDDEN.findall(text)))
+
+
+def flag_text(flags: Iterable[Mapping[str, object]]) -> list[str]:
+    """The lines ``show`` prints for a diff's flagged lines (``{"path", "line",
+    "characters"}`` each, as the job view holds them); none when there are none."""
+    listed = []
+    for flag in flags:
+        chars = flag.get("characters")
+        shown = " ".join(str(c) for c in chars) if isinstance(chars, list) else ""
+        listed.append(f"  {flag.get('path')}:{flag.get('line')}: {shown}")
+    if not listed:
+        return []
+    head = (
+        f"warning: {len(listed)} added line(s) hold control, format or bidi characters, "
+        "shown in the diff as \\xNN or \\uNNNN escapes:"
+    )
+    return [head, *listed]
