@@ -499,6 +499,7 @@ class Job:
                 checks=record.checks,
                 files=record.files,
                 baseline_unchanged=auto and baseline_unchanged(baseline, changeset),
+                control_lines=len(record.control_characters),
             )
         )
         if decision.applied:
