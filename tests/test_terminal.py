@@ -110,15 +110,21 @@ def test_text_stays_as_it_is() -> None:
 
 def test_every_control_format_and_separator_character_is_escaped() -> None:
     """By the Unicode database of this interpreter: every Cc (but newline and tab), Cf, Cs,
-    Zl and Zp code point is escaped, none is passed or dropped."""
-    missed = [
-        f"U+{code:04X}"
-        for code in range(0x110000)
-        if unicodedata.category(chr(code)) in SHOWN_CATEGORIES
-        and chr(code) not in "\n\t"
-        and visible(chr(code)) != escape(chr(code))
-    ]
-    assert missed == []
+    Zl and Zp code point, the Hangul fillers and the Egyptian format controls Unicode 15
+    adds are escaped, none passed or dropped; every other code point (unassigned ones too)
+    is left as it is, alone or among the others."""
+    fillers = {"\u115f", "\u1160", "\u3164", "\uffa0"}
+    fillers |= {chr(c) for c in range(0x13430, 0x13440)}  # format controls (Unicode 15)
+
+    def expected(ch: str) -> str:
+        shown = unicodedata.category(ch) in SHOWN_CATEGORIES and ch not in "\n\t"
+        return escape(ch) if shown or ch in fillers else ch
+
+    every = [chr(code) for code in range(0x110000)]
+    wrong = [f"U+{ord(ch):04X}" for ch in every if visible(ch) != expected(ch)]
+    assert wrong == []
+    assert visible("".join(every)) == "".join(map(expected, every))
+    assert hidden_characters("".join(every)) == [escape(ch) for ch in every if expected(ch) != ch]
 
 
 def test_the_escapes() -> None:

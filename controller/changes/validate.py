@@ -67,7 +67,7 @@ from controller.changes.tree import (
 from controller.errors import ChangesetInvalidError
 from controller.repo.baseline import Baseline
 from controller.tools import policy
-from controller.tools.text import HIDDEN, hidden_characters
+from controller.tools.text import has_hidden, hidden_characters
 from patchbox_agent import diffs
 from patchbox_agent.globs import Glob
 
@@ -506,7 +506,7 @@ def _flagged(patches: Sequence[diffs.FilePatch]) -> list[ControlLine]:
 
 
 def _control_lines(text: str, patches: Sequence[diffs.FilePatch]) -> list[ControlLine]:
-    if HIDDEN.search(text) is None:  # most diffs: one scan, no line walked
+    if not has_hidden(text):  # most diffs: one scan, no line walked
         return []
     return _flagged(patches)
 
@@ -516,7 +516,7 @@ def control_lines(diff: str, limits: ChangesetLimits | None = None) -> list[Cont
     (at most :data:`MAX_CONTROL_LINES`), for a diff whether or not it passes the rules;
     empty when it does not parse (nothing then locates a line)."""
     limits = limits or ChangesetLimits()
-    if HIDDEN.search(diff) is None:
+    if not has_hidden(diff):
         return []
     try:
         patches = diffs.parse(diff, max_files=limits.max_files, max_bytes=limits.max_diff_bytes)

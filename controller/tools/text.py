@@ -12,7 +12,7 @@ See docs/architecture.md.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 _OSC = re.compile(r"\x1b\][^\x07\x1b]{0,4096}(?:\x07|\x1b\\)?")
 _CSI = re.compile(r"(?:\x1b\[|\x9b)[0-?]{0,64}[ -/]{0,16}[@-~]?")
@@ -40,13 +40,15 @@ def strip_control(text: str) -> str:
     return _CONTROL.sub("", text)
 
 
-HIDDEN = re.compile(
-    "["
+_BMP_HIDDEN = (
     "\x00-\x08\x0b-\x1f\x7f-\x9f"  # C0 but tab and newline, DEL, C1
     "\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2"  # format (Cf)
     "\u115f\u1160\u180e\u200b-\u200f"  # Hangul fillers, Mongolian separator, zero widths, marks
     "\u2028-\u202e\u2060-\u2064\u2066-\u206f"  # separators, bidi, invisible operators
     "\u3164\ud800-\udfff\ufeff\uffa0\ufff9-\ufffb"  # filler, surrogates, BOM, annotation
+)
+HIDDEN = re.compile(
+    f"[{_BMP_HIDDEN}"
     "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3"
     "\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f"  # ..., tags
     "]"
@@ -54,9 +56,33 @@ HIDDEN = re.compile(
 """Every character a terminal must not get as it is: the Unicode categories Cc (but tab and
 newline), Cf (bidirectional controls, zero-width and other invisible format characters, tag
 characters), Cs (lone surrogates: bytes that were not UTF-8, kept by ``surrogateescape``),
-Zl and Zp, as the path rule of :mod:`patchbox_agent.names` counts them, plus the Hangul
-fillers (letters that print as blank space). ESC, CSI (``\\x9b``), OSC and every other
+Zl and Zp, as the path rule of :mod:`patchbox_agent.names` counts them (with the format
+controls Unicode 15 adds, U+13439-U+1343F), plus the Hangul fillers (letters that print as
+blank space). ESC, CSI (``\\x9b``), OSC and every other
 escape sequence start with one of them."""
+
+_ASCII_HIDDEN = re.compile("[\x00-\x08\x0b-\x1f\x7f]")
+_CANDIDATE = re.compile(f"[{_BMP_HIDDEN}\U00010000-\U0010ffff]")
+"""What is looked at: :data:`HIDDEN` in ASCII text, and beyond it the characters of
+:data:`HIDDEN`'s class in the Basic Multilingual Plane and every character above it, each
+of those checked on its own (a class with the few ranges above the plane makes the scan of
+every character several times slower)."""
+
+
+def _scan(text: str) -> Iterator[str]:
+    """The :data:`HIDDEN` characters of ``text``, in order."""
+    if text.isascii():
+        yield from _ASCII_HIDDEN.findall(text)
+        return
+    for found in _CANDIDATE.finditer(text):
+        ch = found.group()
+        if ch < "\U00010000" or HIDDEN.match(ch):
+            yield ch
+
+
+def has_hidden(text: str) -> bool:
+    """Whether ``text`` holds a :data:`HIDDEN` character."""
+    return next(_scan(text), None) is not None
 
 
 def escape(ch: str) -> str:
@@ -75,13 +101,19 @@ def visible(text: str) -> str:
     character is replaced by its :func:`escape` (ESC ``[2K`` prints as ``\\x1b[2K``,
     U+202E as ``\\u202e``, a carriage return as ``\\x0d``); newline, tab and all other
     text stay."""
-    return HIDDEN.sub(lambda m: escape(m.group()), text)
+    if text.isascii():
+        return _ASCII_HIDDEN.sub(lambda m: escape(m.group()), text)
+    return _CANDIDATE.sub(lambda m: _shown(m.group()), text)
+
+
+def _shown(ch: str) -> str:
+    return escape(ch) if ch < "\U00010000" or HIDDEN.match(ch) else ch
 
 
 def hidden_characters(text: str) -> list[str]:
     """The distinct :data:`HIDDEN` characters in ``text``, each as its :func:`escape`, in
     the order they first occur."""
-    return list(dict.fromkeys(escape(ch) for ch in HIDDEN.findall(text)))
+    return list(dict.fromkeys(escape(ch) for ch in _scan(text)))
 
 
 def flag_text(flags: Iterable[Mapping[str, object]]) -> list[str]:
