@@ -97,8 +97,8 @@ def test_each_attack_is_shown_as_an_escape(raw: str, shown: str) -> None:
 
 
 def test_text_stays_as_it_is() -> None:
-    """Letters of every script, right-to-left ones included, emoji with their selectors and
-    joiners' neighbours, tab and newline are text."""
+    """Letters of every script, right-to-left ones included, emoji with their variation
+    selectors, no-break and other visible spaces, tab and newline are text."""
     text = (
         "plain ASCII ~!@#$%^&*()_+{}|:\"<>?`-=[]\\;',./\ttab\n"
         "\u05e9\u05dc\u05d5\u05dd \u0645\u0631\u062d\u0628\u0627 \u65e5\u672c\u8a9e "
@@ -260,7 +260,7 @@ def test_show_diff_shows_what_the_model_hid_and_flags_it(
     repo = make_repo(tmp_path / "greet", FILES)
     run, job_id = run_hiding_job(repo, tmp_path, runtime, {})
     assert run.returncode == 0, run.stderr.decode(errors="replace")
-    terminal_safe(run.stdout)
+    assert "warning: 8 added line(s) hold control" in terminal_safe(run.stdout)
     terminal_safe(run.stderr)
     shown = raw_patchbox("show", job_id, "--diff")
     assert shown.returncode == 0, shown.stderr
