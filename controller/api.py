@@ -95,6 +95,7 @@ def _view(record: JobRecord, evidence: str) -> dict[str, Any]:
             {"path": f.path, "change": f.kind, "added": f.added, "removed": f.removed}
             for f in record.files
         ],
+        "control_characters": [c.model_dump(mode="json") for c in record.control_characters],
         "checks": [c.model_dump(mode="json", include=set(CHECK_VIEW)) for c in record.checks],
         "tool_calls": stored["tool_calls"],
         "evidence": evidence,
@@ -444,10 +445,11 @@ def _ready(store: JobStore, job_id: str, pin: RepoPin | None = None) -> JobRecor
 
 
 def job_diff(store: JobStore, job_id: str) -> str | None:
-    """The diff a job made, as its evidence keeps it (None without one)."""
+    """The diff a job made, as its evidence keeps it, byte for byte (None without one): a
+    carriage return stays one (a text-mode read would make it a newline)."""
     path = store.folder(job_id) / "diff.patch"
     try:
-        return path.read_text("utf-8", "surrogateescape")
+        return path.read_bytes().decode("utf-8", "surrogateescape")
     except FileNotFoundError:
         return None
 

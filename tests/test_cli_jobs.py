@@ -30,7 +30,17 @@ from tests.support.jobs import (
 pytestmark = pytest.mark.docker
 
 ROOT = Path(__file__).resolve().parent.parent
-RUN_KEYS = {"job_id", "status", "error", "diff", "files", "checks", "tool_calls", "evidence"}
+RUN_KEYS = {
+    "job_id",
+    "status",
+    "error",
+    "diff",
+    "files",
+    "control_characters",
+    "checks",
+    "tool_calls",
+    "evidence",
+}
 """The keys of ``run --json``; ``decision`` is shown beside them."""
 DIFF = (
     "diff --git a/app.py b/app.py\n"

@@ -16,6 +16,7 @@ ALL_GATES = {
     "checks_passed": True,
     "no_deleted_file": True,
     "no_dependency_or_config_path": True,
+    "no_control_characters": True,
     "baseline_unchanged": True,
 }
 REVIEW = "review: a person applies or discards"
@@ -153,6 +154,11 @@ CASES: list[tuple[str, DecisionInputs, dict[str, Any]]] = [
         "auto_renamed_from_config",
         inputs(files=[changed("notes.txt", "rename", old_path="setup.cfg")]),
         fell_back("no_dependency_or_config_path"),
+    ),
+    (
+        "auto_control_characters",
+        inputs(control_lines=2),
+        fell_back("no_control_characters"),
     ),
     (
         "auto_ci_config",

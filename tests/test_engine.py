@@ -377,6 +377,7 @@ def test_auto_without_operator_enablement_falls_back_to_review(
         "checks_passed": True,
         "no_deleted_file": True,
         "no_dependency_or_config_path": True,
+        "no_control_characters": True,
         "baseline_unchanged": True,
     }
     assert data["decision"]["applied"] is False
@@ -425,8 +426,23 @@ def test_auto_applies_when_every_gate_holds_and_reverts(
             ["requirements.txt"],
             "no_dependency_or_config_path",
         ),
+        (
+            [
+                {
+                    "id": "c1",
+                    "name": "replace_text",
+                    "arguments": {
+                        "path": "app.py",
+                        "oldText": '"hello "',
+                        "newText": '"Hello \x1b[1A\x1b[2K\u202e"',
+                    },
+                }
+            ],
+            None,
+            "no_control_characters",
+        ),
     ],
-    ids=["deleted_file", "dependency_file"],
+    ids=["deleted_file", "dependency_file", "control_characters"],
 )
 def test_auto_falls_back_when_a_gate_fails(
     client: docker.DockerClient,

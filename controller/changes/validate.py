@@ -30,6 +30,11 @@ every rule on names: the agent refuses the same names for the same reasons) and:
 - ``patch_check``: ``git apply --check`` refuses the diff on the baseline;
   ``stats_mismatch``: git's reading of the diff, or the patched tree, disagrees with the
   parsed stats.
+
+A diff that passes may still be flagged: :attr:`ChangeSet.control_characters` names each
+added line holding a character a terminal would act on or hide
+(:data:`controller.tools.text.HIDDEN`: escape sequences, a carriage return, bidirectional
+and other invisible format characters), so a reviewer is told before reading the diff.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ from controller.changes.tree import (
 from controller.errors import ChangesetInvalidError
 from controller.repo.baseline import Baseline
 from controller.tools import policy
+from controller.tools.text import has_hidden, hidden_characters
 from patchbox_agent import diffs
 from patchbox_agent.globs import Glob
 
@@ -138,6 +144,24 @@ class FileChange(BaseModel):
     mode_after: FileMode | None
 
 
+MAX_CONTROL_LINES = 100
+"""Lines :func:`control_lines` names at most (the first ones, in diff order)."""
+
+
+class ControlLine(BaseModel):
+    """An added line that holds characters a terminal acts on or hides (a flag, not a
+    refusal): the file, the line's number in the file after the change (from 1), and each
+    such character once, written as :func:`controller.tools.text.escape` writes it
+    (``\\x1b``, ``\\u202e``). A carriage return that ends the line (a CR LF line ending) does
+    not count."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str
+    line: int
+    characters: list[str]
+
+
 class ChangeSet(BaseModel):
     """The machine-readable summary of a validated diff."""
 
@@ -150,6 +174,8 @@ class ChangeSet(BaseModel):
     """SHA-256 of the diff's UTF-8 bytes."""
     baseline_tree: str | None = None
     """The baseline tree it was validated on (None for an in-memory tree)."""
+    control_characters: list[ControlLine] = Field(default_factory=list)
+    """The added lines with control, format or bidi characters (:func:`control_lines`)."""
 
 
 @dataclass(frozen=True)
@@ -461,6 +487,44 @@ def _compute(
     return files, changes
 
 
+def _flagged(patches: Sequence[diffs.FilePatch]) -> list[ControlLine]:
+    found: list[ControlLine] = []
+    for patch in patches:
+        for hunk in patch.hunks:
+            number = hunk.new_start
+            for op, text in hunk.lines:
+                if op == "-":
+                    continue
+                if op == "+":
+                    chars = hidden_characters(text.removesuffix("\r"))
+                    if chars:
+                        found.append(ControlLine(path=patch.path, line=number, characters=chars))
+                        if len(found) >= MAX_CONTROL_LINES:
+                            return found
+                number += 1
+    return found
+
+
+def _control_lines(text: str, patches: Sequence[diffs.FilePatch]) -> list[ControlLine]:
+    if not has_hidden(text):  # most diffs: one scan, no line walked
+        return []
+    return _flagged(patches)
+
+
+def control_lines(diff: str, limits: ChangesetLimits | None = None) -> list[ControlLine]:
+    """The added lines of ``diff`` that hold :data:`controller.tools.text.HIDDEN` characters
+    (at most :data:`MAX_CONTROL_LINES`), for a diff whether or not it passes the rules;
+    empty when it does not parse (nothing then locates a line)."""
+    limits = limits or ChangesetLimits()
+    if not has_hidden(diff):
+        return []
+    try:
+        patches = diffs.parse(diff, max_files=limits.max_files, max_bytes=limits.max_diff_bytes)
+    except diffs.DiffError:
+        return []
+    return _flagged(patches)
+
+
 def _compare_numstat(
     files: Sequence[FileChange], numstat: Sequence[tuple[str, int, int]]
 ) -> list[ChangesetReason]:
@@ -523,6 +587,7 @@ def check_diff(  # noqa: PLR0913 - the diff, the tree and keyword-only rule inpu
         removed=sum(f.removed for f in files),
         diff_sha256=hashlib.sha256(raw).hexdigest(),
         baseline_tree=baseline_tree,
+        control_characters=_control_lines(text, patches),
     )
     return Prepared(changeset=changeset, changes=tuple(changes), diff=raw)
 

@@ -31,6 +31,7 @@ from controller.jobs.records import (
     mark_interrupted,
 )
 from controller.logs import Scrubber
+from controller.tools.text import flag_text
 
 if TYPE_CHECKING:
     import argparse
@@ -93,6 +94,7 @@ def _summary(record: JobRecord) -> str:
     for f in record.files:
         calls = ", ".join(f.calls) or "-"
         lines.append(f"  {f.kind:<7} {f.path} (+{f.added} -{f.removed}) by call(s) {calls}")
+    lines += flag_text(c.model_dump() for c in record.control_characters)
     lines += [
         f"  check {c.id}: {c.status} (exit {c.exit_code}, {c.duration_ms} ms)"
         for c in record.checks

@@ -44,8 +44,9 @@ def _progress(message: str) -> None:
     if _QUIET:
         return
     from controller.logs import write_line
+    from controller.tools.text import visible
 
-    write_line(f"patchbox: [{time.monotonic() - _STARTED:6.1f}s] {message}")
+    write_line(visible(f"patchbox: [{time.monotonic() - _STARTED:6.1f}s] {message}"))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -217,12 +218,18 @@ def _env_parsers(sub: Any) -> None:
 
 def _emit(data: dict[str, Any], *, as_json: bool, text: str) -> None:
     """Prints the result; a closed terminal (SIGHUP) or pipe (``| head``) loses it, nothing
-    else: stdout then points at /dev/null, so the interpreter's last flush is quiet too."""
+    else: stdout then points at /dev/null, so the interpreter's last flush is quiet too.
+
+    Text goes through :func:`controller.tools.text.visible`: a control, format or bidi
+    character (from a diff, a service, a file name) prints as an escape, never as itself.
+    JSON is ASCII: every such character (and all other non-ASCII) is a ``\\u`` escape."""
+    from controller.tools.text import visible
+
     try:
         if as_json:
-            print(json.dumps(data, indent=2, sort_keys=True), flush=True)
+            print(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=True), flush=True)
         else:
-            print(text, flush=True)
+            print(visible(text), flush=True)
     except OSError:
         _quiet_stdout()
 
@@ -537,6 +544,7 @@ def _report_error(
     """The error contract: ``{"error": {code, message}}`` on stdout with ``--json``, one
     line on stderr always; messages scrubbed of secrets (the user's own paths stay)."""
     from controller.logs import Scrubber
+    from controller.tools.text import visible
 
     message = Scrubber(_repo_root(args), paths=False).text(message)
     with contextlib.suppress(OSError):
@@ -544,8 +552,8 @@ def _report_error(
             error = {"code": code, "message": message}
             if extra:
                 error.update(Scrubber(_repo_root(args), paths=False).value(extra))
-            print(json.dumps({"error": error}))
-        print(f"patchbox: error {code}: {message}", file=sys.stderr)
+            print(json.dumps({"error": error}, ensure_ascii=True))
+        print(visible(f"patchbox: error {code}: {message}"), file=sys.stderr)
 
 
 def run() -> None:

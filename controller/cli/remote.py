@@ -43,6 +43,7 @@ from controller.errors import (
     describe_validation,
     exit_code_for_error,
 )
+from controller.tools.text import flag_text, visible
 
 if TYPE_CHECKING:
     from controller.service.client import Event, ServiceClient
@@ -244,12 +245,16 @@ def _jobs(client: ServiceClient, _args: argparse.Namespace, _progress: Progress)
     jobs = client.jobs()
     lines = []
     for job in jobs:
-        created = dt.datetime.fromtimestamp(float(job.get("created", 0))).astimezone()
-        where = f"bundle {job['bundle']['id']}" if job.get("bundle") else str(job.get("repo"))
-        lines.append(
-            f"{job.get('job_id')}  {job.get('status', ''):<16} "
-            f"{created.isoformat(timespec='seconds')[:19]}  {where}"
-        )
+        if not isinstance(job, dict):  # not the service's shape: shown as it came
+            lines.append(str(job))
+            continue
+        when = job.get("created")
+        created = "-"
+        if isinstance(when, int | float) and 0 <= when < 1e11:
+            created = dt.datetime.fromtimestamp(when).astimezone().isoformat("T", "seconds")[:19]
+        bundle = job.get("bundle")
+        where = f"bundle {bundle.get('id')}" if isinstance(bundle, dict) else str(job.get("repo"))
+        lines.append(f"{job.get('job_id')}  {job.get('status', '')!s:<16} {created:<19}  {where}")
     return ExitCode.OK, {"jobs": jobs}, "\n".join(lines) or "no jobs"
 
 
@@ -262,10 +267,10 @@ def _events(client: ServiceClient, args: argparse.Namespace, _progress: Progress
     if args.last_event_id < 0:
         raise UsageError("--last-event-id takes an event id (0 or more)")
     for event in client.events(args.job, last_event_id=args.last_event_id):
-        if args.json:
+        if args.json:  # ASCII: every control or non-ASCII character is a \u escape
             line = json.dumps({"id": event.id, "type": event.type, "data": event.data})
         else:
-            line = f"{event.id} {_event_text(event)}"
+            line = visible(f"{event.id} {_event_text(event)}")
         _write_line(line)
     return ExitCode.OK, None, ""
 
@@ -448,6 +453,8 @@ def _summary(view: dict[str, Any]) -> str:
         f"  {f.get('change', ''):<7} {f.get('path')} (+{f.get('added')} -{f.get('removed')})"
         for f in view.get("files") or []
     ]
+    flags = view.get("control_characters")
+    lines += flag_text(f for f in flags if isinstance(f, dict)) if isinstance(flags, list) else []
     lines += [
         f"  check {c.get('id')}: {c.get('status')} "
         f"(exit {c.get('exit_code')}, {c.get('duration_ms')} ms)"

@@ -3,8 +3,9 @@
 Pure: :func:`decide` takes what the job found (:class:`DecisionInputs`) and returns the
 :class:`Decision` to record; it reads nothing and applies nothing. ``review`` always waits for
 a person. ``auto`` applies only when every gate holds (the operator enabled it, the required
-checks passed, no file is deleted, no dependency or configuration path is touched, the
-repository is as the baseline saw it); otherwise it falls back to review, naming the gates
+checks passed, no file is deleted, no dependency or configuration path is touched, no added
+line holds a control, format or bidi character, the repository is as the baseline saw it);
+otherwise it falls back to review, naming the gates
 that failed. ``trusted-auto`` applies without running the project's checks, and only with
 both the operator's enablement and the job's consent; otherwise it falls back to review.
 Neither applies for a requester that may not apply the job at all (``apply_denied``: a
@@ -42,6 +43,9 @@ class DecisionInputs(BaseModel):
     apply_denied: str | None = None
     """Why whoever asked for the job may not apply it (a service tenant without
     ``allow_apply``, a job on an uploaded bundle); None when it may."""
+    control_lines: int = 0
+    """The diff's added lines flagged for control, format or bidi characters (no person
+    reads a diff auto applies: such a line waits for one)."""
 
 
 def skips_checks(
@@ -117,6 +121,7 @@ def auto_gates(inputs: DecisionInputs, *, checks_passed: bool) -> dict[str, bool
         "no_deleted_file": all(f.kind != "delete" for f in files),
         # the write policy's list: manifests, lock files, git and CI config, hooks
         "no_dependency_or_config_path": all(write_denial(p, None, ()) is None for p in paths),
+        "no_control_characters": inputs.control_lines == 0,
         "baseline_unchanged": inputs.baseline_unchanged,
     }
 
@@ -127,6 +132,7 @@ GATE_HINTS = {
     "checks_passed": "a required check did not pass, or there is none",
     "no_deleted_file": "the diff deletes a file",
     "no_dependency_or_config_path": "the diff touches a manifest, lock file or config",
+    "no_control_characters": "an added line holds control, format or bidi characters",
     "baseline_unchanged": "a file the diff touches changed since the baseline",
 }
 """What a failing auto gate means, in the user's words (the switch that blocks it); for

@@ -21,7 +21,7 @@ import docker
 import structlog
 
 from controller.changes.collect import Collected, baseline_sha256, collect
-from controller.changes.validate import ChangeSet, validate_changeset
+from controller.changes.validate import ChangeSet, control_lines, validate_changeset
 from controller.config.checks import resolve_checks, resolve_environment, with_environment
 from controller.config.host import HostConfig
 from controller.config.task import CheckSpec, TaskSpec
@@ -33,6 +33,7 @@ from controller.jobs.loop import ToolLoop, cancelled_error
 from controller.jobs.records import (
     ACTIVE,
     CheckResult,
+    ControlLine,
     Decision,
     FileChange,
     JobRecord,
@@ -346,15 +347,15 @@ class Job:
         record = self.record
         self._diff = collected.diff
         record.diff_sha256 = collected.diff_sha256
-        self._reconcile(collected)  # first: a reported file hidden from the changes is named
-        if not collected.diff:
-            raise PatchboxError("the job made no change", code=ErrorCode.CHANGESET_INVALID)
-        changeset = validate_changeset(
-            baseline,
-            collected.diff,
-            allowed_paths=task.allowed_paths,
-            extra_protected=tuple(self.request.config.protected),
-        )
+        try:
+            changeset = self._changeset(baseline, collected, task)
+        except PatchboxError:  # refused, yet shown by show --diff: flagged all the same
+            flagged = control_lines(collected.diff)
+            record.control_characters = [ControlLine(**c.model_dump()) for c in flagged]
+            raise
+        record.control_characters = [
+            ControlLine(**c.model_dump()) for c in changeset.control_characters
+        ]
         record.files = [
             FileChange(
                 path=f.path,
@@ -369,6 +370,17 @@ class Job:
             for f in changeset.files
         ]
         return changeset
+
+    def _changeset(self, baseline: Baseline, collected: Collected, task: TaskSpec) -> ChangeSet:
+        self._reconcile(collected)  # first: a reported file hidden from the changes is named
+        if not collected.diff:
+            raise PatchboxError("the job made no change", code=ErrorCode.CHANGESET_INVALID)
+        return validate_changeset(
+            baseline,
+            collected.diff,
+            allowed_paths=task.allowed_paths,
+            extra_protected=tuple(self.request.config.protected),
+        )
 
     def _reconcile(self, collected: Collected) -> None:
         """Reconciles the changes with the ledger both ways, against each path's final state
@@ -501,6 +513,7 @@ class Job:
                 files=record.files,
                 baseline_unchanged=auto and baseline_unchanged(baseline, changeset),
                 apply_denied=request.apply_denied,
+                control_lines=len(record.control_characters),
             )
         )
         if decision.applied:

@@ -54,6 +54,7 @@ def bundle(record: JobRecord, diff: str | None) -> dict[str, Any]:
         "diff": {
             "sha256": record.diff_sha256,
             "files": stored["files"],
+            "control_characters": [c.model_dump(mode="json") for c in record.control_characters],
             "patch_file": "diff.patch" if diff else None,
         },
         "checks": stored["checks"],

@@ -171,6 +171,16 @@ class FileChange(_Value):
     """Ids of the ledger entries that name the path."""
 
 
+class ControlLine(_Value):
+    """An added line of the diff holding characters a terminal acts on or hides: the file,
+    the line's number after the change and each such character as an escape (``\\x1b``,
+    ``\\u202e``); :class:`controller.changes.validate.ControlLine`."""
+
+    path: str
+    line: int
+    characters: list[str]
+
+
 class CheckResult(_Value):
     """One check as run in the fresh check sandbox (or skipped), bound to the diff."""
 
@@ -244,6 +254,9 @@ class JobRecord(BaseModel):
     ledger: list[LedgerEntry] = Field(default_factory=list)
     diff_sha256: str | None = None
     files: list[FileChange] = Field(default_factory=list)
+    control_characters: list[ControlLine] = Field(default_factory=list, exclude_if=lambda v: not v)
+    """The diff's added lines with control, format or bidi characters (a flag for the
+    reviewer; at most 100), also for a diff the rules refused."""
     checks: list[CheckResult] = Field(default_factory=list)
     decision: Decision | None = None
     """None until the job is decided (stored as ``{}``)."""

@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from controller.api import job_view
+from controller.api import job_diff, job_view
 from controller.config.host import HostConfig
 from controller.config.task import TaskSpec
 from controller.errors import ErrorCode, GitError, PatchboxError, describe_validation
@@ -133,6 +133,7 @@ class Service:
                 "status": row.state,
                 "error": errors[-1] if errors else None,
                 "files": [],
+                "control_characters": [],
                 "checks": [],
                 "tool_calls": [],
                 "evidence": "",
@@ -153,10 +154,7 @@ def bundle_of(row: JobRow) -> dict[str, Any]:
 
 
 def diff_of(job_id: str) -> str:
-    try:
-        return (JobStore().folder(job_id) / "diff.patch").read_text("utf-8", "surrogateescape")
-    except FileNotFoundError:
-        return ""
+    return job_diff(JobStore(), job_id) or ""
 
 
 Handler = Callable[[Service, Request], Awaitable[Response]]

@@ -130,6 +130,20 @@ OPENAPI: dict[str, Any] = {
                     "error": {"type": ["object", "null"]},
                     "diff": {"type": "string"},
                     "files": {"type": "array", "items": {"type": "object"}},
+                    "control_characters": {
+                        "type": "array",
+                        "description": "added lines holding control, format or bidi "
+                        "characters (a flag; docs/reference.md)",
+                        "items": {
+                            "type": "object",
+                            "required": ["path", "line", "characters"],
+                            "properties": {
+                                "path": {"type": "string"},
+                                "line": {"type": "integer"},
+                                "characters": {"type": "array", "items": {"type": "string"}},
+                            },
+                        },
+                    },
                     "checks": {"type": "array", "items": {"type": "object"}},
                     "tool_calls": {"type": "array", "items": {"type": "object"}},
                     "evidence": {"type": "string"},
