@@ -432,6 +432,22 @@ def test_the_service_table_is_validated(tmp_path: Path) -> None:
     bad.write_text(config.read_text().replace("workers = 2", "workers = 2\nthreads = 3"))
     with pytest.raises(UsageError, match="service"):
         load_service_config(bad)
+    alpha_hash = hashlib.sha256(TOKENS["alpha"].encode()).hexdigest()
+    metrics_hash = hashlib.sha256(METRICS_TOKEN.encode()).hexdigest()
+    assert service.metrics_token_sha256 == metrics_hash
+    shared = tmp_path / "shared.toml"
+    shared.write_text(config.read_text().replace(metrics_hash, alpha_hash))
+    with pytest.raises(UsageError, match="metrics_token_sha256 is a tenant's token_sha256"):
+        load_service_config(shared)
+    for key, value in (
+        ("header_timeout_seconds", "0"),
+        ("bundle_max_tree_entries", "0"),
+        ("bundle_max_tree_bytes", "-1"),
+    ):
+        wrong = tmp_path / f"{key}.toml"
+        wrong.write_text(config.read_text().replace("workers = 2", f"workers = 2\n{key} = {value}"))
+        with pytest.raises(UsageError, match=key):
+            load_service_config(wrong)
     args = _parser().parse_args(["serve", "--config", str(config), "--port", "9"])
     assert (args.command, args.host, args.port) == ("serve", "127.0.0.1", 9)
 
@@ -549,7 +565,7 @@ def test_shutdown_cancels_running_jobs_and_leaves_no_container(
 
 
 def test_patchbox_serve_answers_and_stops_on_sigterm(tmp_path: Path) -> None:
-    config = write_config(tmp_path, workers=0)
+    config = write_config(tmp_path, workers=0, service={"header_timeout_seconds": 1})
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -574,6 +590,11 @@ def test_patchbox_serve_answers_and_stops_on_sigterm(tmp_path: Path) -> None:
         headers = {"Authorization": f"Bearer {TOKENS['beta']}"}
         listed = httpx.get(f"http://127.0.0.1:{port}/v1/jobs", headers=headers, timeout=5)
         assert listed.json() == {"jobs": []}
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            started = time.monotonic()
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # and no more
+            assert read_all(sock).startswith(b"HTTP/1.1 408 ")  # its head deadline: 1 s
+            assert 0.8 < time.monotonic() - started < 4
         process.send_signal(signal.SIGTERM)
         _out, err = process.communicate(timeout=60)
         # uvicorn shuts down, then lets the signal end the process as it would have (143)
