@@ -144,6 +144,8 @@ def measure_tree(ctx: GitContext, commit: str, limits: TreeLimits) -> TreeSize:
 def _count_tree(proc: subprocess.Popen[bytes], limits: TreeLimits) -> TreeSize:
     assert proc.stdout is not None  # noqa: S101 - Popen contract with PIPE
     fd = proc.stdout.fileno()
+    poller = select.poll()  # not select(): a busy service's descriptors may pass 1024
+    poller.register(fd, select.POLLIN)
     deadline = time.monotonic() + TREE_SECONDS
     pending = b""
     entries = total = 0
@@ -151,8 +153,7 @@ def _count_tree(proc: subprocess.Popen[bytes], limits: TreeLimits) -> TreeSize:
         left = deadline - time.monotonic()
         if left <= 0:
             raise GitError(f"git ls-tree did not finish in {TREE_SECONDS:g} s")
-        ready, _, _ = select.select([fd], [], [], left)
-        if not ready:
+        if not poller.poll(left * 1000):
             continue
         chunk = os.read(fd, TREE_READ)
         if not chunk:
