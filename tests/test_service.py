@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import select
 import signal
 import socket
 import subprocess
@@ -21,6 +22,7 @@ import pytest
 from controller.cli.main import _parser
 from controller.errors import UsageError
 from controller.jobs.records import JobStore
+from controller.paths import patchbox_home
 from controller.providers.config import ENV_NAMES
 from controller.service.app import ROUTES
 from controller.service.config import load_service_config
@@ -31,6 +33,7 @@ from controller.service.store import JobRow, SqliteStore
 from tests.support.jobs import APP, APP_AFTER, containers_of, make_repo
 from tests.support.service import (
     CALLS,
+    METRICS_TOKEN,
     SLOW_CALLS,
     TASK,
     TOKENS,
@@ -77,14 +80,27 @@ def test_health_metrics_and_the_openapi_document(idle: Any) -> None:
     alpha = idle.client("alpha")
     repo = idle_repo(idle, "alpha")
     assert submit(alpha, repo, calls=CALLS).status_code == 202
+    assert submit(idle.client("beta"), idle_repo(idle, "beta"), calls=CALLS).status_code == 202
     text = anonymous.get("/metrics").text
-    assert 'patchbox_service_jobs{state="queued"} 1' in text
-    assert 'patchbox_service_queue_length{tenant="alpha"} 1' in text
-    assert 'patchbox_service_queue_length{tenant="beta"} 0' in text
+    assert 'patchbox_service_jobs{state="queued"} 2' in text
+    assert "\npatchbox_service_queue_length 2\n" in text
+    assert "\npatchbox_service_running_jobs 0\n" in text
     assert (
-        'patchbox_service_http_requests_total{method="POST",route="/v1/jobs",status="202"} 1'
+        'patchbox_service_http_requests_total{method="POST",route="/v1/jobs",status="202"} 2'
         in text
     )
+    assert "tenant=" not in text  # no tenant's name without the operator's token
+    assert "alpha" not in text
+    assert "beta" not in text
+    operator = anonymous.get("/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
+    assert operator.status_code == 200
+    assert 'patchbox_service_queue_length{tenant="alpha"} 1' in operator.text
+    assert 'patchbox_service_queue_length{tenant="beta"} 1' in operator.text
+    assert 'patchbox_service_running_jobs{tenant="alpha"} 0' in operator.text
+    for header in (f"Bearer {TOKENS['alpha']}", "Bearer nope", f"Basic {METRICS_TOKEN}"):
+        refused = anonymous.get("/metrics", headers={"Authorization": header})
+        assert (refused.status_code, error_of(refused)) == (401, "UNAUTHORIZED")
+        assert "alpha" not in refused.text
 
 
 def idle_repo(running: Any, tenant: str) -> Path:
@@ -197,6 +213,134 @@ def test_bad_requests_have_the_error_shape(idle: Any, monkeypatch: pytest.Monkey
     assert (queued.status_code, error_of(queued)) == (409, "USAGE_ERROR")
 
 
+def crash_reports() -> set[str]:
+    folder = patchbox_home() / "crash"
+    return {p.name for p in folder.iterdir()} if folder.is_dir() else set()
+
+
+def nested(depth: int, leaf: Any = 1) -> Any:
+    value = leaf
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_deep_json_and_odd_event_ids_are_400_without_a_crash_report(idle: Any) -> None:
+    """200 KB of nested brackets (past Python's recursion limit), bodies nested a level past
+    what the calls file allows, and Last-Event-ID values that str.isdigit takes but int does
+    not: each is 400 BAD_REQUEST or USAGE_ERROR, and no crash report is written."""
+    alpha = idle.client("alpha")
+    repo = idle_repo(idle, "alpha")
+    before = crash_reports()
+    deep = b'{"repo": "' + str(repo).encode() + b'", "task": ' + b"[" * 100_000
+    deep += b"]" * 100_000 + b"}"
+    assert len(deep) > 200_000
+
+    def calls(depth: int) -> dict[str, Any]:  # a body nested 6 + depth deep
+        return {"turns": [[{"id": "c1", "name": "read_file", "arguments": {"x": nested(depth)}}]]}
+
+    cases = [
+        (alpha.post("/v1/jobs", content=deep), 400, "BAD_REQUEST"),
+        (alpha.post("/v1/jobs", content=b"[" * 100_000), 400, "BAD_REQUEST"),
+        (alpha.post("/v1/jobs", content=json.dumps(nested(66, {})).encode()), 400, "BAD_REQUEST"),
+        (submit(alpha, repo, task={"prompt": "x", "checks": nested(60)}), 400, "USAGE_ERROR"),
+        (submit(alpha, repo, calls=calls(60)), 400, "BAD_REQUEST"),  # one level too deep
+        (alpha.post("/v1/jobs", content=b'{"task": 1, "task": 2}'), 400, "BAD_REQUEST"),
+    ]
+    for response, status, code in cases:
+        assert (response.status_code, error_of(response)) == (status, code), response.text
+    assert "nested too deeply" in cases[0][0].json()["error"]["message"]
+    deepest = submit(alpha, repo, calls=calls(59))  # as deep as a calls file may be
+    assert deepest.status_code == 202, deepest.text
+    job_id = deepest.json()["job_id"]
+    for value in (b"\xb2", b"1\xb3", b"\xd9\xa3", b"12345678901234567890", b"-1", b"1 2"):
+        response = alpha.get(f"/v1/jobs/{job_id}/events", headers={"Last-Event-ID": value})
+        assert (response.status_code, error_of(response)) == (400, "BAD_REQUEST"), value
+        assert response.json()["error"]["message"] == "Last-Event-ID must be an event id"
+    assert crash_reports() == before
+
+
+def test_a_client_trickling_its_request_head_is_cut(tmp_path: Path) -> None:
+    """With ``header_timeout_seconds = 2``: a head sent a byte every 0.2 s gets 408 and the
+    connection closed about 2 s after it opened; a connection that sends nothing is closed
+    as late; a head sent whole, or slowly within the bound, is answered; a kept-alive
+    connection's next head gets its own 2 s."""
+    config = write_config(tmp_path, workers=0, service={"header_timeout_seconds": 2})
+    with serving(config) as running:
+        port = int(running.url.rsplit(":", 1)[1])
+        head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200 + b"\r\n\r\n"
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            started = time.monotonic()
+            sent = trickle(sock, head, 0.2)
+            answer = read_all(sock)
+            elapsed = time.monotonic() - started
+        assert sent < len(head)
+        assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+        body = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+        assert body["error"]["code"] == "BAD_REQUEST"
+        assert "header_timeout_seconds" in body["error"]["message"]
+        assert 1.8 < elapsed < 5, elapsed
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            started = time.monotonic()
+            assert read_all(sock) == b""  # nothing sent: closed, no answer
+            assert 1.8 < time.monotonic() - started < 5
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            assert trickle(sock, head[:40], 0.02) == 40  # 0.8 s, within the bound
+            sock.sendall(head[40:])
+            first = read_answer(sock)
+            assert first.startswith(b"HTTP/1.1 200 "), first[:200]
+            time.sleep(1.5)  # kept alive: the next head gets its own deadline
+            sock.sendall(head)
+            assert read_answer(sock).startswith(b"HTTP/1.1 200 ")
+            started = time.monotonic()
+            trickle(sock, head, 0.2)
+            assert read_all(sock).startswith(b"HTTP/1.1 408 ")
+            assert 1.8 < time.monotonic() - started < 5
+        assert running.client(None).get("/healthz").json() == {"status": "ok"}
+
+
+def trickle(sock: socket.socket, data: bytes, pause: float) -> int:
+    """Sends ``data`` a byte at a time, ``pause`` seconds apart, until it is all sent or the
+    service closes the connection; the bytes sent."""
+    for n in range(len(data)):
+        try:
+            sock.sendall(data[n : n + 1])
+        except OSError:
+            return n
+        if pause and select.select([sock], [], [], pause)[0]:
+            return n + 1  # the service answered (or closed) before the head was done
+    return len(data)
+
+
+def read_all(sock: socket.socket) -> bytes:
+    """Everything until the service closes the connection."""
+    out = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            return out
+        if not chunk:
+            return out
+        out += chunk
+
+
+def read_answer(sock: socket.socket) -> bytes:
+    """One answer with a Content-Length, on a connection kept alive."""
+    out = b""
+    while b"\r\n\r\n" not in out:
+        out += sock.recv(65536)
+    head, _, body = out.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
 def test_the_queue_is_fair_and_one_job_per_repository(tmp_path: Path) -> None:
     _host, config = load_service_config(write_config(tmp_path, workers=0))
     store = SqliteStore(tmp_path / "fair.db")
@@ -288,6 +432,22 @@ def test_the_service_table_is_validated(tmp_path: Path) -> None:
     bad.write_text(config.read_text().replace("workers = 2", "workers = 2\nthreads = 3"))
     with pytest.raises(UsageError, match="service"):
         load_service_config(bad)
+    alpha_hash = hashlib.sha256(TOKENS["alpha"].encode()).hexdigest()
+    metrics_hash = hashlib.sha256(METRICS_TOKEN.encode()).hexdigest()
+    assert service.metrics_token_sha256 == metrics_hash
+    shared = tmp_path / "shared.toml"
+    shared.write_text(config.read_text().replace(metrics_hash, alpha_hash))
+    with pytest.raises(UsageError, match="metrics_token_sha256 is a tenant's token_sha256"):
+        load_service_config(shared)
+    for key, value in (
+        ("header_timeout_seconds", "0"),
+        ("bundle_max_tree_entries", "0"),
+        ("bundle_max_tree_bytes", "-1"),
+    ):
+        wrong = tmp_path / f"{key}.toml"
+        wrong.write_text(config.read_text().replace("workers = 2", f"workers = 2\n{key} = {value}"))
+        with pytest.raises(UsageError, match=key):
+            load_service_config(wrong)
     args = _parser().parse_args(["serve", "--config", str(config), "--port", "9"])
     assert (args.command, args.host, args.port) == ("serve", "127.0.0.1", 9)
 
@@ -405,7 +565,7 @@ def test_shutdown_cancels_running_jobs_and_leaves_no_container(
 
 
 def test_patchbox_serve_answers_and_stops_on_sigterm(tmp_path: Path) -> None:
-    config = write_config(tmp_path, workers=0)
+    config = write_config(tmp_path, workers=0, service={"header_timeout_seconds": 1})
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -430,6 +590,11 @@ def test_patchbox_serve_answers_and_stops_on_sigterm(tmp_path: Path) -> None:
         headers = {"Authorization": f"Bearer {TOKENS['beta']}"}
         listed = httpx.get(f"http://127.0.0.1:{port}/v1/jobs", headers=headers, timeout=5)
         assert listed.json() == {"jobs": []}
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            started = time.monotonic()
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # and no more
+            assert read_all(sock).startswith(b"HTTP/1.1 408 ")  # its head deadline: 1 s
+            assert 0.8 < time.monotonic() - started < 4
         process.send_signal(signal.SIGTERM)
         _out, err = process.communicate(timeout=60)
         # uvicorn shuts down, then lets the signal end the process as it would have (143)

@@ -9,6 +9,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
 import threading
 import time
@@ -24,19 +25,21 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from controller import strictjson
 from controller.api import job_diff, job_view
 from controller.config.host import HostConfig
 from controller.config.task import TaskSpec
-from controller.errors import ErrorCode, GitError, PatchboxError, describe_validation
+from controller.errors import ErrorCode, PatchboxError, describe_validation
 from controller.jobs.evidence import relative_to_home
 from controller.jobs.records import JobStore
 from controller.logs import Scrubber
+from controller.providers.base import MAX_JSON_DEPTH
 from controller.repo.pin import RepoPin, pin_repo
 from controller.sandbox.labels import new_job_id
 from controller.service.bundles import (
     BUNDLE_ID,
+    TreeLimits,
     bundle_path,
-    clone_bundle,
     clone_path,
     sweep,
     verify_bundle,
@@ -50,6 +53,10 @@ from controller.service.store import PENDING_STATES, QUEUED, Bundle, JobRow, Ser
 
 MAX_BODY_BYTES = 2 * 1024 * 1024
 """The largest request body: a task (1 MiB at most) and a calls file."""
+MAX_BODY_DEPTH = MAX_JSON_DEPTH + 1
+"""The deepest nesting of a request body: a calls file's (in the body's ``calls``)."""
+EVENT_ID = re.compile(r"[0-9]{1,18}")
+"""A ``Last-Event-ID``: ASCII digits only (``str.isdigit`` also takes ``²`` and ``٣``)."""
 SSE_POLL_SECONDS = 0.2
 SSE_KEEPALIVE_SECONDS = 15.0
 
@@ -94,6 +101,24 @@ class Service:
         if found is None:
             raise ServiceError(401, "UNAUTHORIZED", "the bearer token is not valid")
         return found
+
+    def metrics_operator(self, request: Request) -> bool:
+        """Whether ``request`` has the operator's metrics token (False without a token;
+        401 for any other token, a tenant's included)."""
+        header = request.headers.get("authorization", "")
+        if not header:
+            return False
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise ServiceError(401, "UNAUTHORIZED", "the metrics token is sent as a bearer token")
+        expected = self.config.metrics_token_sha256
+        if expected is None:
+            msg = "no metrics token is configured (metrics_token_sha256): ask without a token"
+            raise ServiceError(401, "UNAUTHORIZED", msg)
+        digest = hashlib.sha256(token.strip().encode("utf-8", "surrogatepass")).hexdigest()
+        if not hmac.compare_digest(digest, expected):
+            raise ServiceError(401, "UNAUTHORIZED", "the bearer token is not the metrics token")
+        return True
 
     def own_job(self, tenant: TenantConfig, job_id: str) -> JobRow:
         row = self.store.get_job(job_id)
@@ -142,7 +167,23 @@ class Service:
             } | bundle_of(row)
         evidence = store.folder(row.job_id) / "evidence.json"
         where = relative_to_home(evidence) if evidence.is_file() else ""
-        return job_view(record, diff_of(row.job_id), where) | bundle_of(row)
+        view = job_view(record, diff_of(row.job_id), where)
+        if row.request.get("bundle"):  # the clone's path is the service's, not the tenant's
+            diff = view.pop("diff")
+            view = Scrubber(row.repo).value(view) | {"diff": diff}
+        return view | bundle_of(row)
+
+    def clone_of(self, tenant: str, job_id: str) -> str:
+        """Where a bundle job's clone will be (its worker checks the bundle out there)."""
+        return os.path.realpath(clone_path(self.config, tenant, job_id))
+
+    def hide_paths(self, message: str) -> str:
+        """``message`` without the service's own folder (``data_dir``): a tenant never
+        learns where the service keeps bundles and clones."""
+        data = self.config.data_path()
+        for path in sorted({str(data), os.path.realpath(data)}, key=len, reverse=True):
+            message = message.replace(path, "<data_dir>")
+        return message
 
 
 def bundle_of(row: JobRow) -> dict[str, Any]:
@@ -151,6 +192,13 @@ def bundle_of(row: JobRow) -> dict[str, Any]:
     if not bundle:
         return {}
     return {"bundle": {"id": bundle, "head": row.request.get("bundle_head", "")}}
+
+
+def repo_of(row: JobRow) -> str:
+    """The ``repo`` a tenant sees: its repository's path, or ``bundle:ID`` for a job on an
+    uploaded bundle (whose clone is in the service's own folder)."""
+    bundle = row.request.get("bundle")
+    return f"bundle:{bundle}" if bundle else row.repo
 
 
 def diff_of(job_id: str) -> str:
@@ -170,10 +218,10 @@ def endpoint(route: str, handler: Handler, *, auth: bool = True) -> Callable[...
                 request.state.tenant = service.tenant_of(request)
             response = await handler(service, request)
         except ServiceError as exc:
-            response = error_response(exc.status, exc.code, exc.message)
+            response = error_response(exc.status, exc.code, service.hide_paths(exc.message))
         except PatchboxError as exc:
             status = STATUS_OF.get(exc.code, 400)
-            message = Scrubber("", paths=False).text(exc.message)
+            message = service.hide_paths(Scrubber("", paths=False).text(exc.message))
             response = error_response(status, str(exc.code), message)
         except Exception as exc:  # never a bare 500: the error shape and a crash report
             from controller.crash import internal_message, write_report
@@ -195,6 +243,7 @@ STATUS_OF = {
     ErrorCode.ENVIRONMENT_NOT_READY: 503,
     ErrorCode.INTERNAL_ERROR: 500,
     ErrorCode.REPO_NOT_ALLOWED: 403,
+    ErrorCode.BUNDLE_TREE_TOO_LARGE: 413,
 }
 """The HTTP status of an engine error raised by an action on a job (400 for the others): a
 job in the wrong state, a changed work tree or a busy repository is a conflict; a
@@ -211,8 +260,10 @@ async def body_of(request: Request) -> dict[str, Any]:
             raise ServiceError(413, "BAD_REQUEST", msg)
         chunks.append(chunk)
     raw = b"".join(chunks)
-    try:
-        data = json.loads(raw or b"null")
+    try:  # the one strict decoder: bounded nesting, so no RecursionError on any later step
+        data = strictjson.loads(raw or b"null", max_depth=MAX_BODY_DEPTH)
+    except strictjson.StrictJSONError as exc:
+        raise ServiceError(400, "BAD_REQUEST", f"the body is refused: {exc}") from None
     except ValueError:
         raise ServiceError(400, "BAD_REQUEST", "the body is not valid JSON") from None
     if not isinstance(data, dict):
@@ -254,42 +305,25 @@ async def submit(service: Service, request: Request) -> Response:
             raise ServiceError(400, "BAD_REQUEST", "repo must be an absolute path")
         pin = await anyio.to_thread.run_sync(service.allowed_repo, tenant, repo)
     _validate_task(task, body.get("calls"), service.host, tenant)
-    if service.store.count_pending(tenant.name) >= tenant.max_queued_jobs:
+    job_id = new_job_id()
+    if pin is not None:
+        real = pin.path
+        stored = body | {"repo": real, "pin": pin.record().model_dump()}
+    else:  # a bundle: checked out by the worker that starts the job
+        assert bundle is not None  # noqa: S101 - a repo or a bundle, checked above
+        real = service.clone_of(tenant.name, job_id)
+        stored = body | {"repo": real, "bundle": bundle.bundle_id, "bundle_head": bundle.head}
+    row = JobRow(job_id, tenant.name, real, stored, QUEUED, now())
+    if not service.store.insert_job_within(row, tenant.max_queued_jobs):
         msg = (
             f"tenant {tenant.name!r} has {tenant.max_queued_jobs} jobs queued or running "
             f"(max_queued_jobs = {tenant.max_queued_jobs})"
         )
         raise ServiceError(429, "QUOTA_EXCEEDED", msg)
-    job_id = new_job_id()
-    if pin is not None:
-        real = pin.path
-        stored = body | {"repo": real, "pin": pin.record().model_dump()}
-    else:
-        assert bundle is not None  # noqa: S101 - a repo or a bundle, checked above
-        real = await anyio.to_thread.run_sync(_clone_for, service, bundle, job_id)
-        stored = body | {"repo": real, "bundle": bundle.bundle_id, "bundle_head": bundle.head}
-    row = JobRow(job_id, tenant.name, real, stored, QUEUED, now())
-    service.store.insert_job(row)
-    service.store.append_event(row.job_id, "state", {"state": QUEUED})
     await anyio.to_thread.run_sync(service.runner.dispatch)
     current = service.store.get_job(row.job_id)
     status = current.state if current is not None else QUEUED
     return JSONResponse({"job_id": row.job_id, "status": status}, status_code=202)
-
-
-def _clone_for(service: Service, bundle: Bundle, job_id: str) -> str:
-    """The clone a bundle job runs on, under the tenant's folder of ``data_dir``."""
-    source = bundle_path(service.config, bundle.tenant, bundle.bundle_id)
-    dest = clone_path(service.config, bundle.tenant, job_id)
-    if not source.is_file():
-        raise ServiceError(404, "NOT_FOUND", f"no bundle {bundle.bundle_id!r}")
-    try:
-        clone_bundle(source, bundle.head, dest)
-    except GitError as exc:
-        message = exc.message.replace(str(source), "the bundle").replace(str(dest), "the clone")
-        msg = f"the bundle cannot be checked out: {message}"
-        raise ServiceError(400, "BUNDLE_INVALID", msg) from exc
-    return os.path.realpath(dest)
 
 
 async def upload_bundle(service: Service, request: Request) -> Response:
@@ -305,7 +339,7 @@ async def upload_bundle(service: Service, request: Request) -> Response:
         413, "BUNDLE_TOO_LARGE", f"the bundle is larger than {cap} bytes (bundle_max_bytes)"
     )
     length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > cap:
+    if length.isascii() and length.isdigit() and int(length) > cap:
         raise too_large
     await anyio.to_thread.run_sync(sweep, service.store, service.config)
     bundle_id = "b" + secrets.token_hex(16)
@@ -323,9 +357,12 @@ async def upload_bundle(service: Service, request: Request) -> Response:
         if size == 0:
             raise ServiceError(400, "BUNDLE_INVALID", "the body is empty: send a git bundle")
         scratch = final.parent / f"{bundle_id}.verify"
+        limits = TreeLimits.of(service.config)
         try:
-            head = await anyio.to_thread.run_sync(verify_bundle, part, scratch)
+            head = await anyio.to_thread.run_sync(verify_bundle, part, scratch, limits)
         except PatchboxError as exc:
+            if exc.code is ErrorCode.BUNDLE_TREE_TOO_LARGE:
+                raise ServiceError(413, str(exc.code), exc.message) from exc
             raise ServiceError(400, "BUNDLE_INVALID", exc.message) from exc
         part.rename(final)
     finally:
@@ -376,7 +413,8 @@ async def list_jobs(service: Service, request: Request) -> Response:
     tenant: TenantConfig = request.state.tenant
     rows = service.store.list_jobs(tenant.name)
     jobs = [
-        {"job_id": r.job_id, "status": r.state, "repo": r.repo, "created": r.created} | bundle_of(r)
+        {"job_id": r.job_id, "status": r.state, "repo": repo_of(r), "created": r.created}
+        | bundle_of(r)
         for r in rows
     ]
     return JSONResponse({"jobs": jobs})
@@ -455,7 +493,7 @@ def _act(service: Service, name: str, row: JobRow) -> dict[str, Any]:
 async def events(service: Service, request: Request) -> Response:
     row = service.own_job(request.state.tenant, request.path_params["job_id"])
     header = request.headers.get("last-event-id", "0").strip() or "0"
-    if not header.isdigit() or len(header) > 18:
+    if not EVENT_ID.fullmatch(header):
         raise ServiceError(400, "BAD_REQUEST", "Last-Event-ID must be an event id")
     return StreamingResponse(
         _stream(service, row.job_id, int(header)),
@@ -492,8 +530,12 @@ async def healthz(service: Service, _request: Request) -> Response:
     return JSONResponse({"status": "stopping" if service.stopping.is_set() else "ok"})
 
 
-async def metrics(service: Service, _request: Request) -> Response:
-    return PlainTextResponse(metrics_text(service), media_type="text/plain; version=0.0.4")
+async def metrics(service: Service, request: Request) -> Response:
+    """Totals for anybody; the series per tenant (their names) only with the operator's
+    ``metrics_token_sha256`` token. Any other token is 401."""
+    operator = service.metrics_operator(request)
+    text = metrics_text(service, per_tenant=operator)
+    return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 
 async def openapi(_service: Service, _request: Request) -> Response:
@@ -575,6 +617,8 @@ def serve(config_path: Path | None, host: str, port: int) -> None:
     """Runs the service with uvicorn until SIGINT or SIGTERM."""
     import uvicorn
 
+    from controller.service.server import server_config
+
     app, service = build(config_path)
 
     class Server(uvicorn.Server):
@@ -582,7 +626,7 @@ def serve(config_path: Path | None, host: str, port: int) -> None:
             service.stopping.set()  # event streams end now, not at the graceful timeout
             super().handle_exit(sig, frame)
 
-    config = uvicorn.Config(
-        app, host=host, port=port, log_level="info", timeout_graceful_shutdown=10
+    config = server_config(
+        app, service.config, host=host, port=port, log_level="info", timeout_graceful_shutdown=10
     )
     Server(config).run()

@@ -280,8 +280,9 @@ class ServiceClient:
     def upload_bundle(self, bundle: bytes | Path | IO[bytes]) -> dict[str, Any]:
         """Uploads a git bundle (bytes, a file's path or an open binary file):
         ``{"bundle_id", "head", "size"}``. ``BUNDLE_TOO_LARGE`` over the service's
-        ``bundle_max_bytes``, ``BUNDLE_INVALID`` when it is not a complete bundle with a
-        HEAD."""
+        ``bundle_max_bytes``, ``BUNDLE_TREE_TOO_LARGE`` when its HEAD checks out more than
+        the service's tree limits, ``BUNDLE_INVALID`` when it is not a complete bundle with
+        a HEAD."""
         headers = {"Content-Type": "application/octet-stream"}
         timeout = httpx.Timeout(UPLOAD_SECONDS, connect=CONNECT_SECONDS)
         doing = "uploading the bundle"
@@ -295,7 +296,8 @@ class ServiceClient:
         )
 
     def jobs(self) -> list[dict[str, Any]]:
-        """The tenant's jobs, oldest first: ``[{"job_id", "status", "repo", "created"}]``."""
+        """The tenant's jobs, oldest first: ``[{"job_id", "status", "repo", "created"}]``
+        (``repo`` is ``bundle:ID`` for a bundle job, which also has ``bundle``)."""
         data = self._object("GET", "v1/jobs", "listing the jobs")
         jobs = data.get("jobs")
         if not isinstance(jobs, list):

@@ -12,6 +12,10 @@ rest is validated as :class:`controller.config.host.HostConfig` (which forbids u
     data_dir = "/var/lib/patchbox/service-data"   # default: service-data beside the database
     bundle_max_bytes = 268435456  # the largest uploaded git bundle
     bundle_keep_seconds = 3600    # how long an uploaded bundle serves jobs, from its upload
+    bundle_max_tree_bytes = 536870912   # the most bytes a bundle's HEAD checks out
+    bundle_max_tree_entries = 100000    # the most files and folders it checks out
+    header_timeout_seconds = 10   # a request's head must arrive complete within this
+    metrics_token_sha256 = "<hex sha256 of the operator's metrics token>"  # optional
 
     [[service.tenants]]
     name = "alpha"
@@ -20,6 +24,7 @@ rest is validated as :class:`controller.config.host.HostConfig` (which forbids u
     max_concurrent_jobs = 2
     max_sandboxes = 4
     max_queued_jobs = 10
+    max_clones = 2
     allow_apply = true
     environments = ["py"]         # [environments.NAME] of the host configuration it may name
     allow_inline_environment = false
@@ -86,6 +91,11 @@ class TenantConfig(BaseModel):
     (its tools' sandbox, then its checks' fresh one); with this set, the tenant's jobs start
     no spare sandbox (a spare outlives its job), so at most this many of its jobs run."""
 
+    max_clones: int = Field(default=2, ge=1, le=256)
+    """The most bundle jobs of the tenant holding a checked-out clone at once (a bundle job
+    checks its bundle out when it starts and removes the clone when it ends); another one
+    waits queued."""
+
     def job_limit(self) -> int:
         """How many of the tenant's jobs may run at once."""
         if self.max_sandboxes is None:
@@ -121,8 +131,21 @@ class ServiceConfig(BaseModel):
     bundle_max_bytes: int = Field(default=256 * 1024 * 1024, ge=1024, le=1 << 40)
     """The largest git bundle ``POST /v1/bundles`` takes (413 ``BUNDLE_TOO_LARGE`` over it)."""
     bundle_keep_seconds: float = Field(default=3600.0, gt=0, le=30 * 86400)
-    """How long an uploaded bundle is kept for the tenant's jobs, from its upload (the clones
-    of jobs already queued stay until each job ends)."""
+    """How long an uploaded bundle is kept for the tenant's jobs, from its upload (longer
+    while a queued or running job of the tenant needs it)."""
+    bundle_max_tree_bytes: int = Field(default=512 * 1024 * 1024, ge=1, le=1 << 40)
+    """The most bytes of files a bundle's HEAD may hold (the sizes of its blobs, as they are
+    checked out: no ``.gitattributes`` conversion applies); 413 ``BUNDLE_TREE_TOO_LARGE``
+    at upload, and a job whose bundle is over it when it starts ends ``failed`` with it."""
+    bundle_max_tree_entries: int = Field(default=100_000, ge=1, le=10_000_000)
+    """The most entries (files, folders, symbolic links, submodules) a bundle's HEAD may
+    hold, counted the same way."""
+    header_timeout_seconds: float = Field(default=10.0, gt=0, le=300)
+    """How long a client may take to send a request's head (request line and headers), from
+    its connection or the end of its previous answer; the connection is closed after it."""
+    metrics_token_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    """The hex SHA-256 of the operator's bearer token for ``GET /metrics``: with it the
+    metrics name each tenant; without a token they are totals only."""
 
     @model_validator(mode="after")
     def _unique(self) -> Self:
@@ -132,6 +155,8 @@ class ServiceConfig(BaseModel):
         hashes = [t.token_sha256 for t in self.tenants]
         if len(set(hashes)) != len(hashes):
             raise ValueError("two tenants have the same token_sha256")
+        if self.metrics_token_sha256 in hashes:
+            raise ValueError("metrics_token_sha256 is a tenant's token_sha256")
         return self
 
     def database_path(self) -> Path:

@@ -1,5 +1,6 @@
-"""The service's Prometheus text: jobs by state, queue length and running jobs per tenant,
-HTTP requests by method, route and status."""
+"""The service's Prometheus text: jobs by state, queued and running jobs, HTTP requests by
+method, route and status. Queued and running jobs are totals, or per tenant (``tenant``
+label) for the operator's metrics token only: tenant names are not for everybody."""
 
 from __future__ import annotations
 
@@ -29,7 +30,14 @@ class Metrics:
             return dict(self.requests)
 
 
-def metrics_text(service: Service) -> str:
+def _series(name: str, values: dict[str, int], *, per_tenant: bool) -> list[str]:
+    if per_tenant:
+        return [f'{name}{{tenant="{t}"}} {n}' for t, n in sorted(values.items())]
+    return [f"{name} {sum(values.values())}"]
+
+
+def metrics_text(service: Service, *, per_tenant: bool = False) -> str:
+    """The metrics; ``per_tenant`` labels the queued and running jobs with tenant names."""
     by_state: Counter[str] = Counter()
     queued: Counter[str] = Counter({t.name: 0 for t in service.config.tenants})
     for tenant in service.config.tenants:
@@ -37,20 +45,18 @@ def metrics_text(service: Service) -> str:
             by_state[row.state] += 1
             if row.state == QUEUED:
                 queued[tenant.name] += 1
+    running = {t.name: service.runner.running_count(t.name) for t in service.config.tenants}
+    whose = "per tenant" if per_tenant else "of all tenants"
     lines = [
         "# HELP patchbox_service_jobs Jobs of the service by state.",
         "# TYPE patchbox_service_jobs gauge",
         *(f'patchbox_service_jobs{{state="{s}"}} {n}' for s, n in sorted(by_state.items())),
-        "# HELP patchbox_service_queue_length Queued jobs per tenant.",
+        f"# HELP patchbox_service_queue_length Queued jobs {whose}.",
         "# TYPE patchbox_service_queue_length gauge",
-        *(f'patchbox_service_queue_length{{tenant="{t}"}} {n}' for t, n in sorted(queued.items())),
-        "# HELP patchbox_service_running_jobs Running jobs per tenant.",
+        *_series("patchbox_service_queue_length", dict(queued), per_tenant=per_tenant),
+        f"# HELP patchbox_service_running_jobs Running jobs {whose}.",
         "# TYPE patchbox_service_running_jobs gauge",
-        *(
-            f'patchbox_service_running_jobs{{tenant="{t.name}"}} '
-            f"{service.runner.running_count(t.name)}"
-            for t in service.config.tenants
-        ),
+        *_series("patchbox_service_running_jobs", running, per_tenant=per_tenant),
         "# HELP patchbox_service_http_requests_total HTTP requests by method, route, status.",
         "# TYPE patchbox_service_http_requests_total counter",
         *(

@@ -26,7 +26,9 @@ def _errors(*statuses: int) -> dict[str, Any]:
         409: "the job is not in a state for this, its work tree changed or its repository "
         "is busy, or it ran on a bundle (USAGE_ERROR, APPLY_CONFLICT, REVERT_CONFLICT, "
         "JOB_ALREADY_RUNNING, JOB_NOT_FINISHED, NO_WORK_TREE)",
-        413: "the bundle is larger than bundle_max_bytes (BUNDLE_TOO_LARGE)",
+        413: "the bundle is larger than bundle_max_bytes (BUNDLE_TOO_LARGE), or its HEAD "
+        "holds more than bundle_max_tree_entries entries or bundle_max_tree_bytes bytes of "
+        "files (BUNDLE_TREE_TOO_LARGE)",
         429: "the tenant's max_queued_jobs is reached (QUOTA_EXCEEDED)",
     }
     return {str(s): {"description": text[s]} | _json(ERROR) for s in statuses}
@@ -163,7 +165,11 @@ OPENAPI: dict[str, Any] = {
                             "properties": {
                                 "job_id": {"type": "string"},
                                 "status": {"type": "string"},
-                                "repo": {"type": "string"},
+                                "repo": {
+                                    "type": "string",
+                                    "description": "the repository's path; bundle:ID for "
+                                    "a job on an uploaded bundle",
+                                },
                                 "created": {"type": "number"},
                                 "bundle": {"$ref": "#/components/schemas/BundleRef"},
                             },
@@ -182,12 +188,19 @@ OPENAPI: dict[str, Any] = {
         },
         "/metrics": {
             "get": {
-                "summary": "Prometheus text: jobs by state, queue length per tenant, requests",
+                "summary": "Prometheus text: jobs by state, queued and running jobs, requests; "
+                "per tenant only with the operator's metrics token (metrics_token_sha256)",
+                "security": [{}, {"bearer": []}],
                 "responses": {
                     "200": {
                         "description": "metrics",
                         "content": {"text/plain": {"schema": {"type": "string"}}},
+                    },
+                    "401": {
+                        "description": "a token that is not the operator's metrics token "
+                        "(UNAUTHORIZED)"
                     }
+                    | _json(ERROR),
                 },
             }
         },

@@ -6,7 +6,9 @@ write lock would refuse it). Tenants with queued jobs are served round robin. Ea
 job's record is watched: its state changes, tool calls and check results become events.
 
 A job on an uploaded git bundle runs on a clone in the tenant's folder of the service's
-``data_dir`` (:mod:`controller.service.bundles`), removed when the job ends.
+``data_dir`` (:mod:`controller.service.bundles`): its worker checks the bundle out when the
+job starts (a queued job holds no clone), at most the tenant's ``max_clones`` at once, and
+removes the clone when the job ends.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ import structlog
 
 from controller.errors import ErrorCode, NotReadyError
 from controller.jobs.records import JobRecord, JobStore
+from controller.logs import Scrubber
 from controller.repo.pin import Confinement, PinRecord, RepoPin, pin_repo
-from controller.service.bundles import remove_clone, sweep
+from controller.service.bundles import checkout, remove_clone, sweep
 from controller.service.store import (
     QUEUED,
     RUNNING_STATES,
@@ -256,6 +259,15 @@ class Runner:
         with self._lock:
             return sum(1 for r in self._running.values() if r.row.tenant == tenant)
 
+    def clone_count(self, tenant: str) -> int:
+        """The tenant's bundle jobs a worker holds: each has (or is making) a clone."""
+        with self._lock:
+            return sum(
+                1
+                for r in self._running.values()
+                if r.row.tenant == tenant and r.row.request.get("bundle")
+            )
+
     def dispatch(self) -> None:
         """Starts as many queued jobs as the limits allow, round robin over tenants."""
         with self._lock:
@@ -273,9 +285,11 @@ class Runner:
         count = len(self._order)
         for step in range(count):
             name = self._order[(self._next + step) % count]
-            if self.running_count(name) >= self.tenants[name].job_limit():
+            tenant = self.tenants[name]
+            if self.running_count(name) >= tenant.job_limit():
                 continue
-            row = self.store.next_queued(name, busy)
+            bundles = self.clone_count(name) < tenant.max_clones
+            row = self.store.next_queued(name, busy, bundles=bundles)
             if row is not None:
                 self._next = (self._next + step + 1) % count
                 return row
@@ -307,6 +321,10 @@ class Runner:
         client: docker.DockerClient | None = None
         provider: Provider | None = None
         try:
+            bundle = row.request.get("bundle")
+            if bundle:
+                head = str(row.request.get("bundle_head", ""))
+                checkout(self.service, row.tenant, bundle, head, Path(row.repo))
             client = self._connect()
             provider, secrets = provider_for(row, self.host)
             job = self._make(row, provider, secrets, client, feed)
@@ -321,7 +339,10 @@ class Runner:
             self.release(row)
             state = "cancelled" if item.cancelled else "failed"
             code = getattr(exc, "code", ErrorCode.INTERNAL_ERROR)
-            error = {"code": str(code), "message": str(exc)[:1000]}
+            message = str(exc)
+            if row.request.get("bundle"):  # the clone's path is the service's, not the tenant's
+                message = Scrubber(row.repo).text(message)
+            error = {"code": str(code), "message": message[:1000]}
             self.store.append_event(row.job_id, "state", {"state": state, "error": error})
             self.store.update_state(row.job_id, state)
         finally:

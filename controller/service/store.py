@@ -21,7 +21,8 @@ QUEUED = "queued"
 RUNNING_STATES = frozenset({"created", "preparing", "running", "validating", "checking"})
 """A job a worker holds (the engine's active states)."""
 PENDING_STATES = RUNNING_STATES | {QUEUED}
-"""What counts against a tenant's ``max_queued_jobs``."""
+"""What counts against a tenant's ``max_queued_jobs``; a bundle's file is kept while a job
+in one of these states needs it."""
 
 
 @dataclass(frozen=True)
@@ -67,9 +68,11 @@ class ServiceStore(Protocol):
 
     def jobs_in(self, states: frozenset[str]) -> list[JobRow]: ...
 
-    def count_pending(self, tenant: str) -> int: ...
+    def insert_job_within(self, row: JobRow, max_pending: int) -> bool: ...
 
-    def next_queued(self, tenant: str, busy_repos: frozenset[str]) -> JobRow | None: ...
+    def next_queued(
+        self, tenant: str, busy_repos: frozenset[str], *, bundles: bool = True
+    ) -> JobRow | None: ...
 
     def append_event(self, job_id: str, type_: str, data: dict[str, Any]) -> Event: ...
 
@@ -157,16 +160,48 @@ class SqliteStore:
         marks = ", ".join("?" * len(states))
         return self._select(f"state IN ({marks})", tuple(sorted(states)))
 
-    def count_pending(self, tenant: str) -> int:
+    def insert_job_within(self, row: JobRow, max_pending: int) -> bool:
+        """Inserts a queued ``row`` and its first event (``state: queued``) unless its
+        tenant already has ``max_pending`` jobs queued or running: the count and the insert
+        are one transaction (``BEGIN IMMEDIATE``), so requests that come at once cannot all
+        pass. False when refused (nothing inserted)."""
         marks = ", ".join("?" * len(PENDING_STATES))
         sql = f"SELECT COUNT(*) FROM jobs WHERE tenant = ? AND state IN ({marks})"  # noqa: S608 - placeholders only
         with self._lock:
-            (count,) = self._db.execute(sql, (tenant, *sorted(PENDING_STATES))).fetchone()
-        return int(count)
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                (count,) = self._db.execute(sql, (row.tenant, *sorted(PENDING_STATES))).fetchone()
+                if int(count) >= max_pending:
+                    self._db.execute("ROLLBACK")
+                    return False
+                self._db.execute(
+                    "INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        row.job_id,
+                        row.tenant,
+                        row.repo,
+                        json.dumps(row.request),
+                        QUEUED,
+                        row.created,
+                    ),
+                )
+                self._db.execute(
+                    "INSERT INTO events VALUES (?, 1, 'state', ?)",
+                    (row.job_id, json.dumps({"state": QUEUED}, sort_keys=True)),
+                )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return True
 
-    def next_queued(self, tenant: str, busy_repos: frozenset[str]) -> JobRow | None:
+    def next_queued(
+        self, tenant: str, busy_repos: frozenset[str], *, bundles: bool = True
+    ) -> JobRow | None:
+        """The tenant's oldest queued job whose repository no running job holds; without
+        ``bundles``, not a job on an uploaded bundle."""
         for row in self._select("tenant = ? AND state = ?", (tenant, QUEUED)):
-            if row.repo not in busy_repos:
+            if row.repo not in busy_repos and (bundles or not row.request.get("bundle")):
                 return row
         return None
 

@@ -8,7 +8,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +18,7 @@ import httpx
 import uvicorn
 
 from controller.service.app import Service, build
+from controller.service.server import server_config
 from tests.support.jobs import EDIT, GREET
 
 LIMITS = {"memory_mb": 512, "workspace_mb": 64, "tmp_mb": 32, "wall_seconds": 120}
@@ -45,6 +46,7 @@ def slow_task(seconds: int) -> dict[str, Any]:
 
 
 TOKENS = {"alpha": "alpha-token-0123456789", "beta": "beta-token-9876543210"}
+METRICS_TOKEN = "operator-metrics-token-5555"  # noqa: S105 - the tests' operator token
 
 
 def write_config(
@@ -54,15 +56,18 @@ def write_config(
     allow_apply: bool = True,
     max_queued_jobs: int = 10,
     bundle_max_bytes: int | None = None,
+    service: Mapping[str, float] | None = None,
+    tenant: Mapping[str, int] | None = None,
     runtime: str | None = None,
     host: str = "",
     tenants: dict[str, str] | None = None,
 ) -> Path:
     """A host configuration (no spare sandboxes) with tenants ``alpha`` and ``beta``, their
-    repository roots ``folder/alpha`` and ``folder/beta``; ``bundle_max_bytes`` and the
-    sandbox ``runtime`` when given. ``host`` is more of the host configuration (TOML before
-    ``[service]``); ``tenants`` more of a tenant's table by its name (its keys, then any
-    sub-table)."""
+    repository roots ``folder/alpha`` and ``folder/beta``, the operator's metrics token
+    :data:`METRICS_TOKEN`; ``bundle_max_bytes`` and the sandbox ``runtime`` when given, and
+    more keys of the ``[service]`` table (``service``) and of each tenant (``tenant``).
+    ``host`` is more of the host configuration (TOML before ``[service]``); ``tenants`` more
+    of a tenant's table by its name (its keys, then any sub-table)."""
     lines = [
         "spare_sandboxes = 0",
         *([f'runtime = "{runtime}"'] if runtime else []),
@@ -70,9 +75,11 @@ def write_config(
         "[service]",
         f'database = "{folder / "service.db"}"',
         f"workers = {workers}",
+        f'metrics_token_sha256 = "{hashlib.sha256(METRICS_TOKEN.encode()).hexdigest()}"',
     ]
     if bundle_max_bytes is not None:
         lines.append(f"bundle_max_bytes = {bundle_max_bytes}")
+    lines += [f"{key} = {value}" for key, value in (service or {}).items()]
     for name, token in TOKENS.items():
         root = folder / name
         root.mkdir(parents=True, exist_ok=True)
@@ -84,6 +91,7 @@ def write_config(
             "max_concurrent_jobs = 2",
             f"max_queued_jobs = {max_queued_jobs}",
             f"allow_apply = {'true' if allow_apply and name == 'alpha' else 'false'}",
+            *(f"{key} = {value}" for key, value in (tenant or {}).items()),
             (tenants or {}).get(name, ""),
         ]
     path = folder / "config.toml"
@@ -109,7 +117,9 @@ def serving(config: Path, shutdown_timeout: float = 60.0) -> Iterator[Running]:
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+        server_config(
+            app, service.config, log_level="warning", lifespan="on", timeout_graceful_shutdown=5
+        )
     )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
