@@ -56,12 +56,10 @@ from collections.abc import Callable, Mapping, Sequence
 from enum import IntEnum, StrEnum
 from typing import TYPE_CHECKING
 
+from controller.reasons import ChangesetReason, Conflict, Reason
+
 if TYPE_CHECKING:
     from pydantic import ValidationError
-
-    from controller.changes.conflicts import Conflict
-    from controller.changes.validate import ChangesetReason
-    from controller.repo.layout import Reason
 
 
 class ExitCode(IntEnum):

@@ -23,7 +23,7 @@ from typing import Any
 
 import structlog
 
-from controller.tools.text import strip_control
+from controller.text import strip_control
 
 SECRET_NAME = re.compile(
     r"(?i)(key|token|secret|password|passwd|credential|auth(?!or(?!i[sz]ation))|cookie)"
@@ -54,7 +54,7 @@ def private_roots() -> list[str]:
 
 class Scrubber:
     """Makes every string of a JSON-like value safe to show and store: control and bidi
-    characters removed (:func:`controller.tools.text.strip_control`), secrets and host paths
+    characters removed (:func:`controller.text.strip_control`), secrets and host paths
     replaced. Keys are scrubbed like values.
 
     The repository's parents are host paths too (an error may name the work tree a folder
@@ -77,7 +77,7 @@ class Scrubber:
 
     def text(self, value: str) -> str:
         """``value`` without control or bidi characters (first, so a control cannot split a
-        secret out of reach; :func:`controller.tools.text.strip_control`), secrets or host
+        secret out of reach; :func:`controller.text.strip_control`), secrets or host
         paths."""
         value = strip_control(value)
         for secret in self.secrets:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from controller.errors import NotReadyError
+from controller.identity import current_identity
+
 
 def patchbox_home() -> Path:
     """``$PATCHBOX_HOME``, else the user's data directory for patchbox (created 0700)."""
@@ -43,8 +46,6 @@ def mount_staging_root() -> Path:
     if named:
         folder = Path(named)
         if not (folder.is_absolute() and folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)):
-            from controller.errors import NotReadyError
-
             raise NotReadyError(
                 f"PATCHBOX_MOUNT_DIR={named} is not an absolute path to a folder this user "
                 "can write"
@@ -62,8 +63,6 @@ def owned_temp_dir(prefix: str, root: Path | None = None) -> Path:
     controller's identity, so the reaper can remove it if this process dies before it does."""
     import socket
     import tempfile
-
-    from controller.sandbox.labels import current_identity  # labels imports this module
 
     root = root or patchbox_home() / "tmp"
     root.mkdir(mode=0o700, exist_ok=True)

@@ -1,5 +1,5 @@
 """Bidirectional formatting characters (the "Trojan Source" trick) never survive into shown or
-stored text: :func:`controller.tools.text.strip_control` removes them with the C0/C1 controls, and
+stored text: :func:`controller.text.strip_control` removes them with the C0/C1 controls, and
 every path of untrusted text uses it (check output, the record, the evidence, the JUnit XML,
 ``run --json``, ``show``, CLI errors, logs). A real job under runc and under gVisor prints
 them from a check and from the model's calls."""
@@ -17,7 +17,7 @@ import pytest
 from controller.jobs.evidence import junit
 from controller.jobs.records import CheckResult, JobRecord, JobStore
 from controller.logs import Scrubber, redact
-from controller.tools.text import BIDI_CONTROLS, strip_control
+from controller.text import BIDI_CONTROLS, strip_control
 from tests.support.cli import patchbox
 from tests.support.jobs import EDIT, GREET, call, check_call, make_repo
 

@@ -18,9 +18,7 @@ import pytest
 from controller.changes.gittree import git_patch_check
 from controller.changes.tree import CheckOutcome, IndexEntry, MemoryTree
 from controller.changes.validate import (
-    REASONS,
     ChangesetLimits,
-    ChangesetReason,
     Prepared,
     check_diff,
     policy_reason,
@@ -28,6 +26,7 @@ from controller.changes.validate import (
     validate_changeset,
 )
 from controller.errors import ChangesetInvalidError, ErrorCode
+from controller.reasons import REASONS, ChangesetReason
 from controller.repo.baseline import Baseline, build_baseline
 from patchbox_agent import diffs
 from tests.support.git import Content, git, init, make_diff, write_files

@@ -13,9 +13,9 @@ from pydantic import ValidationError
 from controller.config.task import CheckSpec, TaskSpec
 from controller.errors import ArgumentsNotAnObjectError, CheckChangedFilesError, ErrorCode
 from controller.sandbox.local import LocalSandbox
+from controller.text import strip_control
 from controller.tools.executor import ToolExecutor
 from controller.tools.policy import write_denial
-from controller.tools.text import strip_control
 
 PY = sys.executable
 

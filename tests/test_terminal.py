@@ -1,6 +1,6 @@
 """What reaches a terminal: no file the model wrote and no string a service sent may act on it.
 
-:func:`controller.tools.text.visible` writes every control, format and bidirectional
+:func:`controller.text.visible` writes every control, format and bidirectional
 character as an escape (never as itself, never dropped); every text the CLI prints passes
 it, local and remote; ``--json`` is ASCII JSON. Validation flags the added lines that hold
 such characters (the change set, the record, ``show``, the evidence, a failed job's text).
@@ -27,7 +27,7 @@ import pytest
 from controller.changes.tree import MemoryTree
 from controller.changes.validate import MAX_CONTROL_LINES, ControlLine, check_diff, control_lines
 from controller.jobs.records import JobStore
-from controller.tools.text import escape, flag_text, hidden_characters, visible
+from controller.text import escape, flag_text, hidden_characters, visible
 from tests.support.git import make_diff
 from tests.support.jobs import FILES, README, call, make_repo
 

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from controller.changes.conflicts import Conflict, apply_refused, check_repo, state_conflict
+from controller.changes.conflicts import apply_refused, check_repo, state_conflict
 from controller.changes.journal import (
     ApplyRecord,
     Journal,
@@ -51,6 +51,7 @@ from controller.changes.transaction import mismatches, run_or_roll_back
 from controller.changes.validate import ChangeSet, ChangesetLimits, prepare_changeset
 from controller.changes.worktree import WorkTree
 from controller.errors import ApplyConflictError, RevertConflictError
+from controller.reasons import Conflict
 from controller.repo.baseline import Baseline
 from controller.repo.layout import locate
 

@@ -9,45 +9,16 @@ progress (merge, rebase, cherry-pick, revert, bisect, ``git am``, an index lock)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict
 
 from controller.changes.worktree import FileState
 from controller.errors import ApplyConflictError
+from controller.reasons import Conflict, ConflictCode
 from controller.repo.layout import RepoLayout, operations_in_progress
 
 NAMED_LIMIT = 8
 """How many paths a refusal's message names (the conflicts list has them all)."""
 PATH_LIMIT = 200
 """How many characters of one path a refusal's message shows."""
-
-ConflictCode = Literal[
-    "operation_in_progress",
-    "changed",
-    "missing",
-    "exists",
-    "not_regular",
-    "mode_changed",
-    "merge_conflict",
-    "merge_failed",
-    "write_failed",
-    "already_applied",
-    "not_applied",
-    "needs_attention",
-]
-
-
-class Conflict(BaseModel):
-    """Why an apply or revert did not write anything."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    code: ConflictCode
-    path: str | None = None
-    message: str
-    detail: str | None = None
-    """The merge result with its conflict markers (bounded), for ``merge_conflict``."""
 
 
 def check_repo(layout: RepoLayout) -> list[Conflict]:

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from controller.changes.conflicts import Conflict
 from controller.changes.journal import Journal, Recorded, check_job_id, fault_point
 from controller.changes.transaction import RacedError, Target, clean_temps, mismatches, move
 from controller.changes.worktree import WorkTree
 from controller.errors import ConflictError, JournalCorruptError
+from controller.reasons import Conflict
 
 if TYPE_CHECKING:
     from controller.repo.pin import RepoPin

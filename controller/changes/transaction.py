@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-from controller.changes.conflicts import Conflict
 from controller.changes.journal import (
     ApplyRecord,
     Journal,
@@ -22,6 +21,7 @@ from controller.changes.journal import (
 )
 from controller.changes.worktree import WorkTree
 from controller.errors import ApplyConflictError, ConflictError, RevertConflictError
+from controller.reasons import Conflict
 
 Target = Literal["before", "after"]
 

@@ -33,7 +33,7 @@ every rule on names: the agent refuses the same names for the same reasons) and:
 
 A diff that passes may still be flagged: :attr:`ChangeSet.control_characters` names each
 added line holding a character a terminal would act on or hide
-(:data:`controller.tools.text.HIDDEN`: escape sequences, a carriage return, bidirectional
+(:data:`controller.text.HIDDEN`: escape sequences, a carriage return, bidirectional
 and other invisible format characters), so a reviewer is told before reading the diff.
 """
 
@@ -45,9 +45,9 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from controller.changes.gittree import GitTree, git_patch_check
 from controller.changes.tree import (
@@ -65,39 +65,16 @@ from controller.changes.tree import (
     TreeEntry,
 )
 from controller.errors import ChangesetInvalidError
+from controller.reasons import ChangesetReason
 from controller.repo.baseline import Baseline
+from controller.text import has_hidden, hidden_characters
 from controller.tools import policy
-from controller.tools.text import has_hidden, hidden_characters
 from patchbox_agent import diffs
 from patchbox_agent.globs import Glob
-
-OWN_REASONS = frozenset(
-    {
-        "protected_path",
-        "config_path",
-        "not_allowed",
-        "submodule",
-        "symlink_path",
-        "mode_mismatch",
-        "mode_escalation",
-        "file_too_large",
-        "patch_check",
-        "stats_mismatch",
-    }
-)
-REASONS = diffs.REASONS | OWN_REASONS
-"""Every reason code a refusal may carry (closed set)."""
 
 FileMode = Literal["100644", "100755"]
 Kind = Literal["create", "modify", "delete", "rename"]
 _DIFF_GIT_A = "diff --git a/"
-
-
-def _known(code: str) -> str:
-    if code not in REASONS:
-        msg = f"unknown reason code {code!r}"
-        raise ValueError(msg)
-    return code
 
 
 class ChangesetLimits(BaseModel):
@@ -113,17 +90,6 @@ class ChangesetLimits(BaseModel):
     """One file's section of the diff."""
     max_file_bytes: int = Field(default=16 * 1024 * 1024, ge=0, le=1 << 32)
     """One file's content, before or after the change."""
-
-
-class ChangesetReason(BaseModel):
-    """One reason a change set is refused. ``path`` is a name that passed the parser's
-    character checks, or None when the reason is not about one file."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    code: Annotated[str, AfterValidator(_known)]
-    path: str | None = None
-    message: str
 
 
 class FileChange(BaseModel):
@@ -151,7 +117,7 @@ MAX_CONTROL_LINES = 100
 class ControlLine(BaseModel):
     """An added line that holds characters a terminal acts on or hides (a flag, not a
     refusal): the file, the line's number in the file after the change (from 1), and each
-    such character once, written as :func:`controller.tools.text.escape` writes it
+    such character once, written as :func:`controller.text.escape` writes it
     (``\\x1b``, ``\\u202e``). A carriage return that ends the line (a CR LF line ending) does
     not count."""
 
@@ -512,7 +478,7 @@ def _control_lines(text: str, patches: Sequence[diffs.FilePatch]) -> list[Contro
 
 
 def control_lines(diff: str, limits: ChangesetLimits | None = None) -> list[ControlLine]:
-    """The added lines of ``diff`` that hold :data:`controller.tools.text.HIDDEN` characters
+    """The added lines of ``diff`` that hold :data:`controller.text.HIDDEN` characters
     (at most :data:`MAX_CONTROL_LINES`), for a diff whether or not it passes the rules;
     empty when it does not parse (nothing then locates a line)."""
     limits = limits or ChangesetLimits()

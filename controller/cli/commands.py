@@ -31,7 +31,7 @@ from controller.jobs.records import (
     mark_interrupted,
 )
 from controller.logs import Scrubber
-from controller.tools.text import flag_text
+from controller.text import flag_text
 
 if TYPE_CHECKING:
     import argparse

@@ -44,7 +44,7 @@ def _progress(message: str) -> None:
     if _QUIET:
         return
     from controller.logs import write_line
-    from controller.tools.text import visible
+    from controller.text import visible
 
     write_line(visible(f"patchbox: [{time.monotonic() - _STARTED:6.1f}s] {message}"))
 
@@ -220,10 +220,10 @@ def _emit(data: dict[str, Any], *, as_json: bool, text: str) -> None:
     """Prints the result; a closed terminal (SIGHUP) or pipe (``| head``) loses it, nothing
     else: stdout then points at /dev/null, so the interpreter's last flush is quiet too.
 
-    Text goes through :func:`controller.tools.text.visible`: a control, format or bidi
+    Text goes through :func:`controller.text.visible`: a control, format or bidi
     character (from a diff, a service, a file name) prints as an escape, never as itself.
     JSON is ASCII: every such character (and all other non-ASCII) is a ``\\u`` escape."""
-    from controller.tools.text import visible
+    from controller.text import visible
 
     try:
         if as_json:
@@ -544,7 +544,7 @@ def _report_error(
     """The error contract: ``{"error": {code, message}}`` on stdout with ``--json``, one
     line on stderr always; messages scrubbed of secrets (the user's own paths stay)."""
     from controller.logs import Scrubber
-    from controller.tools.text import visible
+    from controller.text import visible
 
     message = Scrubber(_repo_root(args), paths=False).text(message)
     with contextlib.suppress(OSError):

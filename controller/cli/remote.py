@@ -43,7 +43,7 @@ from controller.errors import (
     describe_validation,
     exit_code_for_error,
 )
-from controller.tools.text import flag_text, visible
+from controller.text import flag_text, visible
 
 if TYPE_CHECKING:
     from controller.service.client import Event, ServiceClient
@@ -355,7 +355,8 @@ def _apply_here(
     """A bundle job's diff, downloaded up to the change set's size limit, applied to the
     local repository as a local job (:func:`controller.api.apply_remote_diff`)."""
     from controller.api import RemoteOrigin, apply_remote_diff
-    from controller.changes.validate import ChangesetLimits, ChangesetReason
+    from controller.changes.validate import ChangesetLimits
+    from controller.reasons import ChangesetReason
 
     allowed = _allowed_paths(args)
     repo = Path(args.repo or ".").resolve()

@@ -33,8 +33,8 @@ from controller.jobs.records import (
     TranscriptTurn,
 )
 from controller.providers.base import Nudgeable, ToolResult
+from controller.text import strip_control
 from controller.tools.schemas import ARGUMENT_MODELS
-from controller.tools.text import strip_control
 
 if TYPE_CHECKING:
     import threading

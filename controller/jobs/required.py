@@ -27,7 +27,7 @@ from controller.sandbox.base import SandboxSpec
 from controller.sandbox.docker import SANDBOX_UID, DockerSandbox
 from controller.sandbox.labels import ControllerIdentity
 from controller.sandbox.prepare import BaselineCache, start_with_baseline
-from controller.tools.text import strip_control
+from controller.text import strip_control
 
 OUTPUT_TAIL = 8192
 TIMEOUT_EXIT = 137

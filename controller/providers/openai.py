@@ -73,7 +73,7 @@ from controller.providers.base import (
 )
 from controller.providers.config import ProviderConfig
 from controller.strictjson import loads
-from controller.tools.text import strip_control
+from controller.text import strip_control
 
 log = structlog.get_logger(__name__)
 

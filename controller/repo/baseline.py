@@ -48,9 +48,9 @@ from controller.errors import (
     UsageError,
 )
 from controller.paths import owned_temp_dir
+from controller.reasons import Reason
 from controller.repo.git import GIT_TIMEOUT, GitContext, git_argv, run_git
 from controller.repo.layout import (
-    Reason,
     RepoLayout,
     environment_attributes,
     is_sparse,

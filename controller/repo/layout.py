@@ -18,39 +18,11 @@ from pydantic import BaseModel, ConfigDict
 
 from controller.errors import BareRepositoryError, ErrorCode, NotARepositoryError, RepoBlockedError
 from controller.paths import patchbox_home
+from controller.reasons import Reason
 from controller.repo.git import GitContext, run_git
 
 _OID = re.compile(rb"^([0-9a-f]{40}|[0-9a-f]{64})$")
 _MAX_SYMREF_DEPTH = 5
-
-ReasonCode = Literal[
-    "NOT_A_REPOSITORY",
-    "BARE_REPOSITORY",
-    "NOT_TOP_LEVEL",
-    "HEAD_UNBORN",
-    "HEAD_UNRESOLVABLE",
-    "MERGE_IN_PROGRESS",
-    "REBASE_IN_PROGRESS",
-    "AM_IN_PROGRESS",
-    "CHERRY_PICK_IN_PROGRESS",
-    "REVERT_IN_PROGRESS",
-    "BISECT_IN_PROGRESS",
-    "UNMERGED_PATHS",
-    "INDEX_LOCKED",
-    "UNTRACKED_SYMLINK",
-    "UNTRACKED_NOT_REGULAR",
-    "LOCAL_CHANGES_TOO_MANY_FILES",
-    "LOCAL_CHANGES_TOO_LARGE",
-    "SPARSE_CHECKOUT",
-]
-"""Why a repository is blocked. Each one is final: no consent flag overrides it."""
-
-
-class Reason(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    code: ReasonCode
-    detail: str
 
 
 class RepoLayout(BaseModel):

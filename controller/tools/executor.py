@@ -23,6 +23,7 @@ from controller.errors import (
     ToolError,
 )
 from controller.sandbox.base import RunResult, Sandbox
+from controller.text import strip_control
 from controller.tools.policy import write_denial
 from controller.tools.schemas import (
     ApplyPatchArgs,
@@ -33,7 +34,6 @@ from controller.tools.schemas import (
     SearchTextArgs,
     parse_arguments,
 )
-from controller.tools.text import strip_control
 from patchbox_agent import diffs
 
 OUTPUT_TAIL = 8 * 1024
