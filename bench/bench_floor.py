@@ -244,7 +244,7 @@ def trace_cli(argv: list[str]) -> int:
 
         setattr(owner, name, staticmethod(wrapped) if static else wrapped)
 
-    wrap(cli, "_settle", "settle")
+    wrap(cli, "settle_leftovers", "settle")
     wrap(controller.cli.commands, "cmd_run", "cmd_run")
     wrap(engine.Job, "run", "job")
     wrap(ImageBuilder, "ensure", "image")
@@ -257,9 +257,9 @@ def trace_cli(argv: list[str]) -> int:
     wrap(prepare.Prepared, "finish", "offer")
     main = cli.main
 
-    def traced_main(_: Any = None) -> int:
+    def traced_main(_: Any = None, doors: Any = None) -> int:
         try:
-            return main(argv)
+            return main(argv, doors)
         finally:
             events.append(("main<", time.time()))
             Path(os.environ[EVENTS_ENV]).write_text(json.dumps(events))

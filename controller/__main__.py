@@ -1,3 +1,3 @@
-from controller.cli.main import run
+from controller.main import run
 
 run()

@@ -109,7 +109,7 @@ def test_a_fault_in_any_command_gives_internal_error(
 ) -> None:
     """Outside a job (here ``jobs``, with no daemon needed): the error object, exit 70."""
     monkeypatch.setenv("PATCHBOX_TEST_API_KEY", SECRET)
-    monkeypatch.setattr("controller.cli.main._settle", lambda: None)
+    monkeypatch.setattr("controller.cli.main.settle_leftovers", lambda: None)
     monkeypatch.setattr("controller.cli.commands.JobStore.all", boom)
     code = cli.main(["jobs", "--json"])
     out, err = capsys.readouterr()

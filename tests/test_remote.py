@@ -1,4 +1,4 @@
-"""The service's client over real HTTP: :class:`controller.service.client.ServiceClient` and
+"""The service's client over real HTTP: :class:`controller.client.ServiceClient` and
 ``patchbox remote`` (as subprocesses) against ``patchbox serve`` on loopback; git bundle
 uploads, their tenancy and size cap; bundle jobs applied to a local repository; events
 resumed after a dropped connection; a bad token and an unreachable service."""
@@ -19,6 +19,7 @@ from typing import Any
 import docker
 import pytest
 
+from controller.client import ServiceClient
 from controller.errors import (
     ErrorCode,
     ExitCode,
@@ -30,7 +31,6 @@ from controller.errors import (
 )
 from controller.jobs.records import repo_key
 from controller.paths import patchbox_home
-from controller.service.client import ServiceClient
 from tests.support.cli import patchbox
 from tests.support.git import Repo, git_env, init
 from tests.support.jobs import (

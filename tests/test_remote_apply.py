@@ -23,6 +23,7 @@ import pytest
 from controller.api import RemoteOrigin, apply_remote_diff
 from controller.changes.journal import Journal
 from controller.changes.validate import ChangesetLimits, prepare_changeset
+from controller.client import MAX_ANSWER_BYTES, MAX_EVENT_BYTES, ServiceClient
 from controller.errors import (
     ApplyConflictError,
     ChangesetInvalidError,
@@ -32,7 +33,6 @@ from controller.errors import (
 )
 from controller.jobs.records import JobStore
 from controller.repo.baseline import build_baseline
-from controller.service.client import MAX_ANSWER_BYTES, MAX_EVENT_BYTES, ServiceClient
 from tests.support.cli import ROOT, patchbox
 from tests.support.git import Repo, init
 from tests.support.jobs import APP, APP_AFTER, FILES, NOTES, blob, snapshot

@@ -19,7 +19,7 @@ import docker
 import httpx
 import pytest
 
-from controller.cli.main import _parser
+from controller.cli.parser import build_parser
 from controller.errors import UsageError
 from controller.jobs.records import JobStore
 from controller.paths import patchbox_home
@@ -448,7 +448,7 @@ def test_the_service_table_is_validated(tmp_path: Path) -> None:
         wrong.write_text(config.read_text().replace("workers = 2", f"workers = 2\n{key} = {value}"))
         with pytest.raises(UsageError, match=key):
             load_service_config(wrong)
-    args = _parser().parse_args(["serve", "--config", str(config), "--port", "9"])
+    args = build_parser().parse_args(["serve", "--config", str(config), "--port", "9"])
     assert (args.command, args.host, args.port) == ("serve", "127.0.0.1", 9)
 
 

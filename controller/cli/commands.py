@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any, get_args
 from pydantic import ValidationError
 
 from controller.api import job_diff, job_view
-from controller.cli.signals import cancel_on_signals
 from controller.errors import (
     ExitCode,
     InternalError,
@@ -31,6 +30,7 @@ from controller.jobs.records import (
     mark_interrupted,
 )
 from controller.logs import Scrubber
+from controller.signals import cancel_on_signals
 from controller.text import flag_text
 
 if TYPE_CHECKING:
@@ -209,7 +209,7 @@ def _artifacts(
     view: dict[str, Any],
 ) -> dict[str, Any]:
     from controller.cli.artifacts import write_artifacts
-    from controller.cli.main import version
+    from controller.version import version
 
     try:
         written = write_artifacts(

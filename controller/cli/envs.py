@@ -21,12 +21,12 @@ Outcome = tuple[int, dict[str, Any], str]
 def cmd_env_build(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcome:
     """Builds the task's environment from the repository's baseline (nothing else runs)."""
     from controller.cli.commands import load_task
-    from controller.cli.signals import cancel_on_signals
     from controller.config.checks import resolve_environment
     from controller.config.host import load_config
     from controller.repo.baseline import build_baseline
     from controller.sandbox.dockerclient import connect
     from controller.sandbox.environment import EnvironmentBuilder
+    from controller.signals import cancel_on_signals
 
     task = load_task(Path(args.task))
     config = load_config(Path(args.config) if args.config else None)

@@ -14,12 +14,13 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from controller.cli.parser import build_parser
 from controller.errors import (
     ConflictError,
     ExitCode,
@@ -29,6 +30,7 @@ from controller.errors import (
     UsageError,
     exit_code_for_error,
 )
+from controller.version import version
 
 if TYPE_CHECKING:
     from controller.repo.baseline import HealthReport
@@ -47,173 +49,6 @@ def _progress(message: str) -> None:
     from controller.text import visible
 
     write_line(visible(f"patchbox: [{time.monotonic() - _STARTED:6.1f}s] {message}"))
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:
-        raise UsageError(message)
-
-
-def version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("patchbox")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="patchbox",
-        description="A hardened sandbox for AI coding agents.",
-        epilog=(
-            "Every command, file format, configuration key, error code and exit code is "
-            "described in docs/reference.md."
-        ),
-    )
-    parser.add_argument("--version", action="version", version=f"patchbox {version()}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    doctor = sub.add_parser("doctor", help="is this machine (and a repository) ready?")
-    doctor.add_argument("--json", action="store_true")
-    doctor.add_argument("--repo", help="also check this repository's health")
-    doctor.add_argument("--max-local-files", type=int, default=None, metavar="N")
-    doctor.add_argument("--max-local-bytes", type=int, default=None, metavar="N")
-    doctor.add_argument("--config", help="host configuration (default $PATCHBOX_HOME/config.toml)")
-    image = sub.add_parser("image", help="the sandbox image")
-    image_sub = image.add_subparsers(dest="image_command", required=True, parser_class=_Parser)
-    build = image_sub.add_parser("build", help="build the default sandbox image")
-    build.add_argument("--json", action="store_true")
-    _env_parsers(sub)
-    run = sub.add_parser("run", help="one job, to its decision")
-    run.add_argument("--repo", required=True)
-    run.add_argument("--task", required=True, help="the task file")
-    run.add_argument("--calls", help="drive the tools from this calls file")
-    run.add_argument("--include-local-changes", action="store_true")
-    run.add_argument("--trust-repo-config", action="store_true")
-    run.add_argument("--consent-trusted-auto", action="store_true")
-    run.add_argument("--runtime", choices=["runc", "runsc"], default=None)
-    run.add_argument(
-        "--no-spare", action="store_true", help="start no spare sandbox for the next job"
-    )
-    run.add_argument(
-        "--output-dir",
-        metavar="DIR",
-        help="write evidence.json, diff.patch, junit.xml and the transcript here (for CI)",
-    )
-    run.add_argument("--config", help="host configuration (default $PATCHBOX_HOME/config.toml)")
-    run.add_argument("--json", action="store_true")
-    jobs = sub.add_parser("jobs", help="jobs and their states")
-    jobs.add_argument("--repo")
-    jobs.add_argument(
-        "--status", action="append", metavar="STATE", help="only jobs in these states (a,b)"
-    )
-    jobs.add_argument("--since", metavar="WHEN", help="only jobs created since: 2d, 2026-12-01")
-    jobs.add_argument("--json", action="store_true")
-    prune = sub.add_parser("prune", help="remove ended jobs' records and evidence")
-    prune.add_argument("--older-than", required=True, metavar="AGE", help="90m, 12h, 7d, 2w")
-    prune.add_argument("--json", action="store_true")
-    show = sub.add_parser("show", help="summary, ledger, checks, evidence path")
-    show.add_argument("job")
-    show.add_argument("--diff", action="store_true")
-    show.add_argument(
-        "--transcript", action="store_true", help="the conversation: messages, calls, results"
-    )
-    show.add_argument("--json", action="store_true")
-    for name, what in (
-        ("apply", "apply a job's diff to the work tree"),
-        ("revert", "undo an applied job"),
-        ("discard", "drop a job awaiting review"),
-    ):
-        cmd = sub.add_parser(name, help=what)
-        cmd.add_argument("job")
-        cmd.add_argument("--json", action="store_true")
-        if name == "apply":
-            cmd.add_argument("--merge", action="store_true", help="three-way merge")
-    _mcp_parser(sub)
-    demo = sub.add_parser("demo", help="a sandbox on the bundled example repository")
-    demo.add_argument("--runtime", choices=["runc", "runsc"], default="runc")
-    demo.add_argument("--json", action="store_true")
-    _serve_parser(sub)
-    _add_output_options(parser)
-    return parser
-
-
-def _add_output_options(parser: argparse.ArgumentParser) -> None:
-    """``--quiet``, ``--verbose`` and ``--log-format`` on every command (before or after
-    its name)."""
-    leaves: list[argparse.ArgumentParser] = [parser]
-    pending = [parser]
-    while pending:
-        current = pending.pop()
-        for action in current._actions:  # noqa: SLF001 - argparse keeps subparsers there
-            if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
-                children = list(dict.fromkeys(action.choices.values()))
-                leaves += children
-                pending += children
-    for leaf in leaves:
-        group = leaf.add_argument_group("output")
-        group.add_argument(
-            "--quiet", action="store_true", default=argparse.SUPPRESS, help="no progress lines"
-        )
-        group.add_argument(
-            "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logs"
-        )
-        group.add_argument(
-            "--log-format",
-            choices=["console", "json"],
-            default=argparse.SUPPRESS,
-            help="log lines on stderr (the log file is always JSON)",
-        )
-
-
-def _serve_parser(sub: Any) -> None:
-    serve = sub.add_parser("serve", help="the multi-tenant HTTP service (docs/service.md)")
-    serve.add_argument("--config", help="host configuration with a [service] table")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8765)
-    serve.add_argument("--json", action="store_true")
-    _remote_parser(sub)
-
-
-def _remote_parser(sub: Any) -> None:
-    """``patchbox remote``, the service's client (:mod:`controller.cli.remote`)."""
-    from controller.cli.remote import add_parser
-
-    add_parser(sub, _Parser)
-
-
-def _mcp_parser(sub: Any) -> None:
-    mcp = sub.add_parser(
-        "mcp", help="an MCP server (stdio, or --http PORT on 127.0.0.1): a job per session"
-    )
-    mcp.add_argument("--repo", required=True)
-    mcp.add_argument("--task", help="the task file (default: the configured checks and limits)")
-    mcp.add_argument("--include-local-changes", action="store_true")
-    mcp.add_argument("--trust-repo-config", action="store_true")
-    mcp.add_argument("--runtime", choices=["runc", "runsc"], default=None)
-    mcp.add_argument("--config", help="host configuration (default $PATCHBOX_HOME/config.toml)")
-    mcp.add_argument(
-        "--http", type=int, metavar="PORT", help="Streamable HTTP on 127.0.0.1:PORT, not stdio"
-    )
-
-
-def _env_parsers(sub: Any) -> None:
-    env = sub.add_parser("env", help="project environments: toolchain and test dependencies")
-    env_sub = env.add_subparsers(dest="env_command", required=True, parser_class=_Parser)
-    env_build = env_sub.add_parser("build", help="build a task's environment image")
-    env_build.add_argument("--task", required=True, help="the task file")
-    env_build.add_argument("--repo", required=True, help="the repository its inputs come from")
-    env_build.add_argument("--include-local-changes", action="store_true")
-    env_build.add_argument("--config", help="host configuration")
-    env_build.add_argument("--json", action="store_true")
-    env_list = env_sub.add_parser("list", help="environment images on this Docker host")
-    env_list.add_argument("--json", action="store_true")
-    env_show = env_sub.add_parser("show", help="one environment image")
-    env_show.add_argument("id", help="its id, tag or key")
-    env_show.add_argument("--json", action="store_true")
-    env_prune = env_sub.add_parser("prune", help="remove environment images no container uses")
-    env_prune.add_argument("--json", action="store_true")
 
 
 def _emit(data: dict[str, Any], *, as_json: bool, text: str) -> None:
@@ -378,13 +213,6 @@ def _demo(args: argparse.Namespace) -> int:
     return ExitCode.OK if result["status"] == "awaiting_review" else ExitCode.FAILED
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from controller.service.app import serve
-
-    serve(Path(args.config) if args.config else None, args.host, args.port)
-    return ExitCode.OK
-
-
 def _remote(args: argparse.Namespace) -> int:
     """``patchbox remote``: the job commands against a service (``docs/service.md``)."""
     from controller.cli.remote import run
@@ -395,16 +223,7 @@ def _remote(args: argparse.Namespace) -> int:
     return code
 
 
-def _mcp(args: argparse.Namespace) -> int:
-    """``patchbox mcp``: serves until the client goes or a signal (``docs/mcp.md``); nothing
-    but the protocol reaches stdout."""
-    from controller.mcp.serve import serve
-
-    _settle()
-    return serve(args, _progress)
-
-
-def _settle() -> None:
+def settle_leftovers() -> None:
     """Cleans up after controllers that are gone before any job command (see
     :func:`controller.cli.commands.settle`); without a daemon only the job records are settled."""
     from controller.cli import commands
@@ -424,19 +243,21 @@ def _settle() -> None:
 def _job_command(args: argparse.Namespace) -> int:
     from controller.cli import commands
 
-    _settle()
-    if args.command == "run":
-        code, data, text = commands.cmd_run(args, _progress)
-    else:
-        handler = {
-            "jobs": commands.cmd_jobs,
-            "prune": commands.cmd_prune,
-            "show": commands.cmd_show,
-            "apply": commands.cmd_apply,
-            "revert": commands.cmd_revert,
-            "discard": commands.cmd_discard,
-        }[args.command]
-        code, data, text = handler(args)
+    handlers: dict[str, Callable[[argparse.Namespace], commands.Outcome]] = {
+        "run": lambda a: commands.cmd_run(a, _progress),
+        "jobs": commands.cmd_jobs,
+        "prune": commands.cmd_prune,
+        "show": commands.cmd_show,
+        "apply": commands.cmd_apply,
+        "revert": commands.cmd_revert,
+        "discard": commands.cmd_discard,
+    }
+    handler = handlers.get(args.command)
+    if handler is None:  # a front door this entry point was not given
+        msg = f"patchbox {args.command} is not available from this entry point"
+        raise UsageError(msg)
+    settle_leftovers()
+    code, data, text = handler(args)
     _emit(data, as_json=args.json, text=text)
     return code
 
@@ -463,7 +284,14 @@ def exit_code_of(exc: PatchboxError) -> int:
     return exit_code_for_error(str(exc.code))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+Door = Callable[[argparse.Namespace, Callable[[str], None]], int]
+"""A command served by another front door (``mcp``, ``serve``): its arguments and the
+progress printer in, the exit code out."""
+
+
+def main(argv: Sequence[str] | None = None, doors: Mapping[str, Door] | None = None) -> int:
+    """Runs one command; ``doors`` runs the commands of the other front doors (the entry
+    point :mod:`controller.main` gives ``mcp`` and ``serve``)."""
     from controller.logs import configure
     from controller.paths import patchbox_home
 
@@ -472,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     as_json = "--json" in (argv if argv is not None else sys.argv[1:])
     args: argparse.Namespace | None = None
     try:
-        args = _parser().parse_args(argv)
+        args = build_parser().parse_args(argv)
         _QUIET, level = _output_settings(args)
         configure(
             json_output=getattr(args, "log_format", "console") == "json",
@@ -482,15 +310,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         structlog.get_logger(__name__).debug(
             "command", command=args.command, version=version(), pid=os.getpid()
         )
+        if doors and args.command in doors:
+            return doors[args.command](args, _progress)
         handlers = {
             "doctor": _doctor,
             "image": _image_build,
             "env": _env,
             "demo": _demo,
-            "mcp": _mcp,
+            "remote": _remote,
         }
-        handlers["serve"] = _serve
-        handlers["remote"] = _remote
         if args.command in handlers:
             return handlers[args.command](args)
         return _job_command(args)
@@ -556,34 +384,12 @@ def _report_error(
         print(visible(f"patchbox: error {code}: {message}"), file=sys.stderr)
 
 
-def run() -> None:
-    """The command's entry point (``patchbox``, ``python3 -m controller``): :func:`main`, then
-    the end of the process as the interpreter would make it, without its last step.
-
-    Once ``main`` has returned, nothing is left to do but what the interpreter does at exit:
-    run the threading module's exit hooks and wait for the threads that are not daemons
-    (``threading._shutdown``, as the interpreter calls it), run the ``atexit`` handlers
-    (logging's shutdown among them), flush standard output and error. Those are done here,
-    in that order, and the process then ends with :func:`os._exit`, which skips only the
-    teardown of every module and object (60 to 200 ms for the modules a job imports, and
-    nothing in it that writes anywhere: files are written through ``with`` blocks or raw
-    descriptors).
-    An exception out of ``main`` (``SystemExit`` from argument parsing among them) ends the
-    process the usual way."""
-    import atexit
-    import threading
-
-    code = main()
-    # The interpreter's own first steps at exit, in its order: the threading module's exit
-    # hooks (a thread pool's workers are told to stop there), then every thread that is not
-    # a daemon joined, then the atexit handlers.
-    threading._shutdown()  # type: ignore[attr-defined]  # noqa: SLF001
-    atexit._run_exitfuncs()  # noqa: SLF001
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # a reader gone (``| head``): quiet
-            stream.flush()
-    os._exit(code)
-
-
-if __name__ == "__main__":
-    run()
+def run(doors: Mapping[str, Door] | None = None) -> None:
+    """The command's entry point: :func:`main`, then the process exits with its code. A
+    reader gone before the last flush (``| head``) costs the output, never a traceback."""
+    code = main(doors=doors)
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        _quiet_stdout()
+    sys.exit(code)

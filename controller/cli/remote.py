@@ -46,7 +46,7 @@ from controller.errors import (
 from controller.text import flag_text, visible
 
 if TYPE_CHECKING:
-    from controller.service.client import Event, ServiceClient
+    from controller.client import Event, ServiceClient
 
 Outcome = tuple[int, dict[str, Any] | None, str]
 Progress = Callable[[str], None]
@@ -149,7 +149,7 @@ def _token(args: argparse.Namespace) -> str:
 
 
 def connect(args: argparse.Namespace) -> ServiceClient:
-    from controller.service.client import ServiceClient
+    from controller.client import ServiceClient
 
     server = (args.server or os.environ.get(SERVER_VARIABLE, "")).strip()
     if not server:

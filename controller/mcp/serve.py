@@ -32,10 +32,10 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 
-from controller.cli.signals import CANCEL_SIGNALS, exit_code_for
 from controller.errors import UsageError
 from controller.logs import write_line
 from controller.mcp.server import Options, Sessions, Slot, build_server
+from controller.signals import CANCEL_SIGNALS, exit_code_for
 
 if TYPE_CHECKING:
     import argparse
@@ -54,9 +54,9 @@ def options_from(args: argparse.Namespace) -> Options:
     bad task, configuration or repository path fails at once (exit 2)."""
     from controller import api
     from controller.cli.commands import load_task
-    from controller.cli.main import version
     from controller.config.host import load_config
     from controller.repo.layout import locate
+    from controller.version import version
 
     config = load_config(Path(args.config) if args.config else None)
     task = load_task(Path(args.task)) if args.task else None

@@ -74,6 +74,7 @@ from controller.providers.base import (
 from controller.providers.config import ProviderConfig
 from controller.strictjson import loads
 from controller.text import strip_control
+from controller.version import version
 
 log = structlog.get_logger(__name__)
 
@@ -93,7 +94,6 @@ MAX_ERROR_BODY_BYTES = 64 * 1024
 """How much of a refusal is read, to find the server's error code."""
 
 _TOKEN = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
-_USER_AGENT = "patchbox/0.1"
 
 
 class _AbortedError(Exception):
@@ -478,7 +478,7 @@ class OpenAIProvider(ABC):
             "Content-Type": "application/json",
             "Accept": "text/event-stream" if self._config.stream else "application/json",
             "Accept-Encoding": "identity",
-            "User-Agent": _USER_AGENT,
+            "User-Agent": f"patchbox/{version()}",
         }
         if self._config.api_key is not None:
             headers["Authorization"] = f"Bearer {self._config.api_key.get_secret_value()}"

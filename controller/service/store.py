@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from controller.jobs.records import ACTIVE
+
 QUEUED = "queued"
 """A job accepted by the service that no worker has started yet."""
-RUNNING_STATES = frozenset({"created", "preparing", "running", "validating", "checking"})
+RUNNING_STATES = ACTIVE
 """A job a worker holds (the engine's active states)."""
 PENDING_STATES = RUNNING_STATES | {QUEUED}
 """What counts against a tenant's ``max_queued_jobs``; a bundle's file is kept while a job

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from controller.cli.commands import settle
-from controller.cli.signals import cancel_on_signals
 from controller.config.host import HostConfig
 from controller.config.task import TaskSpec
 from controller.jobs.engine import Job, JobRequest
@@ -28,6 +27,7 @@ from controller.repo.git import GitContext, run_git
 from controller.sandbox.base import Runtime
 from controller.sandbox.dockerclient import connect
 from controller.sandbox.image import Progress
+from controller.signals import cancel_on_signals
 
 EXAMPLE = Path(__file__).resolve().parent / "example"
 

@@ -43,7 +43,10 @@ from controller.errors import (
     map_service_error,
     service_error,
 )
-from controller.service.store import PENDING_STATES
+from controller.jobs.records import ACTIVE
+
+PENDING = ACTIVE | {"queued"}
+"""A service job's states while it is queued or running."""
 
 CONNECT_SECONDS = 10.0
 READ_SECONDS = 120.0
@@ -369,7 +372,7 @@ class ServiceClient:
                 for event in self._stream(path, last, opened):
                     last = event.id
                     if event.type == "state":
-                        final = event.data.get("state") not in PENDING_STATES
+                        final = event.data.get("state") not in PENDING
                     yield event
             except httpx.HTTPError as exc:
                 failures = 0 if last > before else failures + 1
@@ -378,7 +381,7 @@ class ServiceClient:
                     raise map_service_error(exc, doing, scrub=self._scrub) from exc
                 time.sleep(min(delay * 2 ** max(failures - 1, 0), 5.0))
                 continue
-            if final or self.status(job_id) not in PENDING_STATES:
+            if final or self.status(job_id) not in PENDING:
                 return
             failures = 0 if last > before else failures + 1
             if failures > retries:

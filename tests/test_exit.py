@@ -1,6 +1,6 @@
-"""The command's entry point ends the process with ``os._exit`` once ``main`` returned: the
-exit code, every byte of output, the threads still running and the ``atexit`` handlers are
-kept as the interpreter's own exit keeps them."""
+"""The command's entry point ends the process with ``main``'s code: every byte of output, the
+threads still running and the ``atexit`` handlers are kept, and a reader gone before the
+last flush is quiet."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ PROGRAM = textwrap.dedent(
         time.sleep(0.3)
         (out / "thread").write_text("done")
 
-    def fake_main(argv=None) -> int:
+    def fake_main(argv=None, doors=None) -> int:
         atexit.register(lambda: (out / "atexit").write_text("ran"))
         threading.Thread(target=late_writer).start()
         # a pool whose idle workers (not daemons) wait for work until told to stop at exit

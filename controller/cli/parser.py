@@ -1,0 +1,169 @@
+"""The ``patchbox`` command's arguments: every command and its options, parsed only (the
+commands are run by :mod:`controller.cli.main`, and ``mcp`` and ``serve`` by the entry point
+:mod:`controller.main`)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from controller.errors import UsageError
+from controller.version import version
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="patchbox",
+        description="A hardened sandbox for AI coding agents.",
+        epilog=(
+            "Every command, file format, configuration key, error code and exit code is "
+            "described in docs/reference.md."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"patchbox {version()}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    doctor = sub.add_parser("doctor", help="is this machine (and a repository) ready?")
+    doctor.add_argument("--json", action="store_true")
+    doctor.add_argument("--repo", help="also check this repository's health")
+    doctor.add_argument("--max-local-files", type=int, default=None, metavar="N")
+    doctor.add_argument("--max-local-bytes", type=int, default=None, metavar="N")
+    doctor.add_argument("--config", help="host configuration (default $PATCHBOX_HOME/config.toml)")
+    image = sub.add_parser("image", help="the sandbox image")
+    image_sub = image.add_subparsers(dest="image_command", required=True, parser_class=_Parser)
+    build = image_sub.add_parser("build", help="build the default sandbox image")
+    build.add_argument("--json", action="store_true")
+    _env_parsers(sub)
+    run = sub.add_parser("run", help="one job, to its decision")
+    run.add_argument("--repo", required=True)
+    run.add_argument("--task", required=True, help="the task file")
+    run.add_argument("--calls", help="drive the tools from this calls file")
+    run.add_argument("--include-local-changes", action="store_true")
+    run.add_argument("--trust-repo-config", action="store_true")
+    run.add_argument("--consent-trusted-auto", action="store_true")
+    run.add_argument("--runtime", choices=["runc", "runsc"], default=None)
+    run.add_argument(
+        "--no-spare", action="store_true", help="start no spare sandbox for the next job"
+    )
+    run.add_argument(
+        "--output-dir",
+        metavar="DIR",
+        help="write evidence.json, diff.patch, junit.xml and the transcript here (for CI)",
+    )
+    run.add_argument("--config", help="host configuration (default $PATCHBOX_HOME/config.toml)")
+    run.add_argument("--json", action="store_true")
+    jobs = sub.add_parser("jobs", help="jobs and their states")
+    jobs.add_argument("--repo")
+    jobs.add_argument(
+        "--status", action="append", metavar="STATE", help="only jobs in these states (a,b)"
+    )
+    jobs.add_argument("--since", metavar="WHEN", help="only jobs created since: 2d, 2026-12-01")
+    jobs.add_argument("--json", action="store_true")
+    prune = sub.add_parser("prune", help="remove ended jobs' records and evidence")
+    prune.add_argument("--older-than", required=True, metavar="AGE", help="90m, 12h, 7d, 2w")
+    prune.add_argument("--json", action="store_true")
+    show = sub.add_parser("show", help="summary, ledger, checks, evidence path")
+    show.add_argument("job")
+    show.add_argument("--diff", action="store_true")
+    show.add_argument(
+        "--transcript", action="store_true", help="the conversation: messages, calls, results"
+    )
+    show.add_argument("--json", action="store_true")
+    for name, what in (
+        ("apply", "apply a job's diff to the work tree"),
+        ("revert", "undo an applied job"),
+        ("discard", "drop a job awaiting review"),
+    ):
+        cmd = sub.add_parser(name, help=what)
+        cmd.add_argument("job")
+        cmd.add_argument("--json", action="store_true")
+        if name == "apply":
+            cmd.add_argument("--merge", action="store_true", help="three-way merge")
+    _mcp_parser(sub)
+    demo = sub.add_parser("demo", help="a sandbox on the bundled example repository")
+    demo.add_argument("--runtime", choices=["runc", "runsc"], default="runc")
+    demo.add_argument("--json", action="store_true")
+    _serve_parser(sub)
+    _add_output_options(parser)
+    return parser
+
+
+def _add_output_options(parser: argparse.ArgumentParser) -> None:
+    """``--quiet``, ``--verbose`` and ``--log-format`` on every command (before or after
+    its name)."""
+    leaves: list[argparse.ArgumentParser] = [parser]
+    pending = [parser]
+    while pending:
+        current = pending.pop()
+        for action in current._actions:  # noqa: SLF001 - argparse keeps subparsers there
+            if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+                children = list(dict.fromkeys(action.choices.values()))
+                leaves += children
+                pending += children
+    for leaf in leaves:
+        group = leaf.add_argument_group("output")
+        group.add_argument(
+            "--quiet", action="store_true", default=argparse.SUPPRESS, help="no progress lines"
+        )
+        group.add_argument(
+            "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logs"
+        )
+        group.add_argument(
+            "--log-format",
+            choices=["console", "json"],
+            default=argparse.SUPPRESS,
+            help="log lines on stderr (the log file is always JSON)",
+        )
+
+
+def _serve_parser(sub: Any) -> None:
+    serve = sub.add_parser("serve", help="the multi-tenant HTTP service (docs/service.md)")
+    serve.add_argument("--config", help="host configuration with a [service] table")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8765)
+    serve.add_argument("--json", action="store_true")
+    _remote_parser(sub)
+
+
+def _remote_parser(sub: Any) -> None:
+    """``patchbox remote``, the service's client (:mod:`controller.cli.remote`)."""
+    from controller.cli.remote import add_parser
+
+    add_parser(sub, _Parser)
+
+
+def _mcp_parser(sub: Any) -> None:
+    mcp = sub.add_parser(
+        "mcp", help="an MCP server (stdio, or --http PORT on 127.0.0.1): a job per session"
+    )
+    mcp.add_argument("--repo", required=True)
+    mcp.add_argument("--task", help="the task file (default: the configured checks and limits)")
+    mcp.add_argument("--include-local-changes", action="store_true")
+    mcp.add_argument("--trust-repo-config", action="store_true")
+    mcp.add_argument("--runtime", choices=["runc", "runsc"], default=None)
+    mcp.add_argument("--config", help="host configuration (default $PATCHBOX_HOME/config.toml)")
+    mcp.add_argument(
+        "--http", type=int, metavar="PORT", help="Streamable HTTP on 127.0.0.1:PORT, not stdio"
+    )
+
+
+def _env_parsers(sub: Any) -> None:
+    env = sub.add_parser("env", help="project environments: toolchain and test dependencies")
+    env_sub = env.add_subparsers(dest="env_command", required=True, parser_class=_Parser)
+    env_build = env_sub.add_parser("build", help="build a task's environment image")
+    env_build.add_argument("--task", required=True, help="the task file")
+    env_build.add_argument("--repo", required=True, help="the repository its inputs come from")
+    env_build.add_argument("--include-local-changes", action="store_true")
+    env_build.add_argument("--config", help="host configuration")
+    env_build.add_argument("--json", action="store_true")
+    env_list = env_sub.add_parser("list", help="environment images on this Docker host")
+    env_list.add_argument("--json", action="store_true")
+    env_show = env_sub.add_parser("show", help="one environment image")
+    env_show.add_argument("id", help="its id, tag or key")
+    env_show.add_argument("--json", action="store_true")
+    env_prune = env_sub.add_parser("prune", help="remove environment images no container uses")
+    env_prune.add_argument("--json", action="store_true")
