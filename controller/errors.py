@@ -54,7 +54,9 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from enum import IntEnum, StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from controller.reasons import ChangesetReason, Conflict, Reason
 
@@ -136,19 +138,57 @@ _EXIT_BY_CODE.update(
 )
 
 
+HintOption = Literal["include_local_changes", "merge", "consent_trusted_auto"]
+"""A request option that changes the outcome, by the engine's name for it."""
+HintAction = Literal["build_image", "list_environments", "apply"]
+"""An operation that remedies the error, by the engine's name for it."""
+
+
+class Hint(BaseModel):
+    """A remedy as data: the option to set or the operation to run (on ``job_id`` where it
+    takes one). Each front door says it in its own words: a CLI flag or command, an MCP
+    argument, an HTTP field; the engine never names them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    option: HintOption | None = None
+    action: HintAction | None = None
+    job_id: str | None = None
+
+
+class ErrorInfo(BaseModel):
+    """An error as data: its stable code, its message (no secret, no host path where it
+    leaves the host) and a remedy when there is one."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    code: str
+    message: str
+    hint: Hint | None = Field(default=None, exclude_if=lambda v: v is None)
+
+
 class PatchboxError(Exception):
-    """Root of every deliberate error; carries a stable code and a message without secrets."""
+    """Root of every deliberate error; carries a stable code, a message without secrets and
+    a remedy (:class:`Hint`) when there is one."""
 
     code: ErrorCode = ErrorCode.SANDBOX_FAILED
+    hint: Hint | None = None
 
-    def __init__(self, message: str, *, code: ErrorCode | None = None) -> None:
+    def __init__(
+        self, message: str, *, code: ErrorCode | None = None, hint: Hint | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         if code is not None:
             self.code = code
+        if hint is not None:
+            self.hint = hint
 
-    def to_dict(self) -> dict[str, str]:
-        return {"code": str(self.code), "message": self.message}
+    def info(self) -> ErrorInfo:
+        return ErrorInfo(code=str(self.code), message=self.message, hint=self.hint)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.info().model_dump(mode="json")
 
 
 class NotReadyError(PatchboxError):
@@ -262,9 +302,11 @@ class ConflictError(PatchboxError):
 
     verb = ""
 
-    def __init__(self, conflicts: Sequence[Conflict], message: str | None = None) -> None:
+    def __init__(
+        self, conflicts: Sequence[Conflict], message: str | None = None, *, hint: Hint | None = None
+    ) -> None:
         listed = ", ".join(c.code + (f" ({c.path})" if c.path else "") for c in conflicts)
-        super().__init__(message or f"{self.verb}: {listed[:1000]}")
+        super().__init__(message or f"{self.verb}: {listed[:1000]}", hint=hint)
         self.conflicts = list(conflicts)
 
 
