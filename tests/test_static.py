@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -25,6 +26,19 @@ def test_static_checks_pass(argv: list[str]) -> None:
     assert shutil.which("git")  # the repo is checked from its root
     res = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+
+
+def test_the_import_layers_hold() -> None:
+    """The contracts of ``[tool.importlinter]`` in pyproject.toml: the controller's layers
+    (every import counted, at module level, in a function or for type checking alone) and an
+    agent that imports nothing of the controller. A new cycle breaks the layers."""
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'sandbox-image'}"}
+    argv = [sys.executable, "-c", "from importlinter.cli import lint_imports_command as c; c()"]
+    res = subprocess.run(
+        argv, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False, env=env
+    )
+    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
+    assert "Contracts: 2 kept, 0 broken." in res.stdout
 
 
 def _module_map() -> set[str]:
