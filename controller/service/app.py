@@ -29,6 +29,7 @@ from controller.config.host import HostConfig
 from controller.errors import ErrorCode, GitError, PatchboxError, describe_validation
 from controller.jobs.evidence import relative_to_home
 from controller.jobs.records import JobStore
+from controller.jobs.settle import settled
 from controller.logs import Scrubber
 from controller.sandbox.labels import new_job_id
 from controller.service.bundles import (
@@ -122,7 +123,7 @@ class Service:
     def view(self, row: JobRow) -> dict[str, Any]:
         store = JobStore()
         try:
-            record = store.load(row.job_id)
+            record = settled(store, store.load(row.job_id))
         except PatchboxError:
             errors = [
                 e.data["error"] for e in self.store.events_after(row.job_id, 0) if "error" in e.data
