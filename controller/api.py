@@ -103,23 +103,6 @@ def _view(record: JobRecord, evidence: str) -> dict[str, Any]:
     }
 
 
-def sync_with_journal(store: JobStore, record: JobRecord, pin: RepoPin | None = None) -> JobRecord:
-    """After a crash the journal knows better than the record: settle it, then agree."""
-    from controller.changes.apply import recover_job
-
-    recovery = recover_job(record.job_id, pin=pin)
-    if recovery.state == "applied" and record.state == "awaiting_review":
-        record.move("applied")
-        store.save(record)
-    elif recovery.state == "not_applied" and record.state == "applied":
-        record.move("reverted")
-        store.save(record)
-    if recovery.state == "needs_attention":
-        record.diagnostics["needs_attention"] = recovery.model_dump()
-        store.save(record)
-    return record
-
-
 # -- running a job with a model ----------------------------------------------------------
 
 
@@ -440,10 +423,6 @@ def open_session(  # noqa: PLR0913 - a job's inputs, all keyword-only
 # -- after the decision ------------------------------------------------------------------
 
 
-def _ready(store: JobStore, job_id: str, pin: RepoPin | None = None) -> JobRecord:
-    return sync_with_journal(store, store.load(job_id), pin)
-
-
 def job_diff(store: JobStore, job_id: str) -> str | None:
     """The diff a job made, as its evidence keeps it, byte for byte (None without one): a
     carriage return stays one (a text-mode read would make it a newline)."""
@@ -466,33 +445,38 @@ def apply_job(
     ``pin``: a service job's repository, verified first and written only as the folder
     pinned (``REPO_NOT_ALLOWED``, nothing written, otherwise)."""
     from controller.changes.apply import apply_changeset
+    from controller.changes.journal import fault_point
     from controller.jobs.evidence import write_evidence
     from controller.jobs.records import Decision
+    from controller.jobs.settle import held
 
     store = JobStore()
-    record = _ready(store, job_id, pin)
-    if record.state != "awaiting_review":
-        msg = f"job {record.job_id} is {record.state}; only a job awaiting review is applied"
-        raise UsageError(msg)
-    if record.baseline is None:
-        msg = f"job {record.job_id} has no baseline"
-        raise UsageError(msg)
-    diff = job_diff(store, record.job_id) or ""
-    with write_lock(record.repo):
-        result = apply_changeset(
-            record.baseline,
-            diff,
-            job_id=record.job_id,
-            allowed_paths=record.allowed_paths,
-            extra_protected=tuple((config or load_config()).protected),
-            merge=merge,
-            pin=pin,
+    with held(store, job_id, pin=pin) as record:
+        if record.state != "awaiting_review":
+            msg = f"job {record.job_id} is {record.state}; only a job awaiting review is applied"
+            raise UsageError(msg)
+        if record.baseline is None:
+            msg = f"job {record.job_id} has no baseline"
+            raise UsageError(msg)
+        diff = job_diff(store, record.job_id) or ""
+        with write_lock(record.repo):
+            result = apply_changeset(
+                record.baseline,
+                diff,
+                job_id=record.job_id,
+                allowed_paths=record.allowed_paths,
+                extra_protected=tuple((config or load_config()).protected),
+                merge=merge,
+                pin=pin,
+            )
+        record.move("applied")
+        decision = record.decision or Decision(mode=record.mode, reason="no decision was recorded")
+        record.decision = decision.model_copy(
+            update={"applied_by": "user", "merged": result.merged}
         )
-    record.move("applied")
-    decision = record.decision or Decision(mode=record.mode, reason="no decision was recorded")
-    record.decision = decision.model_copy(update={"applied_by": "user", "merged": result.merged})
-    store.save(record)
-    write_evidence(record, diff, store)
+        store.save(record)
+        fault_point("apply.recorded")
+        write_evidence(record, diff, store)
     return record, result
 
 
@@ -594,18 +578,21 @@ def revert_job(job_id: str, *, pin: RepoPin | None = None) -> tuple[JobRecord, R
     """Undoes an applied job exactly (``REVERT_CONFLICT`` when a touched path changed);
     ``pin`` as for :func:`apply_job`."""
     from controller.changes.apply import revert_changeset
+    from controller.changes.journal import fault_point
     from controller.jobs.evidence import write_evidence
+    from controller.jobs.settle import held
 
     store = JobStore()
-    record = _ready(store, job_id, pin)
-    if record.state != "applied":
-        msg = f"job {record.job_id} is {record.state}; only an applied job is reverted"
-        raise UsageError(msg)
-    with write_lock(record.repo):
-        result = revert_changeset(record.job_id, pin=pin)
-    record.move("reverted")
-    store.save(record)
-    write_evidence(record, job_diff(store, record.job_id), store)
+    with held(store, job_id, pin=pin) as record:
+        if record.state != "applied":
+            msg = f"job {record.job_id} is {record.state}; only an applied job is reverted"
+            raise UsageError(msg)
+        with write_lock(record.repo):
+            result = revert_changeset(record.job_id, pin=pin)
+        record.move("reverted")
+        store.save(record)
+        fault_point("revert.recorded")
+        write_evidence(record, job_diff(store, record.job_id), store)
     return record, result
 
 
@@ -618,26 +605,31 @@ def discard_job(job_id: str, *, pin: RepoPin | None = None) -> JobRecord:
     nowhere (:meth:`~controller.repo.pin.RepoPin.check_roots`; ``REPO_NOT_ALLOWED``
     otherwise)."""
     from controller.jobs.evidence import write_evidence
+    from controller.jobs.settle import held
 
     store = JobStore()
-    record = store.load(job_id)
-    if record.state not in DISCARDABLE:
-        msg = (
-            f"job {record.job_id} is {record.state}; only a job awaiting review, failed or "
-            "cancelled is discarded"
-        )
-        raise UsageError(msg)
-    if pin is not None:
-        pin.check_roots()
-    record.move("discarded")
-    store.save(record)
-    write_evidence(record, job_diff(store, record.job_id), store)
+    with held(store, job_id, pin=pin) as record:
+        if record.state not in DISCARDABLE:
+            msg = (
+                f"job {record.job_id} is {record.state}; only a job awaiting review, failed or "
+                "cancelled is discarded"
+            )
+            raise UsageError(msg)
+        if pin is not None:
+            pin.check_roots()
+        record.move("discarded")
+        store.save(record)
+        write_evidence(record, job_diff(store, record.job_id), store)
     return record
 
 
 def job(job_id: str) -> JobRecord:
-    """A job's record (``USAGE_ERROR`` for an unknown id)."""
-    return JobStore().load(job_id)
+    """A job's record (``USAGE_ERROR`` for an unknown id), settled with the journal first
+    (:mod:`controller.jobs.settle`): its state says what the work tree holds."""
+    from controller.jobs.settle import settled
+
+    store = JobStore()
+    return settled(store, store.load(job_id))
 
 
 __all__ = [

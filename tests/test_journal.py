@@ -289,6 +289,60 @@ def test_a_user_edit_before_recovery_needs_attention(tmp_path: Path) -> None:
     assert (repo / "f.txt").read_bytes() == TOUCHED["f.txt"]
 
 
+def _replaced(repo: Path) -> Snapshot:
+    """``repo`` moved aside and a copy put at its path (another folder, the same files, the
+    journal's temp files included): what the copy holds now."""
+    aside = repo.with_name(repo.name + "-aside")
+    shutil.copytree(repo, aside, symlinks=True)
+    repo.rename(repo.with_name(repo.name + "-moved"))
+    aside.rename(repo)
+    return snapshot(repo)
+
+
+def test_recovery_never_writes_a_folder_that_replaced_the_work_tree(tmp_path: Path) -> None:
+    """An apply killed midway, then its folder replaced by a copy (another tenant's, a
+    re-clone): recovery needs attention and writes nothing, in the copy or anywhere."""
+    repo = make_user_repo(tmp_path / "repo")
+    baseline = build_baseline(repo, "include-local-changes")[0]
+    diff = make_diff(tmp_path, TOUCHED, CHANGED)
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"baseline": baseline.model_dump(mode="json"), "diff": diff}))
+    home = tmp_path / "home"
+    home.mkdir()
+    journal_root = tmp_path / "journal"
+    killed = run_child("apply", journal_root, spec, home, "apply.write.1")
+    assert killed.returncode == -signal.SIGKILL
+    before = _replaced(repo)
+    journal = Journal(journal_root)
+    (report,) = recover(journal)
+    assert report.state == "needs_attention"
+    assert "not the folder" in report.message
+    assert snapshot(repo) == before
+    with pytest.raises(RevertConflictError):
+        revert_changeset("job", journal=journal)
+    assert snapshot(repo) == before
+
+
+def test_a_revert_never_writes_a_folder_that_replaced_the_work_tree(tmp_path: Path) -> None:
+    repo = make_user_repo(tmp_path / "repo")
+    baseline = build_baseline(repo, "include-local-changes")[0]
+    diff = make_diff(tmp_path, TOUCHED, CHANGED)
+    journal = Journal(tmp_path / "journal")
+    apply_changeset(baseline, diff, job_id="job", journal=journal)
+    before = _replaced(repo)
+    with pytest.raises(RevertConflictError) as info:
+        revert_changeset("job", journal=journal)
+    assert [c.code for c in info.value.conflicts] == ["needs_attention"]
+    assert "not the folder the apply wrote" in info.value.conflicts[0].message
+    assert snapshot(repo) == before
+    moved = repo.with_name("repo-moved")
+    moved.rename(tmp_path / "elsewhere")
+    repo.rename(moved)
+    (tmp_path / "elsewhere").rename(repo)  # the folder the apply wrote, back at its path
+    revert_changeset("job", journal=journal)
+    assert (repo / "f.txt").read_bytes() == TOUCHED["f.txt"]
+
+
 # --------------------------------------------------------------------------------------
 # The record itself
 

@@ -7,6 +7,9 @@ and the real daemon.
 - A proposed job is applied and reverted with the CLI, on the work tree.
 - The client's end (stdin's end, the client killed, an HTTP session deleted), SIGTERM, or a
   second server on the same repository: nothing keeps running, the record says why.
+- The server killed with SIGKILL, over stdio or HTTP, at any moment of a session (its job
+  opening, idle, a check running, ``propose``'s checks running): every sandbox of its job
+  stops within ``ORPHAN_STOP_SECONDS``, and the next command marks the job ``INTERRUPTED``.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import IO, Any
 
 import anyio
 import docker
+import pytest
 from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters
 
@@ -46,6 +50,9 @@ from controller.mcp.server import (
     build_server,
     tools,
 )
+from controller.sandbox.base import Runtime
+from controller.sandbox.docker import ORPHAN_STOP_SECONDS
+from controller.sandbox.labels import CONTROLLER, KIND, OWNER_FILTER
 from controller.tools.schemas import tool_schemas
 from tests.support.cli import patchbox
 from tests.support.jobs import APP, APP_AFTER, GREET, containers_of, make_repo
@@ -531,6 +538,153 @@ def test_a_killed_client_leaves_nothing_running(
             client.kill()
     assert JobStore().load(record.job_id).state == "cancelled"
     assert until(lambda: not containers_of(docker_client, record.job_id), 5.0)
+
+
+HOLD = {"argv": ["sh", "-c", "echo holding; sleep 120"], "timeout_seconds": 200}
+HOLDING_TASK: dict[str, Any] = {**TASK, "checks": {"hold": HOLD}}
+
+
+def sandboxes_of(client: docker.DockerClient, pid: int) -> dict[str, str]:
+    """The sandboxes (no spare) a controller with process id ``pid`` started: id to state."""
+    found = client.containers.list(all=True, sparse=True, filters={"label": OWNER_FILTER})
+    return {
+        c.id or "": c.attrs["State"]
+        for c in found
+        if f":{pid}:" in c.attrs["Labels"].get(CONTROLLER, "")
+        and c.attrs["Labels"].get(KIND) != "spare"
+    }
+
+
+def kill_and_time(client: docker.DockerClient, proc: subprocess.Popen[Any]) -> float:
+    """SIGKILLs the server; how long until no sandbox it started runs (fails past the
+    bound)."""
+    pid = proc.pid
+    assert sandboxes_of(client, pid), "no sandbox to outlive the server"
+    proc.kill()
+    proc.wait(timeout=30)
+    started = time.monotonic()
+    running = until(
+        lambda: "running" not in sandboxes_of(client, pid).values(), ORPHAN_STOP_SECONDS
+    )
+    took = time.monotonic() - started
+    assert running, f"a sandbox still runs {took:.1f} s after its server was killed"
+    return took
+
+
+def interrupted(client: docker.DockerClient, repo: Path) -> None:
+    """The next command settles the job a killed server left: INTERRUPTED, nothing left."""
+    record = the_job(repo)
+    listed = patchbox("jobs", "--json")
+    assert listed.returncode == 0, listed.stderr
+    [entry] = [j for j in json.loads(listed.stdout)["jobs"] if j["job_id"] == record.job_id]
+    assert (entry["status"], entry["error"]["code"]) == ("failed", "INTERRUPTED")
+    assert not containers_of(client, record.job_id)
+
+
+def drive_to(server: Raw, docker_client: docker.DockerClient, moment: str) -> None:
+    """Brings a stdio session to ``moment``: its job opening (its sandbox runs, the first call
+    may not be answered yet), idle, a check running, or ``propose``'s checks running."""
+    pid = server.proc.pid
+    server.handshake()
+    if moment == "opening":
+        server.send(Raw.request(1, "read_file", {"path": "app.py"}))
+        opening = lambda: "running" in sandboxes_of(docker_client, pid).values()  # noqa: E731
+        assert until(opening, 120.0), server.stderr()
+        return
+    assert server.call(1, "replace_text", EDIT)["isError"] is False
+    if moment == "check":
+        server.send(Raw.request(2, "run_check", {"checkId": "hold"}))
+        time.sleep(1.5)
+    elif moment == "propose":
+        first = set(sandboxes_of(docker_client, pid))
+        server.send(Raw.request(2, PROPOSE, {}))
+
+        def checking() -> bool:
+            boxes = sandboxes_of(docker_client, pid)
+            return any(s == "running" for c, s in boxes.items() if c not in first)
+
+        assert until(checking, 120.0), server.stderr()
+        time.sleep(1.5)
+
+
+@pytest.mark.parametrize(
+    ("moment", "tries"), [("opening", 3), ("idle", 1), ("check", 1), ("propose", 1)]
+)
+def test_a_killed_stdio_server_leaves_no_sandbox_running(
+    docker_client: docker.DockerClient,
+    sandbox_image: str,
+    tmp_path: Path,
+    runtime: Runtime,
+    moment: str,
+    tries: int,
+) -> None:
+    del sandbox_image
+    for n in range(tries):
+        repo = make_repo(tmp_path / f"repo{n}")
+        files = tmp_path / f"files{n}"
+        args = [*server_args(files, repo, HOLDING_TASK), "--runtime", runtime]
+        server = Raw(args, tmp_path / f"server{n}.err")
+        try:
+            drive_to(server, docker_client, moment)
+            took = kill_and_time(docker_client, server.proc)
+        finally:
+            server.close()
+        print(f"{runtime} {moment}: no sandbox running {took:.2f} s after SIGKILL")
+        interrupted(docker_client, repo)
+
+
+def test_a_killed_http_server_leaves_no_sandbox_running(
+    docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path, runtime: Runtime
+) -> None:
+    """Over HTTP the sandboxes are the sessions': one session idle with its job's sandbox,
+    the same job's check running when the server is killed."""
+    del sandbox_image
+    repo = make_repo(tmp_path / "repo")
+    err_path = tmp_path / "server.err"
+    args = [*server_args(tmp_path / "files", repo, HOLDING_TASK), "--runtime", runtime]
+    with err_path.open("w") as err:
+        server = subprocess.Popen(
+            [sys.executable, *args, "--http", "0"],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            cwd=ROOT,
+            env=dict(os.environ),
+        )
+        try:
+
+            def url() -> str:
+                found = re.search(r"(http://127\.0\.0\.1:\d+/mcp)", err_path.read_text())
+                return found.group(1) if found else ""
+
+            assert until(lambda: bool(url()), 60.0), err_path.read_text()
+
+            async def scenario() -> float:
+                client = Client(url())
+                await client.__aenter__()
+                try:
+                    assert not (await client.call_tool("replace_text", EDIT)).is_error
+
+                    async def hold() -> None:
+                        with contextlib.suppress(Exception):
+                            await client.call_tool("run_check", {"checkId": "hold"})
+
+                    async with anyio.create_task_group() as tasks:
+                        tasks.start_soon(hold)
+                        await anyio.sleep(1.5)
+                        took = await anyio.to_thread.run_sync(kill_and_time, docker_client, server)
+                        tasks.cancel_scope.cancel()
+                    return took
+                finally:
+                    with anyio.move_on_after(10), contextlib.suppress(Exception):
+                        await client.__aexit__(None, None, None)
+
+            took = anyio.run(scenario)
+        finally:
+            if server.poll() is None:
+                server.kill()
+                server.wait()
+    print(f"{runtime} http: no sandbox running {took:.2f} s after SIGKILL")
+    interrupted(docker_client, repo)
 
 
 def test_a_second_server_on_the_same_repository_gets_job_already_running(

@@ -49,7 +49,7 @@ from controller.changes.plan import plan_apply
 from controller.changes.recovery import Recovery, job_at_rest, job_state, recover, recover_job
 from controller.changes.transaction import mismatches, run_or_roll_back
 from controller.changes.validate import ChangeSet, ChangesetLimits, prepare_changeset
-from controller.changes.worktree import WorkTree
+from controller.changes.worktree import FolderReplacedError, WorkTree
 from controller.errors import ApplyConflictError, RevertConflictError
 from controller.reasons import Conflict
 from controller.repo.baseline import Baseline
@@ -161,6 +161,8 @@ def apply_changeset(  # noqa: PLR0913 - the change set and keyword-only job inpu
                 paths=plan.paths,
                 created_dirs=plan.created_dirs,
                 contents_sha256=contents_digest(plan.before, plan.after),
+                top_dev=wt.identity()[0],
+                top_ino=wt.identity()[1],
             )
             journal.write_record(record, plan.before, plan.after)
             rec = Recorded(record=record, before=plan.before, after=plan.after)
@@ -198,7 +200,7 @@ def revert_changeset(
 def _revert_locked(journal: Journal, rec: Recorded, pin: RepoPin | None) -> None:
     record = rec.record
     conflicts = check_repo(locate(Path(record.repo)))
-    with WorkTree(Path(record.repo), pin=pin) as wt:
+    with _applied_tree(record, pin) as wt:
         for entry in record.paths:
             state = wt.state(entry.path)
             if not state.matches(entry.after):
@@ -209,7 +211,7 @@ def _revert_locked(journal: Journal, rec: Recorded, pin: RepoPin | None) -> None
         journal.mark(record.job_id, "revert.begin")
         fault_point("revert.begin")
         run_or_roll_back(wt, rec, "before", "revert", journal)
-    with WorkTree(Path(record.repo), pin=pin) as fresh:
+    with _applied_tree(record, pin) as fresh:
         wrong = mismatches(fresh, rec, "before")
     if wrong:
         raise RevertConflictError(
@@ -220,6 +222,16 @@ def _revert_locked(journal: Journal, rec: Recorded, pin: RepoPin | None) -> None
         )
     journal.mark(record.job_id, "revert.done")
     fault_point("revert.done")
+
+
+def _applied_tree(record: ApplyRecord, pin: RepoPin | None) -> WorkTree:
+    """The work tree an apply wrote: the same folder, or ``REVERT_CONFLICT`` with nothing
+    written."""
+    try:
+        return WorkTree(Path(record.repo), pin=pin, identity=record.top)
+    except FolderReplacedError as exc:
+        message = "the work tree is not the folder the apply wrote (moved or replaced)"
+        raise RevertConflictError([Conflict(code="needs_attention", message=message)]) from exc
 
 
 def _applied_files(record: ApplyRecord, *, reverse: bool = False) -> list[AppliedFile]:

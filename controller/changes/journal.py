@@ -16,7 +16,8 @@ marker is created or removed durably (the folder is fsync'd) before the next ste
 
 Fault injection: :func:`fault_point` is called after every durable step; when the
 environment variable ``PATCHBOX_FAULT_POINT`` names that step the process kills itself with
-SIGKILL, so tests can stop a real process at each step.
+SIGKILL, so tests can stop a real process at each step (``STEP:stop`` stops it with SIGSTOP
+instead, its locks held, for a test to look at it and then kill it).
 """
 
 from __future__ import annotations
@@ -52,9 +53,11 @@ Marker = Literal["apply.done", "apply.undone", "revert.begin", "revert.done"]
 
 
 def fault_point(step: str) -> None:
-    """Test hook: SIGKILL this process when ``$PATCHBOX_FAULT_POINT`` names ``step``."""
-    if os.environ.get(FAULT_ENV) == step:
-        os.kill(os.getpid(), signal.SIGKILL)
+    """Test hook: SIGKILL this process when ``$PATCHBOX_FAULT_POINT`` names ``step``
+    (SIGSTOP for ``step:stop``)."""
+    wanted, _, action = os.environ.get(FAULT_ENV, "").partition(":")
+    if wanted == step:
+        os.kill(os.getpid(), signal.SIGSTOP if action == "stop" else signal.SIGKILL)
 
 
 class Side(BaseModel):
@@ -95,6 +98,16 @@ class ApplyRecord(BaseModel):
     created_dirs: list[str]
     """Folders the apply creates (parents first); removed again when empty on the way back."""
     contents_sha256: str
+    top_dev: int | None = None
+    top_ino: int | None = None
+    """The work tree's top folder (device and inode) the apply wrote: a revert or a
+    recovery writes that folder or nothing (absent in records of older versions)."""
+
+    @property
+    def top(self) -> tuple[int, int] | None:
+        if self.top_dev is None or self.top_ino is None:
+            return None
+        return self.top_dev, self.top_ino
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from controller.changes.journal import Journal, Recorded, check_job_id, fault_point
 from controller.changes.transaction import RacedError, Target, clean_temps, mismatches, move
-from controller.changes.worktree import WorkTree
+from controller.changes.worktree import FolderReplacedError, WorkTree
 from controller.errors import ConflictError, JournalCorruptError
 from controller.reasons import Conflict
 
@@ -126,7 +126,11 @@ def _roll_back(rec: Recorded, target: Target, pin: RepoPin | None) -> Recovery |
         return Recovery(job_id=job_id, state="needs_attention", paths=paths, message=message)
 
     try:
-        wt = WorkTree(Path(rec.record.repo), pin=pin)
+        wt = WorkTree(Path(rec.record.repo), pin=pin, identity=rec.record.top)
+    except FolderReplacedError:
+        return attention(
+            [], "the work tree is not the folder the operation wrote (moved or replaced)"
+        )
     except OSError:
         return attention([], "the work tree cannot be opened")
     with wt:
@@ -144,7 +148,7 @@ def _roll_back(rec: Recorded, target: Target, pin: RepoPin | None) -> Recovery |
             return attention([raced.path], "a path changed during recovery")
         except OSError as exc:
             return attention([], f"a write failed during recovery: {exc.strerror}")
-    with WorkTree(Path(rec.record.repo), pin=pin) as fresh:
+    with WorkTree(Path(rec.record.repo), pin=pin, identity=rec.record.top) as fresh:
         wrong = mismatches(fresh, rec, target)
     return attention(wrong, "differs after recovery") if wrong else None
 

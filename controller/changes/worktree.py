@@ -55,6 +55,11 @@ class FileState:
         )
 
 
+class FolderReplacedError(Exception):
+    """The work tree's top is not the folder an operation recorded: moved, replaced, or a
+    link put in its place. Nothing was read or written through it."""
+
+
 class WorkTree:
     """A work tree reached through folder descriptors opened with ``O_NOFOLLOW``: a
     symlink anywhere in a path makes it ``other``, never followed. Close it (context
@@ -63,14 +68,31 @@ class WorkTree:
     With ``pin`` (a service job's repository) the top itself is opened by the pin's walk
     from its root, no link followed, and must be the folder pinned (``REPO_NOT_ALLOWED``
     otherwise): every read and write is then relative to that folder, wherever its path
-    leads later."""
+    leads later. With ``identity`` (the top's device and inode, as an apply recorded them)
+    the top must be that folder (:class:`FolderReplacedError` otherwise).
+    """
 
-    def __init__(self, top: Path, *, pin: RepoPin | None = None) -> None:
+    def __init__(
+        self,
+        top: Path,
+        *,
+        pin: RepoPin | None = None,
+        identity: tuple[int, int] | None = None,
+    ) -> None:
         if pin is not None:
             self._root = pin.open_top(top)
         else:
             self._root = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self._fds: dict[str, int] = {"": self._root}
+        if identity is not None and self.identity() != identity:
+            self.close()
+            raise FolderReplacedError(str(top))
+
+    def identity(self) -> tuple[int, int]:
+        """The top folder's device and inode: what an operation records, so that whatever
+        finishes or undoes it later writes that folder or nothing."""
+        info = os.fstat(self._root)
+        return info.st_dev, info.st_ino
 
     def __enter__(self) -> Self:
         return self

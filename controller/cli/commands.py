@@ -236,16 +236,29 @@ def review_fallback(record: JobRecord) -> str | None:
 
 
 def settle(client: docker.DockerClient | None, store: JobStore | None = None) -> None:
-    """What controllers that are gone left behind: their active jobs end ``failed`` with
-    ``INTERRUPTED``, and (when the daemon answers) their containers, claims and temp
-    folders are removed. Every command that starts work or reads jobs calls it first."""
+    """What controllers that are gone left behind: an apply or a revert they did not finish
+    is settled from the journal and every record says what the work tree holds
+    (:mod:`controller.jobs.settle`), their active jobs end ``failed`` with ``INTERRUPTED``,
+    and (when the daemon answers) their containers, claims and temp folders are removed.
+    Every command that starts work or reads jobs calls it first."""
     from controller.paths import patchbox_home
 
     store = store or JobStore()
-    for record in store.all():
-        if record.state in ACTIVE:
-            with contextlib.suppress(OSError, ValueError, PatchboxError):
-                mark_interrupted(store, record)
+    records = store.all()
+    journaled: set[str] = set()
+    if (patchbox_home() / "journal").is_dir():  # else nothing was ever applied here
+        from controller.changes.journal import Journal
+        from controller.jobs.settle import settled
+
+        journal = Journal()
+        journaled = set(journal.jobs())
+    for record in records:
+        with contextlib.suppress(OSError, ValueError, PatchboxError):
+            current = record
+            if record.job_id in journaled:
+                current = settled(store, record, journal)
+            if current.state in ACTIVE:
+                mark_interrupted(store, current)
     if client is not None:
         from controller.sandbox.reaper import reap
 

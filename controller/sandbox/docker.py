@@ -44,6 +44,13 @@ _OOM_GRACE = 1.0
 _OOM_CONFIRM = 10.0
 
 
+ORPHAN_STOP_SECONDS = 5.0
+"""A sandbox whose controller is gone (its attach stream closed: a crash, SIGKILL) stops
+within this long: Docker closes the container's stdin (``StdinOnce``), and the agent, the
+container's init, ends when it reads that end, or a second after the hang-up when it is busy
+(unpacking the baseline, waiting for a FIFO nobody feeds, a long call). Measured well under
+2 s under runc and gVisor; ``docs/mcp.md`` and ``docs/architecture.md`` give the bound."""
+
 RUNSC_THREADS_IDLE = 64
 RUNSC_THREADS_PER_PROCESS = 8
 

@@ -32,6 +32,7 @@ from controller.config.task import TaskSpec
 from controller.errors import ErrorCode, PatchboxError, describe_validation
 from controller.jobs.evidence import relative_to_home
 from controller.jobs.records import JobStore
+from controller.jobs.settle import settled
 from controller.logs import Scrubber
 from controller.providers.base import MAX_JSON_DEPTH
 from controller.repo.pin import RepoPin, pin_repo
@@ -148,7 +149,7 @@ class Service:
     def view(self, row: JobRow) -> dict[str, Any]:
         store = JobStore()
         try:
-            record = store.load(row.job_id)
+            record = settled(store, store.load(row.job_id), pin=self.pin_of(row))
         except PatchboxError:
             errors = [
                 e.data["error"] for e in self.store.events_after(row.job_id, 0) if "error" in e.data

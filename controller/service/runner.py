@@ -46,6 +46,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
+REVIEWED_STATES = frozenset({"awaiting_review", "applied"})
+"""A job's states an apply or a revert moves it from: a service killed while it applied or
+reverted one may have left its row behind its record."""
 WATCH_SECONDS = 0.25
 """How often a running job's record is looked at for new tool calls."""
 LOOP_DONE = frozenset({"validating", "checking", "awaiting_review", "applied", "failed"})
@@ -204,8 +207,9 @@ class Runner:
 
     def start(self) -> None:
         """Settles what a previous service process left: its jobs that were running end
-        ``failed`` with ``INTERRUPTED`` (the engine's rule), its containers are removed;
-        then the queued jobs start."""
+        ``failed`` with ``INTERRUPTED`` (the engine's rule), an apply or a revert it did not
+        finish is settled from the journal and the job's state follows its record, its
+        containers are removed; then the queued jobs start."""
         from controller.cli.commands import settle
 
         try:
@@ -228,6 +232,12 @@ class Runner:
                 row.job_id, "state", {"state": state, "reason": str(ErrorCode.INTERRUPTED)}
             )
             self.store.update_state(row.job_id, state)
+        for row in self.store.jobs_in(REVIEWED_STATES):  # an apply or revert cut short
+            with contextlib.suppress(Exception):
+                state = store.load(row.job_id).state  # settled from the journal above
+                if state != row.state:
+                    self.store.append_event(row.job_id, "state", {"state": state})
+                    self.store.update_state(row.job_id, state)
         sweep(self.store, self.service, clones=True)
         self.dispatch()
 

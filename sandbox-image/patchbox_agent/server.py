@@ -20,7 +20,7 @@ import select
 import stat
 import sys
 import time
-from _thread import allocate_lock
+from _thread import allocate_lock, start_new_thread
 
 from . import jail, procs, wire
 from .frames import KIND_JSON, PROTOCOL_VERSION, FdReader, FrameError, Signer, grow_pipe
@@ -632,11 +632,36 @@ def _on_term(*_: object) -> None:
     os._exit(143)
 
 
+HANGUP_GRACE = 1.0
+"""How long the agent, once its channel hung up, leaves its request loop to see the end (and
+exit with its own status) before it ends anyway."""
+
+
+def _end_with_channel(in_fd: int) -> None:
+    """Ends the agent once its channel hangs up, whatever it is doing then.
+
+    The channel's end is the controller's end: Docker closes the container's stdin when the
+    controller's attach stream closes (``StdinOnce``), for any reason, SIGKILL included. The
+    request loop sees that end when it next reads; this watch (a thread of its own, blocked
+    in ``poll`` on hang-up alone, never on data) also covers the times it does not read:
+    while the baseline is unpacked, while the open of a FIFO that nobody will feed waits, and
+    during a long call. The agent is the container's init, so its exit ends the sandbox. A
+    spare nobody attached to has no hang-up: it waits for its claim or its idle exit.
+    """
+    poller = select.poll()
+    poller.register(in_fd, 0)  # POLLHUP, POLLERR and POLLNVAL are always reported
+    while not poller.poll():
+        pass
+    time.sleep(HANGUP_GRACE)
+    os._exit(0)
+
+
 def main() -> int:
     """Entry point: takes private copies of stdin/stdout and points fds 0 and 1 at /dev/null.
 
     Nothing the agent starts can then write into the channel by accident. As pid 1 (the
-    container's init) the agent also reaps orphans (see :mod:`patchbox_agent.procs`).
+    container's init) the agent also reaps orphans (see :mod:`patchbox_agent.procs`). The
+    agent ends when its channel hangs up (:func:`_end_with_channel`).
     """
     _not_dumpable()
     wake = None
@@ -650,6 +675,7 @@ def main() -> int:
     os.dup2(null, 1)
     os.close(null)
     sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+    start_new_thread(_end_with_channel, (in_fd,))
     workspace = os.environ.get("PATCHBOX_WORKSPACE", WORKSPACE)
     agent = Agent(in_fd, out_fd, workspace, wake)
     preload = os.environ.get("PATCHBOX_PRELOAD")
