@@ -15,6 +15,7 @@ import docker
 import pytest
 
 from controller import api
+from controller.api.session import SESSION_PROMPT
 from controller.config.host import HostConfig
 from controller.config.task import TaskSpec
 from controller.errors import ErrorCode, PatchboxError, UsageError
@@ -58,9 +59,8 @@ def test_a_session_proposes_and_the_job_is_applied_and_reverted(
         assert check.result["status"] == "passed"
         proposal = session.propose("capitalized")
     assert proposal.status == "awaiting_review"
-    assert [f["path"] for f in proposal.files] == ["app.py"]
-    assert [c["status"] for c in proposal.checks] == ["passed"]
-    assert proposal.as_dict()["apply"] == f"patchbox apply {proposal.job_id}"
+    assert [f.path for f in proposal.view.files] == ["app.py"]
+    assert [c.status for c in proposal.view.checks] == ["passed"]
     assert '+    return "Hello " + name' in proposal.diff
     ledger = [e.id for e in JobStore().load(proposal.job_id).ledger if e.tool == "replace_text"]
     assert len(ledger) == 3  # r1 once, r2 (refused) and the missing-arguments one are not effects
@@ -104,10 +104,10 @@ def test_a_session_without_a_task_uses_the_configured_checks(
     repo = make_repo(tmp_path / "repo")
     config = HostConfig.model_validate({"spare_sandboxes": 0, "checks": {"greet": GREET}})
     with api.open_session(repo, config=config, client=docker_client) as session:
-        assert session.record.task["prompt"] == api.SESSION_PROMPT
+        assert session.record.task["prompt"] == SESSION_PROMPT
         session.call("replace_text", EDIT)
         proposal = session.propose()
-    assert [(c["id"], c["status"]) for c in proposal.checks] == [("greet", "passed")]
+    assert [(c.id, c.status) for c in proposal.view.checks] == [("greet", "passed")]
 
 
 def test_opening_on_a_folder_that_is_not_a_repository_fails_with_nothing_left(

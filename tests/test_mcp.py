@@ -35,6 +35,7 @@ from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters
 
 from controller import api
+from controller.api.session import SESSION_PROMPT
 from controller.config.host import HostConfig
 from controller.config.task import TaskSpec
 from controller.jobs.records import JobRecord, JobStore
@@ -296,8 +297,8 @@ def test_without_a_task_the_session_has_the_default_prompt_and_the_configured_ch
             return prompt.text, json.loads(checks.text)["checks"], client.instructions or ""  # type: ignore[union-attr]
 
     prompt, checks, instructions = anyio.run(read, opts)
-    assert (prompt, list(checks)) == (api.SESSION_PROMPT, ["greet"])
-    assert api.SESSION_PROMPT not in instructions
+    assert (prompt, list(checks)) == (SESSION_PROMPT, ["greet"])
+    assert SESSION_PROMPT not in instructions
     assert "propose" in instructions
     _, checks, _ = anyio.run(read, trusting)
     assert sorted(checks) == ["greet", "lint"]

@@ -40,6 +40,7 @@ from tests.support.service import (
     events,
     serving,
     slow_task,
+    stored,
     wait_status,
     write_config,
 )
@@ -347,12 +348,12 @@ def test_the_queue_is_fair_and_one_job_per_repository(tmp_path: Path) -> None:
     runner = Runner(store, _host, config)
     t = time.time()
     rows = [
-        JobRow("a1", "alpha", "/r/a", {}, "queued", t),
-        JobRow("a2", "alpha", "/r/a", {}, "queued", t + 1),
-        JobRow("a3", "alpha", "/r/b", {}, "queued", t + 2),
-        JobRow("a4", "alpha", "/r/c", {}, "queued", t + 3),
-        JobRow("b1", "beta", "/r/x", {}, "queued", t + 4),
-        JobRow("b2", "beta", "/r/b", {}, "queued", t + 5),
+        JobRow("a1", "alpha", "/r/a", stored(), "queued", t),
+        JobRow("a2", "alpha", "/r/a", stored(), "queued", t + 1),
+        JobRow("a3", "alpha", "/r/b", stored(), "queued", t + 2),
+        JobRow("a4", "alpha", "/r/c", stored(), "queued", t + 3),
+        JobRow("b1", "beta", "/r/x", stored(), "queued", t + 4),
+        JobRow("b2", "beta", "/r/b", stored(), "queued", t + 5),
     ]
     for row in rows:
         store.insert_job(row)
@@ -385,7 +386,7 @@ def test_max_sandboxes_bounds_a_tenants_running_jobs_and_its_spares(tmp_path: Pa
     for n, (job_id, tenant) in enumerate(
         (("a1", "alpha"), ("a2", "alpha"), ("b1", "beta"), ("b2", "beta"))
     ):
-        store.insert_job(JobRow(job_id, tenant, f"/r/{job_id}", {}, "queued", t + n))
+        store.insert_job(JobRow(job_id, tenant, f"/r/{job_id}", stored(), "queued", t + n))
     picked = []
     while (row := runner._pick()) is not None:
         picked.append(row.job_id)
@@ -393,14 +394,18 @@ def test_max_sandboxes_bounds_a_tenants_running_jobs_and_its_spares(tmp_path: Pa
     assert picked == ["a1", "b1", "b2"]  # alpha: one sandbox, so one job at a time
     spares = host.model_copy(update={"spare_sandboxes": 2})
     assert (
-        host_config_for(spares, alpha, JobRow("a", "alpha", "/r", {}, "queued", t)).spare_sandboxes
+        host_config_for(
+            spares, alpha, JobRow("a", "alpha", "/r", stored(), "queued", t)
+        ).spare_sandboxes
         == 0
     )
     assert (
-        host_config_for(spares, beta, JobRow("b", "beta", "/r", {}, "queued", t)).spare_sandboxes
+        host_config_for(
+            spares, beta, JobRow("b", "beta", "/r", stored(), "queued", t)
+        ).spare_sandboxes
         == 2
     )
-    bundle_row = JobRow("c", "beta", "/r", {"bundle": "b" + "0" * 32}, "queued", t)
+    bundle_row = JobRow("c", "beta", "/r", stored(bundle="b" + "0" * 32), "queued", t)
     assert host_config_for(spares, beta, bundle_row).spare_sandboxes == 0
     runner.shutdown(timeout=1)
     store.close()
@@ -411,8 +416,8 @@ def test_a_restart_marks_running_jobs_interrupted_and_keeps_the_queue(tmp_path: 
     _host, service = load_service_config(config)
     store = SqliteStore(service.database_path())
     t = time.time()
-    store.insert_job(JobRow("20260101-000000-dead0001", "alpha", "/r/a", {}, "running", t))
-    store.insert_job(JobRow("20260101-000000-wait0001", "alpha", "/r/b", {}, "queued", t))
+    store.insert_job(JobRow("20260101-000000-dead0001", "alpha", "/r/a", stored(), "running", t))
+    store.insert_job(JobRow("20260101-000000-wait0001", "alpha", "/r/b", stored(), "queued", t))
     store.close()
     with serving(config) as running:
         alpha = running.client("alpha")

@@ -32,6 +32,7 @@ from tests.support.service import (
     events,
     serving,
     slow_task,
+    stored,
     wait_status,
     write_config,
 )
@@ -324,11 +325,11 @@ def test_a_tenants_bundle_jobs_start_only_within_max_clones(tmp_path: Path) -> N
     store = SqliteStore(tmp_path / "clones.db")
     runner = Runner(store, host, config)
     t = time.time()
-    bundle = {"bundle": "b" + "0" * 32}
+    bundle = stored(bundle="b" + "0" * 32)
     rows = [
         JobRow("a1", "alpha", "/c/a1", bundle, "queued", t),
         JobRow("a2", "alpha", "/c/a2", bundle, "queued", t + 1),
-        JobRow("a3", "alpha", "/r/a", {}, "queued", t + 2),
+        JobRow("a3", "alpha", "/r/a", stored(), "queued", t + 2),
     ]
     for row in rows:
         store.insert_job(row)

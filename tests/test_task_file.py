@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.cli import commands
 from controller.config import inputfile
+from controller.config import task as task_file
 from controller.errors import ErrorCode, UsageError
 from controller.providers import scripted
 
@@ -78,13 +78,13 @@ def test_a_task_that_is_not_a_regular_file_is_bad_usage(kind: str, tmp_path: Pat
 def test_an_oversized_task_is_bad_usage(tmp_path: Path) -> None:
     task = tmp_path / "task.json"
     text = json.dumps(TASK)
-    task.write_text(text + " " * (commands.MAX_TASK_FILE_BYTES + 1 - len(text)))
+    task.write_text(text + " " * (task_file.MAX_TASK_FILE_BYTES + 1 - len(text)))
     done = _run_with_task(task, tmp_path)
     assert done.returncode == 2, done.stderr
     error = json.loads(done.stdout)["error"]
     assert error == {
         "code": "USAGE_ERROR",
-        "message": f"task file {str(task)!r} is larger than {commands.MAX_TASK_FILE_BYTES} bytes",
+        "message": f"task file {str(task)!r} is larger than {task_file.MAX_TASK_FILE_BYTES} bytes",
     }
 
 
@@ -100,8 +100,8 @@ def test_a_missing_task_is_bad_usage(tmp_path: Path) -> None:
 def test_a_task_at_the_cap_is_read(tmp_path: Path) -> None:
     task = tmp_path / "task.json"
     text = json.dumps(TASK)
-    task.write_text(text + " " * (commands.MAX_TASK_FILE_BYTES - len(text)))
-    assert commands.load_task(task).prompt == TASK["prompt"]
+    task.write_text(text + " " * (task_file.MAX_TASK_FILE_BYTES - len(text)))
+    assert task_file.load_task(task).prompt == TASK["prompt"]
 
 
 def test_task_and_calls_files_share_one_rule() -> None:

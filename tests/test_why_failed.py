@@ -12,8 +12,8 @@ from typing import Any
 
 import docker
 
-from controller.cli.commands import _summary, transcript_text
 from controller.jobs.records import JobRecord, TranscriptCall, TranscriptTurn
+from controller.jobs.summary import summary_text, transcript_text
 from tests.support.cli import job_files, patchbox
 from tests.support.jobs import EDIT, GREET, call, check_call, make_repo
 
@@ -138,4 +138,4 @@ def test_transcript_text_cuts_long_values_and_keeps_lines_single() -> None:
     assert "x" * 48 not in text
     empty = JobRecord(job_id="k", repo="/r")
     assert transcript_text(empty) == "no transcript (the job made no model turn)"
-    assert _summary(empty) == "job k: created"
+    assert summary_text(empty) == "job k: created"

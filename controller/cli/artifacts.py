@@ -71,7 +71,7 @@ def write_artifacts(  # noqa: PLR0913 - a finished job's parts, all keyword-only
     view: dict[str, Any],
 ) -> list[str]:
     """Writes the artifacts of a finished job into ``folder``; returns their names."""
-    from controller.cli.commands import transcript_text
+    from controller.jobs.summary import transcript_text
 
     folder.mkdir(parents=True, exist_ok=True)
     scrub = Scrubber(record.repo, secrets)

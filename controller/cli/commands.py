@@ -9,159 +9,60 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
-from pydantic import ValidationError
-
-from controller.api import job_diff, job_view
+from controller.api.views import job_diff, job_row, job_view
 from controller.errors import (
     ExitCode,
     InternalError,
-    PatchboxError,
     UsageError,
-    describe_validation,
     exit_code_for_error,
 )
 from controller.jobs.evidence import relative_to_home
 from controller.jobs.records import (
-    ACTIVE,
     FINAL,
     JobRecord,
     JobState,
     JobStore,
-    mark_interrupted,
 )
+from controller.jobs.summary import summary_text, transcript_text
 from controller.logs import Scrubber
 from controller.signals import cancel_on_signals
-from controller.text import flag_text
 
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable
 
-    import docker
-
-    from controller.config.task import TaskSpec
-    from controller.providers.base import Provider
     from controller.repo.baseline import Baseline
 
 
 Outcome = tuple[int, dict[str, Any], str]
 
 
-MAX_TASK_FILE_BYTES = 1024 * 1024
-"""The largest task file read: a prompt, a few checks and limits fit many times over."""
-
-
-def load_task(path: Path) -> TaskSpec:
-    """Reads and validates the task file. :class:`UsageError` (exit 2) when it is missing,
-    not a regular file (a FIFO or a device never blocks: :mod:`controller.config.inputfile`, the
-    calls file's rule), larger than :data:`MAX_TASK_FILE_BYTES`, or invalid."""
-    from controller.config.inputfile import read_input_file
-    from controller.config.task import TaskSpec
-
-    raw = read_input_file(path, "task file", MAX_TASK_FILE_BYTES)
-    try:
-        return TaskSpec.model_validate_json(raw)
-    except ValidationError as exc:
-        fields = describe_validation(exc, subject="task", max_chars=1000)
-        msg = f"the task file is invalid: {fields}"
-        raise UsageError(msg[:1000]) from exc
-
-
-def _provider(
-    args: argparse.Namespace, task: TaskSpec, table: dict[str, Any]
-) -> tuple[Provider, tuple[str, ...]]:
-    if args.calls:
-        from controller.providers import load_calls
-
-        return load_calls(Path(args.calls)), ()
-    from controller.providers import ProviderConfig, open_provider
-
-    config = ProviderConfig.from_mapping(table) if table else ProviderConfig.from_env()
-    secret = config.api_key.get_secret_value() if config.api_key is not None else ""
-    return open_provider(config, task.prompt), (secret,) if secret else ()
-
-
-FAILED_STATES = frozenset({"failed", "cancelled"})
-TAIL_LINES = 20
-
-
-def _summary(record: JobRecord) -> str:
-    """The plain-text account of a job; for a failed one, why: its error, the failing
-    checks' last output lines and every refused tool call with its code and message."""
-    lines = [f"job {record.job_id}: {record.state}"]
-    if record.error:
-        lines.append(f"error {record.error['code']}: {record.error['message']}")
-    for f in record.files:
-        calls = ", ".join(f.calls) or "-"
-        lines.append(f"  {f.kind:<7} {f.path} (+{f.added} -{f.removed}) by call(s) {calls}")
-    lines += flag_text(c.model_dump() for c in record.control_characters)
-    lines += [
-        f"  check {c.id}: {c.status} (exit {c.exit_code}, {c.duration_ms} ms)"
-        for c in record.checks
-    ]
-    if record.state in FAILED_STATES:
-        for c in record.checks:
-            if c.status in {"failed", "timed_out"} and c.output_tail.strip():
-                tail = c.output_tail.rstrip("\n").splitlines()[-TAIL_LINES:]
-                lines.append(f"output of check {c.id} (last {len(tail)} lines):")
-                lines += [f"  | {line}" for line in tail]
-        refused = [t for t in record.tool_calls if not t.ok]
-        if refused:
-            lines.append("failed tool calls:")
-            for t in refused:
-                message = f": {t.error_message}" if t.error_message else ""
-                lines.append(f"  turn {t.turn} {t.id} {t.name}: {t.error_code}{message}")
-    elif record.decision is not None and record.decision.reason:
-        lines.append(f"decision: {record.decision.reason}")
-    return "\n".join(lines)
-
-
-def transcript_text(record: JobRecord, width: int = 400) -> str:
-    """The conversation, readably: each turn's message, cost and calls with their results
-    (long texts cut at ``width`` characters; the evidence keeps them whole, bounded)."""
-
-    def cut(text: str) -> str:
-        one = text.replace("\n", "\\n")
-        return one if len(one) <= width else one[: width - 3] + "..."
-
-    lines: list[str] = []
-    for turn in record.transcript:
-        cost = ", ".join(f"{k} {v}" for k, v in sorted(turn.usage.items()))
-        lines.append(f"turn {turn.turn} (model {turn.model_ms} ms{'; ' + cost if cost else ''})")
-        if turn.text:
-            lines.append(f"  model: {cut(turn.text)}")
-        for c in turn.calls:
-            state = "ok" if c.ok else "error"
-            lines.append(f"  call {c.id} {c.name} {cut(c.arguments)}")
-            lines.append(f"    -> {state} ({c.duration_ms} ms): {cut(c.result)}")
-    return "\n".join(lines) or "no transcript (the job made no model turn)"
-
-
 def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcome:
     from controller import api
     from controller.config.host import load_config
+    from controller.providers import read_calls
     from controller.sandbox.dockerclient import connect
 
     config = load_config(Path(args.config) if args.config else None)
     if getattr(args, "no_spare", False):
         config = config.model_copy(update={"spare_sandboxes": 0})
-    task = load_task(Path(args.task))
-    repo = Path(args.repo)
-    provider, secrets = _provider(args, task, config.provider)
-    client = connect()
-    job = api.make_job(
-        repo,
-        task,
-        provider,
+    task = api.load_task(Path(args.task))
+    calls = read_calls(Path(args.calls)) if args.calls else None
+    choice = api.choose_provider(config, task, calls)
+    secrets = choice.secrets
+    request = api.JobRequest(
+        repo=Path(args.repo),
+        task=task,
+        provider=choice.provider,
         config=config,
         include_local_changes=args.include_local_changes,
         trust_repo_config=args.trust_repo_config,
         consent_trusted_auto=args.consent_trusted_auto,
         runtime=args.runtime,
         secrets=secrets,
-        client=client,
-        progress=progress,
     )
+    client = connect()
+    job = api.make_job(request, client=client, progress=progress)
     internal: InternalError | None = None
     with cancel_on_signals(job.cancel, progress) as cancellation:
         try:
@@ -169,20 +70,19 @@ def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcom
         except InternalError as exc:  # the record says failed, INTERNAL_ERROR
             internal, record = exc, job.record
         finally:
-            provider.close()
+            choice.provider.close()
             client.close()
     store = JobStore()
     evidence = relative_to_home(store.folder(record.job_id) / "evidence.json")
-    data = job_view(record, job.diff, evidence, secrets)
+    view = job_view(record, job.diff, evidence, secrets)
+    data = view.data()
     if getattr(args, "output_dir", None):
         data["artifacts"] = _artifacts(Path(args.output_dir), record, job.diff, secrets, data)
     ok = record.state in {"awaiting_review", "applied"}
-    text = Scrubber(record.repo, secrets, paths=False).text(_summary(record))
-    fallback = review_fallback(record)
-    if fallback is not None:
-        data["review_fallback"] = fallback
+    text = Scrubber(record.repo, secrets, paths=False).text(summary_text(record))
+    if view.review_fallback is not None:
         with contextlib.suppress(OSError):
-            progress(f"{record.mode} mode fell back to review: {fallback}")
+            progress(f"{record.mode} mode fell back to review: {view.review_fallback}")
     if record.state == "awaiting_review":
         jid = record.job_id
         text += f"\nreview: patchbox show {jid} --diff; then patchbox apply {jid}"
@@ -227,44 +127,6 @@ def _artifacts(
     return {"folder": str(folder), "files": written}
 
 
-def review_fallback(record: JobRecord) -> str | None:
-    """Why a job in an auto mode stopped for review instead of applying (None otherwise)."""
-    if record.mode == "review" or record.state != "awaiting_review":
-        return None
-    decision = record.decision
-    return decision.reason if decision is not None else "not decided"
-
-
-def settle(client: docker.DockerClient | None, store: JobStore | None = None) -> None:
-    """What controllers that are gone left behind: an apply or a revert they did not finish
-    is settled from the journal and every record says what the work tree holds
-    (:mod:`controller.jobs.settle`), their active jobs end ``failed`` with ``INTERRUPTED``,
-    and (when the daemon answers) their containers, claims and temp folders are removed.
-    Every command that starts work or reads jobs calls it first."""
-    from controller.paths import patchbox_home
-
-    store = store or JobStore()
-    records = store.all()
-    journaled: set[str] = set()
-    if (patchbox_home() / "journal").is_dir():  # else nothing was ever applied here
-        from controller.changes.journal import Journal
-        from controller.jobs.settle import settled
-
-        journal = Journal()
-        journaled = set(journal.jobs())
-    for record in records:
-        with contextlib.suppress(OSError, ValueError, PatchboxError):
-            current = record
-            if record.job_id in journaled:
-                current = settled(store, record, journal)
-            if current.state in ACTIVE:
-                mark_interrupted(store, current)
-    if client is not None:
-        from controller.sandbox.reaper import reap
-
-        reap(client, patchbox_home() / "tmp")
-
-
 def parse_age(text: str, option: str) -> float:
     """Seconds in ``text``: a number with a unit, ``90s``, ``45m``, ``12h``, ``7d`` or ``2w``
     (``UsageError`` naming ``option`` otherwise)."""
@@ -293,12 +155,6 @@ def parse_since(text: str) -> float:
     return when.timestamp()
 
 
-def _duration(record: JobRecord) -> float | None:
-    if record.state in ACTIVE:
-        return None
-    return round(max(0.0, record.updated_at - record.created_at), 1)
-
-
 def _when(epoch: float) -> str:
     import datetime as dt
 
@@ -320,20 +176,22 @@ def cmd_jobs(args: argparse.Namespace) -> Outcome:
     if args.since:
         since = parse_since(args.since)
         records = [r for r in records if r.created_at >= since]
-    jobs = [
-        {
-            "job_id": r.job_id,
-            "status": r.state,
-            "repository": Path(r.repo).name,
-            "repo": r.repo,
-            "created_at": r.created_at,
-            "created": _when(r.created_at),
-            "duration_seconds": _duration(r),
-            "error_code": r.error["code"] if r.error else None,
-            "error": Scrubber(r.repo, paths=False).value(r.error),
-        }
-        for r in records
-    ]
+    jobs: list[dict[str, Any]] = []
+    for record in records:
+        row = job_row(record)
+        jobs.append(
+            {
+                "job_id": row.job_id,
+                "status": row.status,
+                "repository": Path(row.repo).name,
+                "repo": row.repo,
+                "created_at": row.created_at,
+                "created": _when(row.created_at),
+                "duration_seconds": row.duration_seconds,
+                "error_code": row.error.code if row.error else None,
+                "error": row.error.model_dump(mode="json") if row.error else None,
+            }
+        )
     lines = []
     for job in jobs:
         took = "-" if job["duration_seconds"] is None else f"{job['duration_seconds']:.1f}s"
@@ -367,10 +225,10 @@ def cmd_show(args: argparse.Namespace) -> Outcome:
     record = store.load(args.job)
     diff = job_diff(store, record.job_id)
     evidence = relative_to_home(store.folder(record.job_id) / "evidence.json")
-    data = job_view(record, diff if args.diff else None, evidence)
+    data = job_view(record, diff if args.diff else None, evidence).data()
     data["ledger"] = record.model_dump(mode="json")["ledger"]
     data["state_history"] = record.history
-    text = Scrubber(record.repo, paths=False).text(_summary(record))
+    text = Scrubber(record.repo, paths=False).text(summary_text(record))
     if record.ledger:
         text += "\nledger:"
         for e in record.ledger:
@@ -395,38 +253,24 @@ def _baseline(record: JobRecord) -> Baseline:
 def cmd_apply(args: argparse.Namespace) -> Outcome:
     from controller import api
 
-    record, result = api.apply_job(args.job, merge=args.merge)
-    files = [f.model_dump(mode="json") for f in result.files]
-    data = {
-        "job_id": record.job_id,
-        "status": record.state,
-        "files": files,
-        "merged": result.merged,
-    }
-    text = f"job {record.job_id} applied: {len(files)} file(s)" + (
-        f"; merged three-way: {', '.join(result.merged)}" if result.merged else ""
+    view = api.ApplyView.of(*api.apply_job(args.job, merge=args.merge))
+    text = f"job {view.job_id} applied: {len(view.files)} file(s)" + (
+        f"; merged three-way: {', '.join(view.merged)}" if view.merged else ""
     )
-    return ExitCode.OK, data, text
+    return ExitCode.OK, view.model_dump(mode="json"), text
 
 
 def cmd_revert(args: argparse.Namespace) -> Outcome:
     from controller import api
 
-    record, result = api.revert_job(args.job)
-    files = [f.model_dump(mode="json") for f in result.files]
-    return (
-        ExitCode.OK,
-        {"job_id": record.job_id, "status": record.state, "files": files},
-        (f"job {record.job_id} reverted: {len(files)} file(s) restored"),
-    )
+    view = api.RevertView.of(*api.revert_job(args.job))
+    text = f"job {view.job_id} reverted: {len(view.files)} file(s) restored"
+    return ExitCode.OK, view.model_dump(mode="json"), text
 
 
 def cmd_discard(args: argparse.Namespace) -> Outcome:
     from controller import api
 
-    record = api.discard_job(args.job)
-    return (
-        ExitCode.OK,
-        {"job_id": record.job_id, "status": record.state},
-        (f"job {record.job_id} discarded; the repository was not touched"),
-    )
+    view = api.DiscardView.of(api.discard_job(args.job))
+    text = f"job {view.job_id} discarded; the repository was not touched"
+    return ExitCode.OK, view.model_dump(mode="json"), text

@@ -20,9 +20,9 @@ Outcome = tuple[int, dict[str, Any], str]
 
 def cmd_env_build(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcome:
     """Builds the task's environment from the repository's baseline (nothing else runs)."""
-    from controller.cli.commands import load_task
     from controller.config.checks import resolve_environment
     from controller.config.host import load_config
+    from controller.config.task import load_task
     from controller.repo.baseline import build_baseline
     from controller.sandbox.dockerclient import connect
     from controller.sandbox.environment import EnvironmentBuilder

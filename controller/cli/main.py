@@ -224,20 +224,11 @@ def _remote(args: argparse.Namespace) -> int:
 
 
 def settle_leftovers() -> None:
-    """Cleans up after controllers that are gone before any job command (see
-    :func:`controller.cli.commands.settle`); without a daemon only the job records are settled."""
-    from controller.cli import commands
-    from controller.sandbox.dockerclient import connect
+    """Cleans up after controllers that are gone before any job command
+    (:func:`controller.api.settle_leftovers`)."""
+    from controller import api
 
-    try:
-        client = connect(timeout=30.0)
-    except NotReadyError:
-        commands.settle(None)
-        return
-    try:
-        commands.settle(client)
-    finally:
-        client.close()
+    api.settle_leftovers()
 
 
 def _job_command(args: argparse.Namespace) -> int:

@@ -339,7 +339,7 @@ def _allowed_paths(args: argparse.Namespace) -> list[str] | None:
     either. What the service says of the job's task is never read."""
     allowed: list[str] | None = None
     if args.task:
-        from controller.cli.commands import load_task
+        from controller.config.task import load_task
 
         allowed = load_task(Path(args.task)).allowed_paths
     for path in args.allow_path or []:

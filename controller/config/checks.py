@@ -86,6 +86,21 @@ def resolve_checks(
     return checks
 
 
+def job_checks(
+    task: TaskSpec, config: HostConfig, repo_root: Path, *, trust_repo_config: bool
+) -> tuple[dict[str, CheckSpec], EnvironmentSpec | None]:
+    """A job's checks as it runs them, and its environment: the task's checks (or the host
+    configuration's), the repository's with ``trust_repo_config``, each with the
+    environment's variables."""
+    checks = resolve_checks(
+        task.checks or config.checks, None, repo_root, trust_repo_config=trust_repo_config
+    )
+    environment = resolve_environment(task, config)
+    if environment is not None:
+        checks = with_environment(checks, environment)
+    return checks, environment
+
+
 def resolve_environment(task: TaskSpec, config: HostConfig) -> EnvironmentSpec | None:
     """The task's environment: given inline, or named from the host configuration
     (``UsageError`` for a name the configuration does not define)."""

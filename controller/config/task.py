@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 
 from controller.config.environment import EnvironmentRef, check_env_names
+from controller.config.inputfile import read_input_file
 from controller.config.limits import Limits
+from controller.errors import UsageError, describe_validation
 from patchbox_agent import server
 
 CheckId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
@@ -74,3 +84,28 @@ class TaskSpec(BaseModel):
     limits: Limits = Field(default_factory=Limits)
     environment: EnvironmentRef | None = None
     """The project's environment: a name from the host configuration, or given here."""
+
+
+MAX_TASK_FILE_BYTES = 1024 * 1024
+"""The largest task file read: a prompt, a few checks and limits fit many times over."""
+
+
+def task_from(data: bytes | str | object, *, what: str = "the task") -> TaskSpec:
+    """A task from JSON text or from a parsed JSON object; :class:`UsageError` naming the
+    fields that are wrong (never their values) otherwise."""
+    try:
+        if isinstance(data, bytes | str):
+            return TaskSpec.model_validate_json(data)
+        return TaskSpec.model_validate(data)
+    except ValidationError as exc:
+        fields = describe_validation(exc, subject="task", max_chars=1000)
+        msg = f"{what} is invalid: {fields}"
+        raise UsageError(msg[:1000]) from exc
+
+
+def load_task(path: Path) -> TaskSpec:
+    """Reads and validates a task file. :class:`UsageError` (exit 2) when it is missing,
+    not a regular file (a FIFO or a device never blocks: :mod:`controller.config.inputfile`),
+    larger than :data:`MAX_TASK_FILE_BYTES`, or invalid."""
+    raw = read_input_file(path, "task file", MAX_TASK_FILE_BYTES)
+    return task_from(raw, what="the task file")

@@ -22,7 +22,7 @@ import structlog
 
 from controller.changes.collect import Collected, baseline_sha256, collect
 from controller.changes.validate import ChangeSet, control_lines, validate_changeset
-from controller.config.checks import resolve_checks, resolve_environment, with_environment
+from controller.config.checks import job_checks
 from controller.config.host import HostConfig
 from controller.config.task import CheckSpec, TaskSpec
 from controller.crash import internal_message, write_report
@@ -79,6 +79,8 @@ class JobRequest:
     """A service job's repository, held to the folder its tenant submitted: verified before
     anything of it is read and again once the baseline is frozen (or its build failed),
     and an ``auto`` apply writes only that folder."""
+    job_id: str | None = None
+    """The job's id (a new one when None; the service gives its own)."""
     apply_denied: str | None = None
     """Why the requester may not apply this job (a service tenant without ``allow_apply``, a
     job on an uploaded bundle): ``auto`` and ``trusted-auto`` then stop for review. None
@@ -104,7 +106,7 @@ class Job:
         self.progress = progress or (lambda _m: None)
         self.cancelled = threading.Event()
         self.record = JobRecord(
-            job_id=new_job_id(),
+            job_id=request.job_id or new_job_id(),
             repo=request.pin.path if request.pin is not None else str(request.repo.resolve()),
             task=request.task.model_dump(mode="json"),
             mode=request.task.mode,
@@ -256,17 +258,12 @@ class Job:
         self._move("preparing")
         if request.pin is not None:
             request.pin.verify()
-        checks = resolve_checks(
-            task.checks or self.request.config.checks,
-            None,
-            Path(record.repo),
-            trust_repo_config=request.trust_repo_config,
+        checks, environment = job_checks(
+            task, request.config, Path(record.repo), trust_repo_config=request.trust_repo_config
         )
-        environment = resolve_environment(task, request.config)
         spec = self._spec(task, default_image=environment is None)
         image_for = None
         if environment is not None:
-            checks = with_environment(checks, environment)
 
             def image_for(baseline: Baseline) -> str:
                 nonlocal spec

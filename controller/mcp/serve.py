@@ -53,8 +53,8 @@ def options_from(args: argparse.Namespace) -> Options:
     """The server's options from the command line; the files are read and checked now, so a
     bad task, configuration or repository path fails at once (exit 2)."""
     from controller import api
-    from controller.cli.commands import load_task
     from controller.config.host import load_config
+    from controller.config.task import load_task
     from controller.repo.layout import locate
     from controller.version import version
 

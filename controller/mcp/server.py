@@ -32,6 +32,8 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 
 from controller import api
+from controller.api.session import Proposal
+from controller.config.checks import job_checks
 from controller.errors import ErrorCode, PatchboxError, UsageError, describe_validation
 from controller.jobs.loop import FINAL_MESSAGE_CHARS
 from controller.logs import Scrubber, write_line
@@ -165,18 +167,12 @@ def declared_checks(options: Options) -> dict[str, Any]:
     """The checks the session's job declares, resolved as the job resolves them: the task's
     (or the host configuration's), the repository's with ``--trust-repo-config``, and the
     environment's variables."""
-    from controller.config.checks import resolve_checks, resolve_environment, with_environment
-
-    task, config = options.task, options.config
-    checks = resolve_checks(
-        task.checks or config.checks,
-        None,
+    checks, _environment = job_checks(
+        options.task,
+        options.config,
         options.repo,
         trust_repo_config=options.trust_repo_config,
     )
-    environment = resolve_environment(task, config)
-    if environment is not None:
-        checks = with_environment(checks, environment)
     return {"checks": {cid: spec.model_dump(mode="json") for cid, spec in checks.items()}}
 
 
@@ -248,14 +244,7 @@ class Slot:
             with self._lock:
                 self._proposing = False
             return self._error(exc)
-        view = proposal.as_dict()
-        view["show"] = f"patchbox show {proposal.job_id} --diff"
-        from controller.cli.commands import review_fallback
-
-        fallback = review_fallback(proposal.record)
-        if fallback is not None:
-            view["review_fallback"] = fallback
-        outcome = Outcome(view)
+        outcome = Outcome(proposal_view(proposal))
         with self._lock:
             if request_id is not None:
                 self._answers[request_id] = outcome
@@ -567,3 +556,19 @@ def build_server(
         handlers.capabilities = server.get_capabilities()
         server.add_request_handler("server/discover", types.RequestParams, handlers.discover)
     return server
+
+
+PROPOSAL_KEYS = ("job_id", "status", "diff", "files", "checks", "error", "decision")
+"""What ``propose`` answers of the job's view (plus the commands that look at it and apply
+it on the host, and why an auto mode stopped for review)."""
+
+
+def proposal_view(proposal: Proposal) -> dict[str, Any]:
+    data = proposal.view.data()
+    view = {key: data[key] for key in PROPOSAL_KEYS}
+    job_id = proposal.job_id
+    view["apply"] = f"patchbox apply {job_id}" if proposal.status == "awaiting_review" else None
+    view["show"] = f"patchbox show {job_id} --diff"
+    if proposal.view.review_fallback is not None:
+        view["review_fallback"] = proposal.view.review_fallback
+    return view

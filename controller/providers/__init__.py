@@ -7,6 +7,7 @@ stack (httpx and what it brings cost about 0.2 s of CPU at every start).
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
         ScriptedProvider,
         load_calls,
         parse_calls,
+        read_calls,
     )
 
 _WHERE = {
@@ -41,15 +43,26 @@ _WHERE = {
     "ScriptedProvider": "controller.providers.scripted",
     "load_calls": "controller.providers.scripted",
     "parse_calls": "controller.providers.scripted",
+    "read_calls": "controller.providers.scripted",
 }
 
 
-def __getattr__(name: str) -> Any:
-    where = _WHERE.get(name)
-    if where is None:
-        msg = f"module {__name__!r} has no attribute {name!r}"
-        raise AttributeError(msg)
-    return getattr(importlib.import_module(where), name)
+if not TYPE_CHECKING:  # the type checker sees the imports above, and nothing else
+
+    def __getattr__(name: str) -> Any:
+        where = _WHERE.get(name)
+        if where is None:
+            msg = f"module {__name__!r} has no attribute {name!r}"
+            raise AttributeError(msg)
+        return getattr(importlib.import_module(where), name)
+
+
+def configured_provider(table: Mapping[str, Any]) -> ProviderConfig:
+    """The operator's provider: the host configuration's ``[provider]`` table with the
+    environment on top, or the environment alone (``UsageError`` naming what is missing)."""
+    from controller.providers.config import ProviderConfig
+
+    return ProviderConfig.from_mapping(table) if table else ProviderConfig.from_env()
 
 
 def open_provider(
@@ -80,7 +93,9 @@ __all__ = [
     "ScriptedProvider",
     "ToolCall",
     "ToolResult",
+    "configured_provider",
     "load_calls",
     "open_provider",
     "parse_calls",
+    "read_calls",
 ]

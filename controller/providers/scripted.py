@@ -87,12 +87,16 @@ def parse_calls(data: bytes | str) -> CallsFile:
         raise UsageError(f"invalid calls file: {detail}") from None
 
 
-def load_calls(path: Path | str) -> ScriptedProvider:
+def read_calls(path: Path | str) -> CallsFile:
     """Reads and parses a calls file; :class:`UsageError` if it is missing, not a regular
     file, unreadable, too large or invalid."""
     # The task file's rule too (controller.config.inputfile): a FIFO or a device never blocks.
-    data = read_input_file(path, "calls file", MAX_CALLS_FILE_BYTES)
-    return ScriptedProvider(parse_calls(data))
+    return parse_calls(read_input_file(path, "calls file", MAX_CALLS_FILE_BYTES))
+
+
+def load_calls(path: Path | str) -> ScriptedProvider:
+    """The scripted provider of a calls file (:func:`read_calls`)."""
+    return ScriptedProvider(read_calls(path))
 
 
 class ScriptedProvider:

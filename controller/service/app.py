@@ -18,23 +18,23 @@ from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
-from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from controller import strictjson
-from controller.api import job_diff, job_view
+from controller import api, strictjson
+from controller.api.views import BundleRef, JobView, job_diff, job_view
 from controller.config.host import HostConfig
 from controller.config.task import TaskSpec
-from controller.errors import ErrorCode, PatchboxError, describe_validation
+from controller.errors import ErrorCode, PatchboxError, ServiceError
 from controller.jobs.evidence import relative_to_home
 from controller.jobs.records import JobStore
 from controller.jobs.settle import settled
 from controller.logs import Scrubber
 from controller.providers.base import MAX_JSON_DEPTH
+from controller.providers.scripted import CallsFile, parse_calls
 from controller.repo.pin import RepoPin, pin_repo
 from controller.sandbox.labels import new_job_id
 from controller.service.bundles import (
@@ -50,7 +50,15 @@ from controller.service.metrics import Metrics, metrics_text
 from controller.service.openapi import OPENAPI
 from controller.service.policy import check_task
 from controller.service.runner import Runner, pin_of
-from controller.service.store import PENDING_STATES, QUEUED, Bundle, JobRow, ServiceStore, now
+from controller.service.store import (
+    PENDING_STATES,
+    QUEUED,
+    Bundle,
+    JobRow,
+    ServiceStore,
+    StoredRequest,
+    now,
+)
 
 MAX_BODY_BYTES = 2 * 1024 * 1024
 """The largest request body: a task (1 MiB at most) and a calls file."""
@@ -62,12 +70,10 @@ SSE_POLL_SECONDS = 0.2
 SSE_KEEPALIVE_SECONDS = 15.0
 
 
-class ServiceError(Exception):
-    """An error answered as ``{"error": {"code", "message"}}`` with its HTTP status."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
+def refused(status: int, code: str, message: str) -> ServiceError:
+    """The error answer of a refused request: ``code`` (an :class:`ErrorCode`) with its HTTP
+    ``status``; the same error a client of the service raises for it."""
+    return ServiceError(message, code=ErrorCode(code), status=status)
 
 
 def error_response(status: int, code: str, message: str) -> JSONResponse:
@@ -93,14 +99,14 @@ class Service:
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            raise ServiceError(401, "UNAUTHORIZED", "a bearer token is required")
+            raise refused(401, "UNAUTHORIZED", "a bearer token is required")
         digest = hashlib.sha256(token.strip().encode("utf-8", "surrogatepass")).hexdigest()
         found = None
         for tenant in self.config.tenants:
             if hmac.compare_digest(digest, tenant.token_sha256):
                 found = tenant
         if found is None:
-            raise ServiceError(401, "UNAUTHORIZED", "the bearer token is not valid")
+            raise refused(401, "UNAUTHORIZED", "the bearer token is not valid")
         return found
 
     def metrics_operator(self, request: Request) -> bool:
@@ -111,26 +117,26 @@ class Service:
             return False
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            raise ServiceError(401, "UNAUTHORIZED", "the metrics token is sent as a bearer token")
+            raise refused(401, "UNAUTHORIZED", "the metrics token is sent as a bearer token")
         expected = self.config.metrics_token_sha256
         if expected is None:
             msg = "no metrics token is configured (metrics_token_sha256): ask without a token"
-            raise ServiceError(401, "UNAUTHORIZED", msg)
+            raise refused(401, "UNAUTHORIZED", msg)
         digest = hashlib.sha256(token.strip().encode("utf-8", "surrogatepass")).hexdigest()
         if not hmac.compare_digest(digest, expected):
-            raise ServiceError(401, "UNAUTHORIZED", "the bearer token is not the metrics token")
+            raise refused(401, "UNAUTHORIZED", "the bearer token is not the metrics token")
         return True
 
     def own_job(self, tenant: TenantConfig, job_id: str) -> JobRow:
         row = self.store.get_job(job_id)
         if row is None or row.tenant != tenant.name:
-            raise ServiceError(404, "NOT_FOUND", f"no job {job_id[:64]!r}")
+            raise refused(404, "NOT_FOUND", f"no job {job_id[:64]!r}")
         return row
 
     def own_bundle(self, tenant: TenantConfig, bundle_id: str) -> Bundle:
         found = self.store.get_bundle(bundle_id) if BUNDLE_ID.match(bundle_id) else None
         if found is None or found.tenant != tenant.name:
-            raise ServiceError(404, "NOT_FOUND", f"no bundle {bundle_id[:64]!r}")
+            raise refused(404, "NOT_FOUND", f"no bundle {bundle_id[:64]!r}")
         return found
 
     def allowed_repo(self, tenant: TenantConfig, repo: str) -> RepoPin:
@@ -146,33 +152,38 @@ class Service:
 
     # -- views ----------------------------------------------------------------------------
 
-    def view(self, row: JobRow) -> dict[str, Any]:
+    def view(self, row: JobRow) -> JobView:
+        """The job's view (the object ``run --json`` prints), settled from the journal
+        through the job's pin; before a worker made its record, its state and the error
+        it could not start with."""
         store = JobStore()
+        bundle = bundle_of(row)
         try:
             record = settled(store, store.load(row.job_id), pin=self.pin_of(row))
         except PatchboxError:
             errors = [
                 e.data["error"] for e in self.store.events_after(row.job_id, 0) if "error" in e.data
             ]
-            return {
-                "job_id": row.job_id,
-                "status": row.state,
-                "error": errors[-1] if errors else None,
-                "files": [],
-                "control_characters": [],
-                "checks": [],
-                "tool_calls": [],
-                "evidence": "",
-                "decision": None,
-                "diff": "",
-            } | bundle_of(row)
+            return JobView(
+                job_id=row.job_id,
+                status=row.state,
+                error=errors[-1] if errors else None,
+                files=[],
+                control_characters=[],
+                checks=[],
+                tool_calls=[],
+                evidence="",
+                decision=None,
+                diff="",
+                bundle=bundle,
+            )
         evidence = store.folder(row.job_id) / "evidence.json"
         where = relative_to_home(evidence) if evidence.is_file() else ""
-        view = job_view(record, diff_of(row.job_id), where)
-        if row.request.get("bundle"):  # the clone's path is the service's, not the tenant's
-            diff = view.pop("diff")
-            view = Scrubber(row.repo).value(view) | {"diff": diff}
-        return view | bundle_of(row)
+        view = job_view(record, job_diff(store, row.job_id), where)
+        if bundle is not None:  # the clone's path is the service's, not the tenant's
+            shown = Scrubber(row.repo).value(view.model_dump(mode="json", exclude={"diff"}))
+            view = JobView.model_validate({**shown, "diff": view.diff})
+        return view.model_copy(update={"bundle": bundle})
 
     def clone_of(self, tenant: str, job_id: str) -> str:
         """Where a bundle job's clone will be (its worker checks the bundle out there)."""
@@ -187,18 +198,16 @@ class Service:
         return message
 
 
-def bundle_of(row: JobRow) -> dict[str, Any]:
-    """``{"bundle": {"id", "head"}}`` for a job on an uploaded bundle, else nothing."""
-    bundle = row.request.get("bundle")
-    if not bundle:
-        return {}
-    return {"bundle": {"id": bundle, "head": row.request.get("bundle_head", "")}}
+def bundle_of(row: JobRow) -> BundleRef | None:
+    """The bundle a job ran on (None for a job on a tenant's repository)."""
+    bundle = row.request.bundle
+    return BundleRef(id=bundle, head=row.request.bundle_head or "") if bundle else None
 
 
 def repo_of(row: JobRow) -> str:
     """The ``repo`` a tenant sees: its repository's path, or ``bundle:ID`` for a job on an
     uploaded bundle (whose clone is in the service's own folder)."""
-    bundle = row.request.get("bundle")
+    bundle = row.request.bundle
     return f"bundle:{bundle}" if bundle else row.repo
 
 
@@ -258,17 +267,17 @@ async def body_of(request: Request) -> dict[str, Any]:
         size += len(chunk)
         if size > MAX_BODY_BYTES:
             msg = f"the body is larger than {MAX_BODY_BYTES} bytes"
-            raise ServiceError(413, "BAD_REQUEST", msg)
+            raise refused(413, "BAD_REQUEST", msg)
         chunks.append(chunk)
     raw = b"".join(chunks)
     try:  # the one strict decoder: bounded nesting, so no RecursionError on any later step
         data = strictjson.loads(raw or b"null", max_depth=MAX_BODY_DEPTH)
     except strictjson.StrictJSONError as exc:
-        raise ServiceError(400, "BAD_REQUEST", f"the body is refused: {exc}") from None
+        raise refused(400, "BAD_REQUEST", f"the body is refused: {exc}") from None
     except ValueError:
-        raise ServiceError(400, "BAD_REQUEST", "the body is not valid JSON") from None
+        raise refused(400, "BAD_REQUEST", "the body is not valid JSON") from None
     if not isinstance(data, dict):
-        raise ServiceError(400, "BAD_REQUEST", "the body must be a JSON object")
+        raise refused(400, "BAD_REQUEST", "the body must be a JSON object")
     return data
 
 
@@ -282,45 +291,53 @@ async def submit(service: Service, request: Request) -> Response:
     body = await body_of(request)
     unknown = sorted(set(body) - SUBMIT_KEYS)
     if unknown:
-        raise ServiceError(400, "BAD_REQUEST", f"unknown fields: {', '.join(unknown)[:200]}")
+        raise refused(400, "BAD_REQUEST", f"unknown fields: {', '.join(unknown)[:200]}")
     repo, task, bundle_id = body.get("repo"), body.get("task"), body.get("bundle")
     if (repo is None) == (bundle_id is None) or not isinstance(task, dict):
         msg = (
             "repo (a path) or bundle (an uploaded bundle's id), and task (an object), are required"
         )
-        raise ServiceError(400, "BAD_REQUEST", msg)
+        raise refused(400, "BAD_REQUEST", msg)
     local = body.get("include_local_changes", False)
     if not isinstance(local, bool):
-        raise ServiceError(400, "BAD_REQUEST", "include_local_changes must be a boolean")
+        raise refused(400, "BAD_REQUEST", "include_local_changes must be a boolean")
     bundle: Bundle | None = None
     pin: RepoPin | None = None
     if bundle_id is not None:
         if not isinstance(bundle_id, str) or local:
             msg = "bundle must be an uploaded bundle's id; a bundle job has no local changes"
-            raise ServiceError(400, "BAD_REQUEST", msg)
+            raise refused(400, "BAD_REQUEST", msg)
         bundle = service.own_bundle(tenant, bundle_id)
     else:
         if not isinstance(repo, str) or "\0" in repo or len(repo) > 4096:
-            raise ServiceError(400, "BAD_REQUEST", "repo must be an absolute path")
+            raise refused(400, "BAD_REQUEST", "repo must be an absolute path")
         if not Path(repo).is_absolute():
-            raise ServiceError(400, "BAD_REQUEST", "repo must be an absolute path")
+            raise refused(400, "BAD_REQUEST", "repo must be an absolute path")
         pin = await anyio.to_thread.run_sync(service.allowed_repo, tenant, repo)
-    _validate_task(task, body.get("calls"), service.host, tenant)
+    spec, calls = _validate_task(task, body.get("calls"), service.host, tenant)
     job_id = new_job_id()
     if pin is not None:
         real = pin.path
-        stored = body | {"repo": real, "pin": pin.record().model_dump()}
+        stored = StoredRequest(
+            task=spec,
+            calls=calls,
+            include_local_changes=local,
+            repo=real,
+            pin=pin.record(),
+        )
     else:  # a bundle: checked out by the worker that starts the job
         assert bundle is not None  # noqa: S101 - a repo or a bundle, checked above
         real = service.clone_of(tenant.name, job_id)
-        stored = body | {"repo": real, "bundle": bundle.bundle_id, "bundle_head": bundle.head}
+        stored = StoredRequest(
+            task=spec, calls=calls, bundle=bundle.bundle_id, bundle_head=bundle.head
+        )
     row = JobRow(job_id, tenant.name, real, stored, QUEUED, now())
     if not service.store.insert_job_within(row, tenant.max_queued_jobs):
         msg = (
             f"tenant {tenant.name!r} has {tenant.max_queued_jobs} jobs queued or running "
             f"(max_queued_jobs = {tenant.max_queued_jobs})"
         )
-        raise ServiceError(429, "QUOTA_EXCEEDED", msg)
+        raise refused(429, "QUOTA_EXCEEDED", msg)
     await anyio.to_thread.run_sync(service.runner.dispatch)
     current = service.store.get_job(row.job_id)
     status = current.state if current is not None else QUEUED
@@ -334,9 +351,9 @@ async def upload_bundle(service: Service, request: Request) -> Response:
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "application/octet-stream":
         msg = "a bundle is sent as application/octet-stream (the output of git bundle create)"
-        raise ServiceError(400, "BAD_REQUEST", msg)
+        raise refused(400, "BAD_REQUEST", msg)
     cap = service.config.bundle_max_bytes
-    too_large = ServiceError(
+    too_large = refused(
         413, "BUNDLE_TOO_LARGE", f"the bundle is larger than {cap} bytes (bundle_max_bytes)"
     )
     length = request.headers.get("content-length", "")
@@ -356,15 +373,15 @@ async def upload_bundle(service: Service, request: Request) -> Response:
                     raise too_large
                 sink.write(chunk)
         if size == 0:
-            raise ServiceError(400, "BUNDLE_INVALID", "the body is empty: send a git bundle")
+            raise refused(400, "BUNDLE_INVALID", "the body is empty: send a git bundle")
         scratch = final.parent / f"{bundle_id}.verify"
         limits = TreeLimits.of(service.config)
         try:
             head = await anyio.to_thread.run_sync(verify_bundle, part, scratch, limits)
         except PatchboxError as exc:
             if exc.code is ErrorCode.BUNDLE_TREE_TOO_LARGE:
-                raise ServiceError(413, str(exc.code), exc.message) from exc
-            raise ServiceError(400, "BUNDLE_INVALID", exc.message) from exc
+                raise refused(413, str(exc.code), exc.message) from exc
+            raise refused(400, "BUNDLE_INVALID", exc.message) from exc
         part.rename(final)
     finally:
         part.unlink(missing_ok=True)
@@ -373,57 +390,55 @@ async def upload_bundle(service: Service, request: Request) -> Response:
 
 
 def _validate_task(
-    task: dict[str, Any], calls: object, host: HostConfig, tenant: TenantConfig
-) -> TaskSpec:
-    """The task: valid, within the tenant's policy (403 ``TASK_NOT_ALLOWED``), with calls
-    or a usable provider."""
+    task: object, calls: object, host: HostConfig, tenant: TenantConfig
+) -> tuple[TaskSpec, CallsFile | None]:
+    """The task (valid, within the tenant's policy: 403 ``TASK_NOT_ALLOWED`` otherwise) and
+    its calls, or a usable provider of the operator's."""
     try:
-        spec = TaskSpec.model_validate(task)
-    except ValidationError as exc:
-        fields = describe_validation(exc, subject="task", max_chars=1000)
-        msg = f"the task is invalid: {fields}"
-        raise ServiceError(400, str(ErrorCode.USAGE_ERROR), msg) from exc
+        spec = api.task_from(task)
+    except PatchboxError as exc:
+        raise refused(400, str(exc.code), exc.message) from exc
     try:
         check_task(spec, tenant)
     except PatchboxError as exc:
-        raise ServiceError(403, str(exc.code), exc.message) from exc
+        raise refused(403, str(exc.code), exc.message) from exc
     if calls is None:  # the host configuration's provider: it must be configured
-        from controller.providers import ProviderConfig
-
         try:
-            if host.provider:
-                ProviderConfig.from_mapping(host.provider)
-            else:
-                ProviderConfig.from_env()
+            api.check_provider(host)
         except PatchboxError as exc:
             msg = f"no calls and no usable model provider: {exc.message}"
-            raise ServiceError(400, str(exc.code), msg[:1000]) from exc
-        return spec
-    from controller.providers import parse_calls
-
+            raise refused(400, str(exc.code), msg[:1000]) from exc
+        return spec, None
     if not isinstance(calls, dict):
-        raise ServiceError(400, str(ErrorCode.USAGE_ERROR), "calls must be an object")
+        raise refused(400, str(ErrorCode.USAGE_ERROR), "calls must be an object")
     try:
-        parse_calls(json.dumps(calls))
+        return spec, parse_calls(json.dumps(calls))
     except PatchboxError as exc:
-        raise ServiceError(400, str(exc.code), exc.message) from exc
-    return spec
+        raise refused(400, str(exc.code), exc.message) from exc
 
 
 async def list_jobs(service: Service, request: Request) -> Response:
     tenant: TenantConfig = request.state.tenant
     rows = service.store.list_jobs(tenant.name)
-    jobs = [
-        {"job_id": r.job_id, "status": r.state, "repo": repo_of(r), "created": r.created}
-        | bundle_of(r)
-        for r in rows
-    ]
+    jobs = []
+    for r in rows:
+        item: dict[str, Any] = {
+            "job_id": r.job_id,
+            "status": r.state,
+            "repo": repo_of(r),
+            "created": r.created,
+        }
+        bundle = bundle_of(r)
+        if bundle is not None:
+            item["bundle"] = bundle.model_dump()
+        jobs.append(item)
     return JSONResponse({"jobs": jobs})
 
 
 async def get_job(service: Service, request: Request) -> Response:
     row = service.own_job(request.state.tenant, request.path_params["job_id"])
-    return JSONResponse(await anyio.to_thread.run_sync(service.view, row))
+    view = await anyio.to_thread.run_sync(service.view, row)
+    return JSONResponse(view.data())
 
 
 async def get_diff(service: Service, request: Request) -> Response:
@@ -438,7 +453,7 @@ async def get_evidence(service: Service, request: Request) -> Response:
         data = json.loads(path.read_text("utf-8"))
     except FileNotFoundError:
         msg = f"job {row.job_id} has no evidence yet ({row.state})"
-        raise ServiceError(409, "JOB_NOT_FINISHED", msg) from None
+        raise refused(409, "JOB_NOT_FINISHED", msg) from None
     return JSONResponse(data)
 
 
@@ -456,15 +471,15 @@ def action(name: str) -> Handler:
     async def handler(service: Service, request: Request) -> Response:
         tenant: TenantConfig = request.state.tenant
         row = service.own_job(tenant, request.path_params["job_id"])
-        if name in {"apply", "revert"} and row.request.get("bundle"):
+        if name in {"apply", "revert"} and row.request.bundle:
             msg = (
                 f"job {row.job_id} ran on an uploaded bundle: the service has no work tree to "
                 f"{name} it in; apply its diff to your repository (patchbox remote apply)"
             )
-            raise ServiceError(409, "NO_WORK_TREE", msg)
+            raise refused(409, "NO_WORK_TREE", msg)
         if name in {"apply", "revert"} and not tenant.allow_apply:
             msg = f"tenant {tenant.name!r} may not {name} jobs (allow_apply = false)"
-            raise ServiceError(403, "APPLY_NOT_ALLOWED", msg)
+            raise refused(403, "APPLY_NOT_ALLOWED", msg)
         data = await anyio.to_thread.run_sync(_act, service, name, row)
         service.store.append_event(row.job_id, "state", {"state": data["status"]})
         service.store.update_state(row.job_id, data["status"])
@@ -495,7 +510,7 @@ async def events(service: Service, request: Request) -> Response:
     row = service.own_job(request.state.tenant, request.path_params["job_id"])
     header = request.headers.get("last-event-id", "0").strip() or "0"
     if not EVENT_ID.fullmatch(header):
-        raise ServiceError(400, "BAD_REQUEST", "Last-Event-ID must be an event id")
+        raise refused(400, "BAD_REQUEST", "Last-Event-ID must be an event id")
     return StreamingResponse(
         _stream(service, row.job_id, int(header)),
         media_type="text/event-stream",

@@ -242,7 +242,7 @@ def sweep(store: ServiceStore, config: ServiceConfig, *, clones: bool = False) -
     also the clones of jobs that are neither queued nor running (a job's own clone goes when
     it ends: :meth:`Runner.release`)."""
     cutoff = time.time() - config.bundle_keep_seconds
-    needed = {row.request.get("bundle") for row in store.jobs_in(PENDING_STATES)}
+    needed = {row.request.bundle for row in store.jobs_in(PENDING_STATES)}
     for bundle in store.bundles_before(cutoff):
         if bundle.bundle_id in needed:
             continue

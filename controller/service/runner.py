@@ -14,7 +14,6 @@ removes the clone when the job ends.
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -24,11 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from controller.errors import ErrorCode, NotReadyError
+from controller import api
+from controller.errors import ErrorCode
 from controller.jobs.records import JobRecord, JobStore
 from controller.logs import Scrubber
-from controller.repo.pin import Confinement, PinRecord, RepoPin, pin_repo
+from controller.repo.pin import Confinement, RepoPin, pin_repo
 from controller.service.bundles import checkout, remove_clone, sweep
+from controller.service.policy import check_task
 from controller.service.store import (
     QUEUED,
     RUNNING_STATES,
@@ -60,7 +61,7 @@ DECIDED = frozenset({"awaiting_review", "applied", "failed", "cancelled"})
 def host_config_for(host: HostConfig, tenant: TenantConfig, row: JobRow) -> HostConfig:
     """The host configuration a job runs with: no spare sandbox for a bundle job (its clone
     goes when it ends) or for a tenant with ``max_sandboxes`` (a spare outlives its job)."""
-    if row.request.get("bundle") or tenant.max_sandboxes is not None:
+    if row.request.bundle or tenant.max_sandboxes is not None:
         return host.model_copy(update={"spare_sandboxes": 0})
     return host
 
@@ -74,12 +75,12 @@ def confinement_of(service: ServiceConfig, tenant: TenantConfig) -> Confinement:
 def pin_of(confinement: Confinement, row: JobRow) -> RepoPin | None:
     """The pin of a job on a tenant's repository as its submit stored it (None for a job
     on a bundle's clone); a job queued without one (by an older service) is pinned now."""
-    if row.request.get("bundle"):
+    if row.request.bundle:
         return None
-    stored = row.request.get("pin")
+    stored = row.request.pin
     if stored is None:
         return pin_repo(confinement, row.repo)
-    return RepoPin.of_record(row.repo, PinRecord.model_validate(stored), confinement)
+    return RepoPin.of_record(row.repo, stored, confinement)
 
 
 def apply_denied(tenant: TenantConfig, row: JobRow) -> str | None:
@@ -88,7 +89,7 @@ def apply_denied(tenant: TenantConfig, row: JobRow) -> str | None:
     no work tree of the tenant's. The engine's decision then stops for review."""
     if not tenant.allow_apply:
         return f"tenant {tenant.name!r} may not apply jobs (allow_apply = false)"
-    if row.request.get("bundle"):
+    if row.request.bundle:
         return "the job ran on an uploaded bundle: the service has no work tree to apply it in"
     return None
 
@@ -159,24 +160,6 @@ class Running:
     future: Future[None] | None = field(default=None, repr=False)
 
 
-def provider_for(row: JobRow, config: HostConfig) -> tuple[Provider, tuple[str, ...]]:
-    """The request's scripted calls, else the host configuration's provider (as ``run``)."""
-    calls = row.request.get("calls")
-    if calls is not None:
-        from controller.providers import ScriptedProvider, parse_calls
-
-        return ScriptedProvider(parse_calls(json.dumps(calls))), ()
-    from controller.config.task import TaskSpec
-    from controller.providers import ProviderConfig, open_provider
-
-    table = config.provider
-    provider_config = ProviderConfig.from_mapping(table) if table else ProviderConfig.from_env()
-    key = provider_config.api_key
-    secret = key.get_secret_value() if key is not None else ""
-    prompt = TaskSpec.model_validate(row.request["task"]).prompt
-    return open_provider(provider_config, prompt), (secret,) if secret else ()
-
-
 class Runner:
     """Starts queued jobs on worker threads and cancels them on shutdown."""
 
@@ -210,17 +193,7 @@ class Runner:
         ``failed`` with ``INTERRUPTED`` (the engine's rule), an apply or a revert it did not
         finish is settled from the journal and the job's state follows its record, its
         containers are removed; then the queued jobs start."""
-        from controller.cli.commands import settle
-
-        try:
-            client = self._connect()
-        except NotReadyError:
-            settle(None)
-        else:
-            try:
-                settle(client)
-            finally:
-                client.close()
+        api.settle_leftovers(connect=self._connect)
         store = JobStore()
         for row in self.store.jobs_in(RUNNING_STATES):
             state = "failed"
@@ -243,7 +216,7 @@ class Runner:
 
     def release(self, row: JobRow) -> None:
         """A bundle job's clone goes once the job no longer runs."""
-        if row.request.get("bundle"):
+        if row.request.bundle:
             remove_clone(Path(row.repo))
 
     def shutdown(self, timeout: float = 60.0) -> list[str]:
@@ -273,9 +246,7 @@ class Runner:
         """The tenant's bundle jobs a worker holds: each has (or is making) a clone."""
         with self._lock:
             return sum(
-                1
-                for r in self._running.values()
-                if r.row.tenant == tenant and r.row.request.get("bundle")
+                1 for r in self._running.values() if r.row.tenant == tenant and r.row.request.bundle
             )
 
     def dispatch(self) -> None:
@@ -331,13 +302,16 @@ class Runner:
         client: docker.DockerClient | None = None
         provider: Provider | None = None
         try:
-            bundle = row.request.get("bundle")
+            bundle = row.request.bundle
             if bundle:
-                head = str(row.request.get("bundle_head", ""))
+                head = row.request.bundle_head or ""
                 checkout(self.service, row.tenant, bundle, head, Path(row.repo))
             client = self._connect()
-            provider, secrets = provider_for(row, self.host)
-            job = self._make(row, provider, secrets, client, feed)
+            task = row.request.task
+            check_task(task, self.tenants[row.tenant])  # the configuration may have changed
+            choice = api.choose_provider(self.host, task, row.request.calls)
+            provider = choice.provider
+            job = self._make(row, choice, client, feed)
             with self._lock:
                 item.job = job
                 cancelled = item.cancelled or self._stopping
@@ -350,7 +324,7 @@ class Runner:
             state = "cancelled" if item.cancelled else "failed"
             code = getattr(exc, "code", ErrorCode.INTERNAL_ERROR)
             message = str(exc)
-            if row.request.get("bundle"):  # the clone's path is the service's, not the tenant's
+            if row.request.bundle:  # the clone's path is the service's, not the tenant's
                 message = Scrubber(row.repo).text(message)
             error = {"code": str(code), "message": message[:1000]}
             self.store.append_event(row.job_id, "state", {"state": state, "error": error})
@@ -369,42 +343,29 @@ class Runner:
     def _make(
         self,
         row: JobRow,
-        provider: Provider,
-        secrets: tuple[str, ...],
+        choice: api.ProviderChoice,
         client: docker.DockerClient,
         feed: EventFeed,
     ) -> Job:
-        from controller import api
-        from controller.config.task import TaskSpec
-        from controller.service.policy import check_task
-
         tenant = self.tenants[row.tenant]
-        task = TaskSpec.model_validate(row.request["task"])
-        check_task(task, tenant)  # again: the configuration may have changed since submit
         holder: list[Job] = []
 
         def progress(_message: str) -> None:
             if holder:
                 feed.sync(holder[0].record)
 
-        config = host_config_for(self.host, tenant, row)
-        pin = pin_of(self.confinements[row.tenant], row)
-        job = api.make_job(
-            Path(row.repo),
-            task,
-            provider,
-            config=config,
-            include_local_changes=bool(row.request.get("include_local_changes", False)),
-            trust_repo_config=False,
-            consent_trusted_auto=False,
-            runtime=None,
-            secrets=secrets,
-            client=client,
-            progress=progress,
-            pin=pin,
+        request = api.JobRequest(
+            repo=Path(row.repo),
+            task=row.request.task,
+            provider=choice.provider,
+            config=host_config_for(self.host, tenant, row),
+            include_local_changes=row.request.include_local_changes,
+            secrets=choice.secrets,
+            pin=pin_of(self.confinements[row.tenant], row),
             apply_denied=apply_denied(tenant, row),
+            job_id=row.job_id,  # the service's id is the engine's
         )
-        job.record.job_id = row.job_id  # the service's id is the engine's
+        job = api.make_job(request, client=client, progress=progress)
         holder.append(job)
         return job
 

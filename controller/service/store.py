@@ -16,7 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from pydantic import BaseModel, ConfigDict
+
+from controller.config.task import TaskSpec
 from controller.jobs.records import ACTIVE
+from controller.providers.scripted import CallsFile
+from controller.repo.pin import PinRecord
 
 QUEUED = "queued"
 """A job accepted by the service that no worker has started yet."""
@@ -27,12 +32,32 @@ PENDING_STATES = RUNNING_STATES | {QUEUED}
 in one of these states needs it."""
 
 
+class StoredRequest(BaseModel):
+    """A tenant's job request as the service keeps it with the job: what it sent (its task,
+    its calls, its options) and what the service resolved (the repository's pin, or the
+    bundle and its HEAD)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    task: TaskSpec
+    calls: CallsFile | None = None
+    """The scripted provider's calls; without them the operator's model is used."""
+    include_local_changes: bool = False
+    repo: str | None = None
+    """The repository's real path (a job on a tenant's repository)."""
+    pin: PinRecord | None = None
+    """The repository as resolved at submit (absent in requests kept by older versions)."""
+    bundle: str | None = None
+    """The uploaded bundle's id (a job on a bundle)."""
+    bundle_head: str | None = None
+
+
 @dataclass(frozen=True)
 class JobRow:
     job_id: str
     tenant: str
     repo: str
-    request: dict[str, Any]
+    request: StoredRequest
     state: str
     created: float
 
@@ -132,7 +157,9 @@ class SqliteStore:
     @staticmethod
     def _row(values: tuple[Any, ...]) -> JobRow:
         job_id, tenant, repo, request, state, created = values
-        return JobRow(job_id, tenant, repo, json.loads(request), state, float(created))
+        return JobRow(
+            job_id, tenant, repo, StoredRequest.model_validate_json(request), state, float(created)
+        )
 
     def _select(self, where: str, args: tuple[Any, ...]) -> list[JobRow]:
         sql = f"SELECT id, tenant, repo, request, state, created FROM jobs WHERE {where}"  # noqa: S608 - the clauses are this module's constants
@@ -144,7 +171,14 @@ class SqliteStore:
         with self._lock:
             self._db.execute(
                 "INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?)",
-                (row.job_id, row.tenant, row.repo, json.dumps(row.request), row.state, row.created),
+                (
+                    row.job_id,
+                    row.tenant,
+                    row.repo,
+                    row.request.model_dump_json(exclude_none=True),
+                    row.state,
+                    row.created,
+                ),
             )
 
     def update_state(self, job_id: str, state: str) -> None:
@@ -182,7 +216,7 @@ class SqliteStore:
                         row.job_id,
                         row.tenant,
                         row.repo,
-                        json.dumps(row.request),
+                        row.request.model_dump_json(exclude_none=True),
                         QUEUED,
                         row.created,
                     ),
@@ -203,7 +237,7 @@ class SqliteStore:
         """The tenant's oldest queued job whose repository no running job holds; without
         ``bundles``, not a job on an uploaded bundle."""
         for row in self._select("tenant = ? AND state = ?", (tenant, QUEUED)):
-            if row.repo not in busy_repos and (bundles or not row.request.get("bundle")):
+            if row.repo not in busy_repos and (bundles or not row.request.bundle):
                 return row
         return None
 

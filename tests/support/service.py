@@ -17,8 +17,10 @@ from typing import Any
 import httpx
 import uvicorn
 
+from controller.config.task import TaskSpec
 from controller.service.app import Service, build
 from controller.service.server import server_config
+from controller.service.store import StoredRequest
 from tests.support.jobs import EDIT, GREET
 
 LIMITS = {"memory_mb": 512, "workspace_mb": 64, "tmp_mb": 32, "wall_seconds": 120}
@@ -170,3 +172,8 @@ def wait_status(
         if view["status"] in wanted or time.monotonic() > deadline:
             return view
         time.sleep(0.2)
+
+
+def stored(**fields: str) -> StoredRequest:
+    """A stored job request with a one-line task, for tests of the queue."""
+    return StoredRequest(task=TaskSpec(prompt="queued"), **fields)  # type: ignore[arg-type]

@@ -15,14 +15,12 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from controller.cli.commands import settle
+from controller import api
 from controller.config.host import HostConfig
-from controller.config.task import TaskSpec
-from controller.jobs.engine import Job, JobRequest
 from controller.jobs.evidence import relative_to_home
 from controller.jobs.records import JobStore
 from controller.paths import patchbox_home
-from controller.providers import ScriptedProvider, parse_calls
+from controller.providers import parse_calls
 from controller.repo.git import GitContext, run_git
 from controller.sandbox.base import Runtime
 from controller.sandbox.dockerclient import connect
@@ -96,32 +94,34 @@ def make_demo_repo(root: Path) -> Path:
 
 
 def run_demo(progress: Progress, runtime: Runtime = "runc") -> dict[str, Any]:
+    """Runs the demo job through the engine's surface, as any front door does."""
     client = connect()
-    settle(client)
+    api.settle(client)
     repo = make_demo_repo(patchbox_home() / "demo" / "calc")
     progress("demo repository ready (the example package, one commit)")
-    task = TaskSpec.model_validate(TASK)
-    provider = ScriptedProvider(parse_calls(json.dumps(CALLS)))
-    request = JobRequest(
-        repo=repo, task=task, provider=provider, config=HostConfig(), runtime=runtime
+    config = HostConfig()
+    task = api.task_from(TASK)
+    choice = api.choose_provider(config, task, parse_calls(json.dumps(CALLS)))
+    request = api.JobRequest(
+        repo=repo, task=task, provider=choice.provider, config=config, runtime=runtime
     )
-    job = Job(client, request, progress=progress)
+    job = api.make_job(request, client=client, progress=progress)
     try:
         with cancel_on_signals(job.cancel, progress):
             record = job.run()
     finally:
         client.close()
     evidence = relative_to_home(JobStore().folder(record.job_id) / "evidence.json")
-    stored = record.model_dump(mode="json")
+    view = api.job_view(record, job.diff, evidence)
     return {
-        "job_id": record.job_id,
-        "status": record.state,
-        "error": record.error,
+        "job_id": view.job_id,
+        "status": view.status,
+        "error": view.error.model_dump(mode="json") if view.error else None,
         "repo": str(repo),
         "runtime": runtime,
-        "diff": job.diff or "",
-        "tool_calls": stored["tool_calls"],
-        "checks": stored["checks"],
+        "diff": view.diff,
+        "tool_calls": [c.model_dump(mode="json") for c in view.tool_calls],
+        "checks": [c.model_dump(mode="json") for c in record.checks],
         "timings_ms": record.timings_ms,
         "evidence": evidence,
         "next": [

@@ -1,0 +1,263 @@
+"""A session: the caller is the model. The session prepares the job as ``run`` does (health
+gate, baseline, a sandbox), then each :meth:`Session.call` is one tool call in the sandbox,
+with the same tools, argument rules, limits, ledger and transcript as a model's;
+:meth:`Session.propose` collects the diff, validates it, runs the required checks in a fresh
+sandbox and decides, exactly as a job does."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from controller.api.jobs import make_job
+from controller.api.views import JobView, job_view
+from controller.config.host import HostConfig, load_config
+from controller.config.task import TaskSpec
+from controller.errors import CancelledError, ErrorCode, PatchboxError, UsageError
+from controller.jobs.engine import Job, JobRequest
+from controller.jobs.records import JobRecord
+from controller.providers.base import ModelTurn, ToolCall, ToolResult, check_results
+
+if TYPE_CHECKING:
+    import docker
+
+    from controller.sandbox.base import Runtime
+
+SESSION_PROMPT = "interactive session"
+"""The task prompt of a session opened without a task."""
+Progress = Callable[[str], None]
+
+
+def default_task(config: HostConfig) -> TaskSpec:
+    """The task of a session opened without one: the host configuration's checks (the
+    engine adds the repository's with ``trust_repo_config``), the default limits."""
+    limits = config.limits.model_dump() if config.limits is not None else {}
+    return TaskSpec.model_validate({"prompt": SESSION_PROMPT, "limits": limits})
+
+
+@dataclass(frozen=True)
+class CallResult:
+    """One tool call's outcome, as a model gets it: ``result`` when ``ok``, else ``error``
+    (``{"code", "message"}``; the code is one of the tools' error codes)."""
+
+    ok: bool
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+
+    @property
+    def code(self) -> str | None:
+        return None if self.error is None else str(self.error.get("code"))
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """What :meth:`Session.propose` ended with: the job's view (the object of ``run
+    --json``) and its record."""
+
+    view: JobView
+    record: JobRecord = field(repr=False)
+
+    @property
+    def job_id(self) -> str:
+        return self.view.job_id
+
+    @property
+    def status(self) -> str:
+        return self.view.status
+
+    @property
+    def diff(self) -> str:
+        return self.view.diff
+
+
+_END = object()
+
+
+class _CallerProvider:
+    """The provider of a session: each turn is what the caller asks for next. ``next_turn``
+    hands the previous turn's results to the caller and waits for its next request."""
+
+    def __init__(self) -> None:
+        self._requests: queue.Queue[ModelTurn | object] = queue.Queue()
+        self._results: queue.Queue[list[ToolResult] | object] = queue.Queue()
+        self._cancelled = threading.Event()
+        self._last: ModelTurn | None = None
+        self.waiting = threading.Event()
+        """Set while the engine waits for the caller's next turn."""
+
+    def next_turn(self, results: list[ToolResult]) -> ModelTurn:
+        check_results(self._last, results)
+        if self._last is not None:
+            self._results.put(list(results))
+        self.waiting.set()
+        request = self._requests.get()
+        self.waiting.clear()
+        if request is _END or self._cancelled.is_set():
+            raise CancelledError("the session was cancelled")
+        assert isinstance(request, ModelTurn)  # noqa: S101 - only turns are queued
+        self._last = request
+        return request
+
+    def ask(self, turn: ModelTurn) -> None:
+        self._requests.put(turn)
+
+    def answer(self, timeout: float) -> list[ToolResult] | object:
+        """The results of the turn asked, or :data:`_END` when the job ended instead."""
+        try:
+            return self._results.get(timeout=timeout)
+        except queue.Empty:
+            return _END
+
+    def job_ended(self) -> None:
+        self._results.put(_END)
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+        self._requests.put(_END)
+
+    def close(self) -> None:
+        return None
+
+
+class Session:
+    """One job driven by its caller (see the module docstring). Use :func:`open_session`;
+    always :meth:`close` it (or use ``with``): an open session holds a sandbox."""
+
+    def __init__(self, job: Job, provider: _CallerProvider) -> None:
+        self._job = job
+        self._provider = provider
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._seen: dict[str, CallResult] = {}
+        self._calls = 0
+        self._end: JobRecord | None = None
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"session-{job.record.job_id}")
+        self._thread.start()
+        while not provider.waiting.wait(0.05):
+            if not self._thread.is_alive():
+                self._raise_ended()
+
+    def _run(self) -> None:
+        try:
+            self._end = self._job.run()
+        except BaseException as exc:
+            self._failure = exc
+        finally:
+            self._provider.job_ended()
+
+    # -- the caller's side ----------------------------------------------------------------
+
+    @property
+    def job_id(self) -> str:
+        return self._job.record.job_id
+
+    @property
+    def record(self) -> JobRecord:
+        return self._job.record
+
+    @property
+    def active(self) -> bool:
+        return self._thread.is_alive()
+
+    def call(
+        self, tool: str, arguments: dict[str, Any], request_id: str | None = None
+    ) -> CallResult:
+        """Runs one tool call in the sandbox. A repeated ``request_id`` returns the first
+        call's result without running it again. Raises the job's error when the call ended
+        the job (a broken sandbox, a limit), and ``USAGE_ERROR`` once the session ended."""
+        with self._lock:
+            if request_id is not None and request_id in self._seen:
+                return self._seen[request_id]
+            if not self.active:
+                msg = f"the session's job {self.job_id} has ended ({self.record.state})"
+                raise UsageError(msg)
+            call_id = f"s{next(self._ids)}"
+            text = json.dumps(arguments, ensure_ascii=False)
+            call = ToolCall(id=call_id, name=tool, arguments=text)
+            self._provider.ask(ModelTurn(tool_calls=[call]))
+            answer = self._provider.answer(timeout=self._job.request.task.limits.wall_seconds + 60)
+            if not isinstance(answer, list):
+                self._thread.join()
+                self._raise_ended()
+            self._calls += 1
+            content = json.loads(answer[0].content)
+            result = CallResult(
+                ok=bool(content.get("ok")), result=content.get("result"), error=content.get("error")
+            )
+            if request_id is not None:
+                self._seen[request_id] = result
+            return result
+
+    def propose(self, message: str = "") -> Proposal:
+        """Ends the calls: the diff is collected, validated, checked in a fresh sandbox and
+        decided on, as for any job. Refused (``USAGE_ERROR``) before any call was made."""
+        with self._lock:
+            if self.active and self._calls == 0:
+                msg = "nothing to propose: no tool call has been made in this session"
+                raise UsageError(msg)
+            if self.active:
+                self._provider.ask(ModelTurn(text=message or "proposed"))
+            self._thread.join()
+            if self._failure is not None and not isinstance(self._failure, PatchboxError):
+                raise self._failure
+            record = self._job.record
+            return Proposal(view=job_view(record, self._job.diff, ""), record=record)
+
+    def cancel(self) -> None:
+        """Ends the job ``cancelled``; its sandbox is removed. Idempotent."""
+        if self.active:
+            self._job.cancel()
+        self._thread.join()
+
+    def close(self) -> None:
+        """Cancels the job unless it was proposed; nothing is left running."""
+        self.cancel()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def _raise_ended(self) -> NoReturn:
+        failure = self._failure
+        if failure is not None and not isinstance(failure, PatchboxError):
+            raise failure
+        error = self.record.error or {"code": str(ErrorCode.INTERNAL_ERROR), "message": "ended"}
+        code = ErrorCode(error["code"]) if error["code"] in ErrorCode.__members__ else None
+        raise PatchboxError(error["message"], code=code)
+
+
+def open_session(  # noqa: PLR0913 - a job's inputs, all keyword-only
+    repo: Path,
+    *,
+    task: TaskSpec | None = None,
+    config: HostConfig | None = None,
+    include_local_changes: bool = False,
+    trust_repo_config: bool = False,
+    runtime: Runtime | None = None,
+    client: docker.DockerClient | None = None,
+    progress: Progress | None = None,
+) -> Session:
+    """Prepares a job (health gate, baseline, environment, sandbox) for the caller to drive.
+    Raises the preparation's errors (``NOT_A_REPOSITORY``, ``CONSENT_REQUIRED``, ...) with
+    nothing left running."""
+    config = config or load_config()
+    provider = _CallerProvider()
+    request = JobRequest(
+        repo=repo,
+        task=task or default_task(config),
+        provider=provider,
+        config=config,
+        include_local_changes=include_local_changes,
+        trust_repo_config=trust_repo_config,
+        runtime=runtime,
+    )
+    return Session(make_job(request, client=client, progress=progress), provider)

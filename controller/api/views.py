@@ -1,0 +1,188 @@
+"""What the engine answers, typed: the view of a job (the object ``run --json`` prints), the
+results of apply, revert and discard, a job list's rows. Every front door renders these and
+adds nothing of the engine's; messages and check output in them are scrubbed of secrets and
+host paths as the evidence is, the diff is shown as it is."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from controller.changes.apply import AppliedFile, ApplyResult, RevertResult
+from controller.errors import ErrorInfo
+from controller.jobs.records import (
+    ACTIVE,
+    CheckResult,
+    ControlLine,
+    Decision,
+    FileChange,
+    JobRecord,
+    JobStore,
+    ToolCallRecord,
+)
+from controller.logs import Scrubber
+
+
+class _View(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class FileView(_View):
+    """One file of the job's diff."""
+
+    path: str
+    change: str
+    """``create``, ``modify``, ``delete`` or ``rename``."""
+    added: int
+    removed: int
+
+    @classmethod
+    def of(cls, change: FileChange) -> FileView:
+        return cls(path=change.path, change=change.kind, added=change.added, removed=change.removed)
+
+
+class CheckView(_View):
+    """One required check as run in the fresh check sandbox (or skipped)."""
+
+    id: str
+    status: str
+    exit_code: int | None
+    duration_ms: int
+    output_tail: str
+
+    @classmethod
+    def of(cls, check: CheckResult) -> CheckView:
+        return cls.model_validate(check.model_dump(include=set(cls.model_fields)))
+
+
+class BundleRef(_View):
+    """The uploaded git bundle a service job ran on."""
+
+    id: str
+    head: str
+
+
+class JobView(_View):
+    """A job as ``run --json`` prints it."""
+
+    job_id: str
+    status: str
+    error: ErrorInfo | None
+    files: list[FileView]
+    control_characters: list[ControlLine]
+    checks: list[CheckView]
+    tool_calls: list[ToolCallRecord]
+    evidence: str
+    """The evidence bundle's path relative to the state directory (empty before it exists)."""
+    decision: Decision | None
+    diff: str
+    review_fallback: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Why a job in an auto mode stopped for review instead of applying."""
+    bundle: BundleRef | None = Field(default=None, exclude_if=lambda v: v is None)
+
+    def data(self) -> dict[str, Any]:
+        """The JSON object (``decision`` is null before the job is decided)."""
+        return self.model_dump(mode="json")
+
+
+def review_fallback(record: JobRecord) -> str | None:
+    """Why a job in an auto mode stopped for review instead of applying (None otherwise)."""
+    if record.mode == "review" or record.state != "awaiting_review":
+        return None
+    decision = record.decision
+    return decision.reason if decision is not None else "not decided"
+
+
+def job_view(
+    record: JobRecord, diff: str | None, evidence: str, secrets: tuple[str, ...] = ()
+) -> JobView:
+    """The view of ``record``: its messages and check output scrubbed of ``secrets`` and
+    host paths, ``diff`` as it is (empty when None)."""
+    raw = {
+        "job_id": record.job_id,
+        "status": record.state,
+        "error": record.error,
+        "files": [FileView.of(f).model_dump(mode="json") for f in record.files],
+        "control_characters": [c.model_dump(mode="json") for c in record.control_characters],
+        "checks": [CheckView.of(c).model_dump(mode="json") for c in record.checks],
+        "tool_calls": [c.model_dump(mode="json") for c in record.tool_calls],
+        "evidence": evidence,
+        "decision": record.decision.model_dump(mode="json") if record.decision else None,
+        "review_fallback": review_fallback(record),
+    }
+    scrubbed = Scrubber(record.repo, secrets, paths=False).value(raw)
+    return JobView.model_validate({**scrubbed, "diff": diff or ""})
+
+
+def job_diff(store: JobStore, job_id: str) -> str | None:
+    """The diff a job made, as its evidence keeps it, byte for byte (None without one)."""
+    path = store.folder(job_id) / "diff.patch"
+    try:
+        return path.read_bytes().decode("utf-8", "surrogateescape")
+    except FileNotFoundError:
+        return None
+
+
+class ApplyView(_View):
+    """What ``apply`` did: every path written."""
+
+    job_id: str
+    status: str
+    files: list[AppliedFile]
+    merged: list[str]
+    """Paths merged three-way with the user's own change (``merge`` only)."""
+
+    @classmethod
+    def of(cls, record: JobRecord, result: ApplyResult) -> ApplyView:
+        return cls(
+            job_id=record.job_id, status=record.state, files=result.files, merged=result.merged
+        )
+
+
+class RevertView(_View):
+    """What ``revert`` did: every path restored."""
+
+    job_id: str
+    status: str
+    files: list[AppliedFile]
+
+    @classmethod
+    def of(cls, record: JobRecord, result: RevertResult) -> RevertView:
+        return cls(job_id=record.job_id, status=record.state, files=result.files)
+
+
+class DiscardView(_View):
+    job_id: str
+    status: str
+
+    @classmethod
+    def of(cls, record: JobRecord) -> DiscardView:
+        return cls(job_id=record.job_id, status=record.state)
+
+
+class JobRow(_View):
+    """One job of a list."""
+
+    job_id: str
+    status: str
+    repo: str
+    created_at: float
+    duration_seconds: float | None
+    """From its creation to its last change; None while it runs."""
+    error: ErrorInfo | None
+
+
+def job_row(record: JobRecord) -> JobRow:
+    duration = None
+    if record.state not in ACTIVE:
+        duration = round(max(0.0, record.updated_at - record.created_at), 1)
+    error = Scrubber(record.repo, paths=False).value(record.error) if record.error else None
+    return JobRow(
+        job_id=record.job_id,
+        status=record.state,
+        repo=record.repo,
+        created_at=record.created_at,
+        duration_seconds=duration,
+        error=error,
+    )

@@ -1,0 +1,62 @@
+"""A job in plain text, as people read it: its summary (for a failed job, why) and its
+conversation with the model."""
+
+from __future__ import annotations
+
+from controller.jobs.records import JobRecord
+from controller.text import flag_text
+
+FAILED_STATES = frozenset({"failed", "cancelled"})
+TAIL_LINES = 20
+
+
+def summary_text(record: JobRecord) -> str:
+    """The plain-text account of a job; for a failed one, why: its error, the failing
+    checks' last output lines and every refused tool call with its code and message."""
+    lines = [f"job {record.job_id}: {record.state}"]
+    if record.error:
+        lines.append(f"error {record.error['code']}: {record.error['message']}")
+    for f in record.files:
+        calls = ", ".join(f.calls) or "-"
+        lines.append(f"  {f.kind:<7} {f.path} (+{f.added} -{f.removed}) by call(s) {calls}")
+    lines += flag_text(c.model_dump() for c in record.control_characters)
+    lines += [
+        f"  check {c.id}: {c.status} (exit {c.exit_code}, {c.duration_ms} ms)"
+        for c in record.checks
+    ]
+    if record.state in FAILED_STATES:
+        for c in record.checks:
+            if c.status in {"failed", "timed_out"} and c.output_tail.strip():
+                tail = c.output_tail.rstrip("\n").splitlines()[-TAIL_LINES:]
+                lines.append(f"output of check {c.id} (last {len(tail)} lines):")
+                lines += [f"  | {line}" for line in tail]
+        refused = [t for t in record.tool_calls if not t.ok]
+        if refused:
+            lines.append("failed tool calls:")
+            for t in refused:
+                message = f": {t.error_message}" if t.error_message else ""
+                lines.append(f"  turn {t.turn} {t.id} {t.name}: {t.error_code}{message}")
+    elif record.decision is not None and record.decision.reason:
+        lines.append(f"decision: {record.decision.reason}")
+    return "\n".join(lines)
+
+
+def transcript_text(record: JobRecord, width: int = 400) -> str:
+    """The conversation, readably: each turn's message, cost and calls with their results
+    (long texts cut at ``width`` characters; the evidence keeps them whole, bounded)."""
+
+    def cut(text: str) -> str:
+        one = text.replace("\n", "\\n")
+        return one if len(one) <= width else one[: width - 3] + "..."
+
+    lines: list[str] = []
+    for turn in record.transcript:
+        cost = ", ".join(f"{k} {v}" for k, v in sorted(turn.usage.items()))
+        lines.append(f"turn {turn.turn} (model {turn.model_ms} ms{'; ' + cost if cost else ''})")
+        if turn.text:
+            lines.append(f"  model: {cut(turn.text)}")
+        for c in turn.calls:
+            state = "ok" if c.ok else "error"
+            lines.append(f"  call {c.id} {c.name} {cut(c.arguments)}")
+            lines.append(f"    -> {state} ({c.duration_ms} ms): {cut(c.result)}")
+    return "\n".join(lines) or "no transcript (the job made no model turn)"
