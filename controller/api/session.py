@@ -19,7 +19,7 @@ from controller.api.jobs import make_job
 from controller.api.views import JobView, job_view
 from controller.config.host import HostConfig, load_config
 from controller.config.task import TaskSpec
-from controller.errors import CancelledError, ErrorCode, PatchboxError, UsageError
+from controller.errors import CancelledError, ErrorCode, ErrorInfo, PatchboxError, UsageError
 from controller.jobs.engine import Job, JobRequest
 from controller.jobs.records import JobRecord
 from controller.providers.base import ModelTurn, ToolCall, ToolResult, check_results
@@ -74,6 +74,10 @@ class Proposal:
     @property
     def diff(self) -> str:
         return self.view.diff
+
+    @property
+    def error(self) -> ErrorInfo | None:
+        return self.view.error
 
 
 _END = object()
