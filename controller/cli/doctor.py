@@ -8,8 +8,10 @@ from typing import Any
 
 import docker
 import docker.errors
+from pydantic import BaseModel, ConfigDict, Field
 
-from controller.errors import GitError, NotReadyError
+from controller.config.host import load_config
+from controller.errors import GitError, NotReadyError, PatchboxError
 from controller.paths import patchbox_home
 from controller.repo.git import git_version
 from controller.sandbox.dockerclient import connect
@@ -41,84 +43,176 @@ def runsc_works(client: docker.DockerClient, image: str) -> tuple[bool, str]:
     return True, "ok"
 
 
-def _setup(config_path: Path | None) -> dict[str, Any]:
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ProviderReport(_Part):
+    configured: bool
+    model: str | None
+    base_url: str | None
+    key_variable: str
+    """The environment variable that holds the key (its value is never read out)."""
+    key_set: bool
+
+
+class DockerReport(_Part):
+    server_version: str | None
+    api_version: str | None
+    cgroup_version: str | None
+    storage_driver: str | None
+    runtimes: list[str]
+    default_runtime: str | None
+
+
+class ImageReport(_Part):
+    base: str | None
+    tag: str | None
+    ready: bool
+
+
+class RunscReport(_Part):
+    registered: bool
+    works: bool | None = Field(default=None, exclude_if=lambda v: v is None)
+    detail: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    advice: str | None = Field(default=None, exclude_if=lambda v: v is None)
+
+
+class SpareReport(_Part):
+    id: str
+    created: int
+
+
+class DoctorReport(_Part):
+    """What ``patchbox doctor`` found; ``ready`` is False when a job cannot run here. The
+    parts about the daemon are absent when it does not answer."""
+
+    ready: bool = True
+    problems: list[str] = Field(default_factory=list)
+    advice: list[str] = Field(default_factory=list)
+    home: str
+    config: str | None
+    config_error: str | None
+    provider: ProviderReport
+    spare_sandboxes: int | None = Field(default=None, exclude_if=lambda v: v is None)
+    git: str | None = None
+    docker: DockerReport | None = None
+    image: ImageReport | None = Field(default=None, exclude_if=lambda v: v is None)
+    runsc: RunscReport | None = Field(default=None, exclude_if=lambda v: v is None)
+    spares: list[SpareReport] | None = Field(default=None, exclude_if=lambda v: v is None)
+
+    def data(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def _setup(config_path: Path | None) -> DoctorReport:
     """Where the state lives, which configuration is in use, and whether a provider is
     configured (from the file or the environment), without reading any secret."""
-    from controller.config.host import load_config
-    from controller.errors import PatchboxError
-
     home = patchbox_home()
     target = config_path or home / "config.toml"
-    setup: dict[str, Any] = {
-        "home": str(home),
-        "config": str(target) if target.is_file() else None,
-        "config_error": None,
-    }
     provider: dict[str, Any] = {}
+    config_error = None
+    spare_sandboxes = None
     try:
         config = load_config(config_path)
     except PatchboxError as exc:
-        setup["config_error"] = exc.message
+        config_error = exc.message
     else:
         provider = dict(config.provider)
-        setup["spare_sandboxes"] = config.spare_sandboxes
+        spare_sandboxes = config.spare_sandboxes
     model = os.environ.get("PATCHBOX_MODEL") or provider.get("model")
     base_url = os.environ.get("OPENAI_BASE_URL") or provider.get("base_url")
     key_env = str(provider.get("api_key_env") or "OPENAI_API_KEY")
-    setup["provider"] = {
-        "configured": bool(model and base_url),
-        "model": model,
-        "base_url": base_url,
-        "key_variable": key_env,
-        "key_set": bool(os.environ.get(key_env)),
-    }
-    return setup
+    return DoctorReport(
+        home=str(home),
+        config=str(target) if target.is_file() else None,
+        config_error=config_error,
+        spare_sandboxes=spare_sandboxes,
+        provider=ProviderReport(
+            configured=bool(model and base_url),
+            model=model,
+            base_url=base_url,
+            key_variable=key_env,
+            key_set=bool(os.environ.get(key_env)),
+        ),
+    )
 
 
-def diagnose(*, probe_runsc: bool = True, config_path: Path | None = None) -> dict[str, Any]:
+def diagnose(*, probe_runsc: bool = True, config_path: Path | None = None) -> DoctorReport:
     """Facts and advice. ``ready`` is False when a job cannot run here."""
-    report: dict[str, Any] = {"ready": True, "problems": [], "advice": []}
-    report.update(_setup(config_path))
-    if report["config_error"]:
-        report["problems"].append(report["config_error"])
-    git = _git_version()
-    report["git"] = git
-    if git is None:
-        report["ready"] = False
-        report["problems"].append("git is not installed")
-        report["advice"].append("install git")
+    report = _setup(config_path)
+    if report.config_error:
+        report.problems.append(report.config_error)
+    report.git = _git_version()
+    if report.git is None:
+        report.ready = False
+        report.problems.append("git is not installed")
+        report.advice.append("install git")
     try:
         client = connect(timeout=15)
     except NotReadyError as exc:
-        report.update(ready=False, docker=None)
-        report["problems"].append("docker daemon unreachable")
-        report["advice"].append(exc.message)
+        report.ready = False
+        report.problems.append("docker daemon unreachable")
+        report.advice.append(exc.message)
         return report
     version = client.version()
     info = client.info()
     runtimes = sorted((info.get("Runtimes") or {}).keys())
-    report["docker"] = {
-        "server_version": version.get("Version"),
-        "api_version": version.get("ApiVersion"),
-        "cgroup_version": info.get("CgroupVersion"),
-        "storage_driver": info.get("Driver"),
-        "runtimes": runtimes,
-        "default_runtime": info.get("DefaultRuntime"),
-    }
-    image = ImageBuilder(client).status()
-    report["image"] = image
-    if not image["ready"]:
-        report["advice"].append("run 'patchbox image build' (jobs also build it on first use)")
-    runsc: dict[str, Any] = {"registered": "runsc" in runtimes}
-    if runsc["registered"] and probe_runsc and image["ready"]:
-        runsc["works"], runsc["detail"] = runsc_works(client, str(image["tag"]))
-    if not runsc["registered"]:
-        runsc["advice"] = (
+    report.docker = DockerReport(
+        server_version=version.get("Version"),
+        api_version=version.get("ApiVersion"),
+        cgroup_version=info.get("CgroupVersion"),
+        storage_driver=info.get("Driver"),
+        runtimes=runtimes,
+        default_runtime=info.get("DefaultRuntime"),
+    )
+    image = ImageReport.model_validate(ImageBuilder(client).status())
+    report.image = image
+    if not image.ready:
+        report.advice.append("run 'patchbox image build' (jobs also build it on first use)")
+    runsc = RunscReport(registered="runsc" in runtimes)
+    if runsc.registered and probe_runsc and image.ready:
+        runsc.works, runsc.detail = runsc_works(client, str(image.tag))
+    if not runsc.registered:
+        runsc.advice = (
             "optional: install gVisor (Debian package runsc), add it to /etc/docker/daemon.json "
             'as "runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": '
             '["--network=none"]}} and send SIGHUP to dockerd'
         )
-    report["runsc"] = runsc
+    report.runsc = runsc
     spares = SparePool(client)._spares(running=False)  # noqa: SLF001 - the pool's own listing
-    report["spares"] = [{"id": sp.id[:12], "created": sp.created} for sp in spares]
+    report.spares = [SpareReport(id=sp.id[:12], created=sp.created) for sp in spares]
     return report
+
+
+def doctor_text(report: DoctorReport) -> list[str]:
+    """The report as lines of text, each problem and what to do about it."""
+    lines = [f"ready: {'yes' if report.ready else 'no'}"]
+    lines.append(f"state: {report.home}")
+    lines.append(f"config: {report.config or 'none (defaults)'}")
+    prov = report.provider
+    if prov.configured:
+        key = "set" if prov.key_set else "not set"
+        lines.append(f"provider: {prov.model} at {prov.base_url} (key {prov.key_variable} {key})")
+    else:
+        lines.append(
+            "provider: not configured (set PATCHBOX_MODEL and OPENAI_BASE_URL, or [provider])"
+        )
+    if report.docker is not None:
+        d = report.docker
+        runtimes = ", ".join(d.runtimes)
+        lines.append(f"docker: {d.server_version} (API {d.api_version}), runtimes {runtimes}")
+    lines.append(f"git: {report.git or 'missing'}")
+    if report.image is not None:
+        img = report.image
+        lines.append(f"image: {img.tag or 'not built'} ({'ready' if img.ready else 'missing'})")
+    if report.runsc is not None:
+        r = report.runsc
+        state = "works" if r.works else ("registered" if r.registered else "not registered")
+        lines.append(f"gVisor (runsc): {state}")
+    if report.spares is not None:
+        wanted = "?" if report.spare_sandboxes is None else report.spare_sandboxes
+        lines.append(f"spare sandboxes: {len(report.spares)} (spare_sandboxes = {wanted})")
+    lines += [f"problem: {p}" for p in report.problems]
+    lines += [f"to do: {a}" for a in report.advice]
+    return lines

@@ -79,51 +79,19 @@ def _quiet_stdout() -> None:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from controller.cli.doctor import diagnose
+    from controller.cli.doctor import diagnose, doctor_text
 
     report = diagnose(config_path=Path(args.config) if args.config else None)
-    lines = [f"ready: {'yes' if report['ready'] else 'no'}"]
-    lines.append(f"state: {report['home']}")
-    lines.append(f"config: {report['config'] or 'none (defaults)'}")
-    prov = report["provider"]
-    if prov["configured"]:
-        key = "set" if prov["key_set"] else "not set"
-        lines.append(
-            f"provider: {prov['model']} at {prov['base_url']} (key {prov['key_variable']} {key})"
-        )
-    else:
-        lines.append(
-            "provider: not configured (set PATCHBOX_MODEL and OPENAI_BASE_URL, or [provider])"
-        )
-    if report.get("docker"):
-        d = report["docker"]
-        runtimes = ", ".join(d["runtimes"])
-        lines.append(f"docker: {d['server_version']} (API {d['api_version']}), runtimes {runtimes}")
-    lines.append(f"git: {report.get('git') or 'missing'}")
-    if "image" in report:
-        img = report["image"]
-        lines.append(
-            f"image: {img['tag'] or 'not built'} ({'ready' if img['ready'] else 'missing'})"
-        )
-    if "runsc" in report:
-        r = report["runsc"]
-        state = (
-            "works" if r.get("works") else ("registered" if r["registered"] else "not registered")
-        )
-        lines.append(f"gVisor (runsc): {state}")
-    if "spares" in report:
-        wanted = report.get("spare_sandboxes", "?")
-        lines.append(f"spare sandboxes: {len(report['spares'])} (spare_sandboxes = {wanted})")
-    lines += [f"problem: {p}" for p in report["problems"]]
-    lines += [f"to do: {a}" for a in report["advice"]]
+    lines = doctor_text(report)
+    data = report.data()
     repo_ok = True
     if args.repo is not None:
         health = _repo_health(args)
-        report["repository"] = health.model_dump(mode="json")
+        data["repository"] = health.model_dump(mode="json")
         repo_ok = health.ok
         lines += _health_lines(health)
-    _emit(report, as_json=args.json, text="\n".join(lines))
-    if not report["ready"]:
+    _emit(data, as_json=args.json, text="\n".join(lines))
+    if not report.ready:
         return ExitCode.NOT_READY
     return ExitCode.OK if repo_ok else ExitCode.FAILED
 
