@@ -376,3 +376,24 @@ def test_a_record_whose_folder_went_is_written_whole_again(tmp_path: Path) -> No
     add_turn(record, 2)
     store.save(record)
     assert store.load("j1") == record
+
+
+def test_a_turns_save_appends_its_lists_and_leaves_the_fields_to_the_next_save(
+    tmp_path: Path,
+) -> None:
+    store = JobStore(tmp_path)
+    record = JobRecord(job_id="j1", repo="/r")
+    record.move("preparing")
+    store.save(record)
+    record.move("running")
+    add_turn(record, 1)
+    saved = store.save_turn(record)
+    assert JobStore(tmp_path).load("j1").tool_calls == record.tool_calls
+    assert JobStore(tmp_path).load("j1").state == "preparing"  # a turn changes lists only
+    assert saved.bytes < len(record.transcript[0].model_dump_json()) + 300
+    store.save(record)
+    assert JobStore(tmp_path).load("j1") == record
+    fresh = JobRecord(job_id="j2", repo="/r")
+    add_turn(fresh, 1)
+    store.save_turn(fresh)  # a record the log does not know yet is written whole
+    assert JobStore(tmp_path).load("j2") == fresh

@@ -218,9 +218,11 @@ class RecordLog(Generic[M]):
 
     # -- writing ------------------------------------------------------------------------
 
-    def write(self, folder: Path, record: M, *, durable: bool) -> Saved:
+    def write(self, folder: Path, record: M, *, durable: bool, fields: bool = True) -> Saved:
         """Appends one save of ``record``: the new items of its lists, then its changed
-        fields (fsynced with the log's folder when ``durable``)."""
+        fields (fsynced with the log's folder when ``durable``). Without ``fields``, a save
+        whose caller changed only lists: its fields are not looked at (the next save with
+        them writes any change)."""
         with _locked_log(folder) as fd:
             size = os.fstat(fd).st_size
             mark = self._mark_of(record, folder)
@@ -235,20 +237,32 @@ class RecordLog(Generic[M]):
                 size = _cut(fd, mark.size + tail.size, size)
             lines = [HEADER] if size == 0 else []
             lines += self._new_lines(record, mark, counts)
-            fields_json = record.model_dump_json(exclude=self._exclude).encode()
-            if mark is not None and fields_json == mark.fields_json:
-                fields, changed = mark.fields, {}
+            if mark is not None and not fields:
+                now, now_json, saved = mark.fields, mark.fields_json, b'{"saved":{}}\n'
             else:
-                fields = record.model_dump(mode="json", exclude=self._exclude)
-                changed = _changed({} if mark is None else mark.fields, fields)
-            lines.append(b'{"saved":%s}\n' % json.dumps(changed, separators=(",", ":")).encode())
+                now, now_json, saved = self._fields(record, mark)
+            lines.append(saved)
             data = b"".join(lines)
             _write_all(fd, data)
             if durable:
                 os.fsync(fd)
                 _fsync_folder(folder)
-            self._remember(record, folder, size + len(data), fields, fields_json)
+            self._remember(record, folder, size + len(data), now, now_json)
         return Saved(bytes=len(data), entries=len(lines))
+
+    def _fields(self, record: M, mark: _Mark | None) -> tuple[Mapping[str, Any], bytes, bytes]:
+        """The record's other fields (as JSON values, and as JSON text), and the ``saved``
+        line naming those that changed since ``mark``."""
+        now_json = record.model_dump_json(exclude=self._exclude).encode()
+        if mark is not None and now_json == mark.fields_json:
+            return mark.fields, now_json, b'{"saved":{}}\n'
+        now = record.model_dump(mode="json", exclude=self._exclude)
+        changed = _changed({} if mark is None else mark.fields, now)
+        return (
+            now,
+            now_json,
+            b'{"saved":%s}\n' % json.dumps(changed, separators=(",", ":")).encode(),
+        )
 
     def _new_lines(self, record: M, mark: _Mark | None, counts: Mapping[str, int]) -> list[bytes]:
         """Lines for what the log does not hold of ``record``'s lists."""

@@ -336,6 +336,16 @@ class JobStore:
         (folder / LEGACY_FILE).unlink(missing_ok=True)
         return saved
 
+    def save_turn(self, record: JobRecord) -> Saved:
+        """The tool loop's save after each turn, which changes only the record's lists (its
+        tool calls, transcript and ledger): their new entries appended, not fsynced, as
+        ``save(record, durable=False)`` would, without looking at the other fields."""
+        folder = self.folder(record.job_id)
+        if RECORDS.knows(record, folder):
+            with contextlib.suppress(FileNotFoundError):
+                return RECORDS.write(folder, record, durable=False, fields=False)
+        return self.save(record, durable=False)
+
     def load(self, job_id: str) -> JobRecord:
         """The job's record as its last save left it: from its log, or from the
         ``job.json`` of a job saved before the log (``USAGE_ERROR`` for an unknown id, or a
