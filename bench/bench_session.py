@@ -7,9 +7,11 @@ the same file on a bare sandbox, measured in one run, interleaved.
 - reference: ``DockerSandbox.read_file`` of the same 16 KB file (256 lines of 64 bytes) on a
   bare sandbox of the same image and runtime (the channel and the jailed read; no engine),
   one after each call, the side that goes first alternating;
-- alongside the last window (calls 1,901-2,000), in the same rotation: a fresh session's
-  calls 1-100 (the early calls, measured in the same seconds as the late ones, so a machine
-  whose load changes during the run does not pass for a cost of the job's length), and the
+- alongside the first and the last window (calls 1-100 and 1,901-2,000), in the same
+  rotation, so that both windows do the same work: a fresh session's calls 1-100 (one
+  session in each window: the early calls measured in the same seconds as the late ones, so
+  a machine whose load changes during the run does not pass for a cost of the job's length;
+  the two fresh sessions against each other show how much the machine changed), and the
   same call on a session whose per-turn saves (``JobStore.save_turn``) are skipped (a
   wrapper in this process; its state changes are saved as always): what the engine costs
   without its record.
@@ -76,10 +78,14 @@ def check(ok: bool, what: str) -> None:
 class Run:
     session: list[float] = field(default_factory=list)
     bare: list[float] = field(default_factory=list)
+    early: list[float] = field(default_factory=list)
+    """A fresh session's calls 1-100, made alongside the long session's first window."""
     young: list[float] = field(default_factory=list)
-    """A fresh session's calls 1-100, made alongside the long session's last window."""
+    """Another fresh session's calls 1-100, alongside the long session's last window."""
+    unsaved_early: list[float] = field(default_factory=list)
     unsaved: list[float] = field(default_factory=list)
-    """Calls of a session whose per-turn saves are skipped, over the last window."""
+    """Calls of a session whose per-turn saves are skipped, alongside the first window and
+    (these) the last."""
     save: list[float] = field(default_factory=list)
     """Each ``JobStore.save_turn`` of the measured session's job: one per call."""
     written: list[int] = field(default_factory=list)
@@ -183,14 +189,16 @@ def measure(args: argparse.Namespace, scratch: Path) -> Run:
     spec = sandbox_spec(args.runtime)
     config = HostConfig(spare_sandboxes=0, runtime=spec.runtime)
     task = TaskSpec.model_validate(TASK)
-    repos = [make_repo(scratch / name, {PATH: TEXT}) for name in ("long", "young", "unsaved")]
+    names = ("long", "early", "young", "unsaved")
+    repos = [make_repo(scratch / name, {PATH: TEXT}) for name in names]
     run = Run()
     transcript = TypeAdapter(list[TranscriptTurn])
     with (
         DockerSandbox.start(connect(), spec, current_identity()) as box,
         api.open_session(repos[0], task=task, config=config) as session,
-        api.open_session(repos[1], task=task, config=config) as young,
-        api.open_session(repos[2], task=task, config=config) as unsaved,
+        api.open_session(repos[1], task=task, config=config) as early,
+        api.open_session(repos[2], task=task, config=config) as young,
+        api.open_session(repos[3], task=task, config=config) as unsaved,
         Meter(run, session.job_id, unsaved.job_id),
     ):
         box.put_archive(sample_archive({PATH: TEXT}))
@@ -211,7 +219,12 @@ def measure(args: argparse.Namespace, scratch: Path) -> Run:
                 (run.session, lambda: timed_call(session)),
                 (run.bare, bare),
             ]
-            if n > args.calls - args.window:  # the last window: two sessions more, alongside
+            # both windows rotate the same four sides: a session at its calls 1-100 (the
+            # early one, then the young one) and the session without per-turn saves
+            if n <= args.window:
+                sides.append((run.early, lambda: timed_call(early)))
+                sides.append((run.unsaved_early, lambda: timed_call(unsaved)))
+            elif n > args.calls - args.window:
                 sides.append((run.young, lambda: timed_call(young)))
                 sides.append((run.unsaved, lambda: timed_call(unsaved)))
             for k in range(len(sides)):
@@ -247,6 +260,7 @@ def tables(run: Run, args: argparse.Namespace) -> None:
     def p50(values: list[float]) -> float:
         return percentile(values, 50)
 
+    young = p50(run.young)
     print_table(
         ["what", "n", "p50", "p99", "ratio", "target", "met?"],
         [
@@ -257,9 +271,13 @@ def tables(run: Run, args: argparse.Namespace) -> None:
                 late / p50(run.session[first]),
                 GROWTH_TARGET,
             ),
-            row(f"a fresh session's calls 1-{w}, alongside", run.young, 1.0),
+            row(f"a fresh session's calls 1-{w}, alongside calls 1-{w}", run.early),
+            row(f"a fresh session's calls 1-{w}, alongside calls {span}", run.young, 1.0),
+            row(f"  calls {span} vs those", run.session[last], late / young, GROWTH_TARGET),
             row(
-                f"  calls {span} vs those", run.session[last], late / p50(run.young), GROWTH_TARGET
+                "  the machine: those vs the first fresh session's",
+                run.young,
+                young / p50(run.early),
             ),
             row(f"bare read_file, alongside calls 1-{w}", run.bare[first]),
             row(f"bare read_file, alongside calls {span} (reference)", run.bare[last], 1.0),
@@ -268,6 +286,7 @@ def tables(run: Run, args: argparse.Namespace) -> None:
             ),
             row(f"  of which the record saved, calls 1-{w}", run.save[first]),
             row(f"  of which the record saved, calls {span}", run.save[last]),
+            row(f"no per-turn save, alongside calls 1-{w}", run.unsaved_early),
             row(f"no per-turn save, alongside calls {span}", run.unsaved, p50(run.unsaved) / ref),
         ],
     )
