@@ -322,11 +322,11 @@ class JobStore:
     def save(self, record: JobRecord, *, durable: bool = True) -> Saved:
         """Appends what the record has new since this process last loaded or saved it to
         its log, as one save: a reader sees the record of one save or of the next, never a
-        mix. ``durable=False`` (the tool loop's write after each turn) skips the fsyncs: a
-        killed process loses nothing (the page cache has it), a machine that loses power
-        may come back with the record of an earlier turn; every state change is written
-        durably. A record read from a ``job.json`` goes whole into the log at its first
-        save, and the ``job.json`` is removed."""
+        mix. ``durable=False`` skips the fsyncs (as the tool loop's save after each turn,
+        :meth:`save_turn`): a killed process loses nothing (the page cache has it), a
+        machine that loses power may come back with the record of an earlier turn; every
+        state change is written durably. A record read from a ``job.json`` goes whole into
+        the log at its first save, and the ``job.json`` is removed."""
         folder = self.folder(record.job_id)
         if RECORDS.knows(record, folder):
             with contextlib.suppress(FileNotFoundError):  # else its folder went: made again
