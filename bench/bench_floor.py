@@ -148,7 +148,7 @@ def measure_floor(args: argparse.Namespace, scratch: Path) -> dict[str, list[flo
         for _ in range(args.warmup // 10):
             over_api()
         time_calls(ToolExecutor, "execute", series["execute"])
-        time_calls(JobStore, "save", series["save"])
+        time_calls(JobStore, "save_turn", series["save"])
         rounds = max(args.api_calls, 1)
         per_round = max(args.calls // rounds, 1)
         sides: list[tuple[str, Callable[[], float], int]] = [
@@ -188,7 +188,7 @@ def floor_rows(series: dict[str, list[float]]) -> list[list[str]]:
             "-",
         ),
         "save": (
-            "  of which the job record rewritten",
+            "  of which the job record saved",
             f"{p50['save'] / p50['floor']:.2f}x",
             "-",
             "-",

@@ -17,8 +17,8 @@ Warm-up on both sides, then ``--rounds`` rounds of ``--per-round`` calls on each
 side that goes first alternating. The table gives p50/p99 and p50(MCP) / p50(API); the
 target is at most 3x.
 
-Every call is a turn of its job, and the engine writes the job's record after every turn,
-so a call costs a little more the more calls the job made before it (both sides alike).
+Every call is a turn of its job, and the engine appends the turn to the job's record
+(``log.jsonl``) after it, on both sides alike.
 
     python3 bench/bench_mcp.py [--rounds 30] [--per-round 10] [--mode auto|legacy]
 """

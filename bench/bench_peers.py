@@ -596,7 +596,7 @@ class Bench:
             for _ in range(args.warmup):
                 for fn, _into in sides:
                     await fn()
-            restore = time_calls(JobStore, "save", res.read_save)
+            restore = time_calls(JobStore, "save_turn", res.read_save)
             for r in range(args.read_rounds):
                 for k in range(len(sides)):
                     fn, into = sides[(r + k) % len(sides)]
@@ -706,7 +706,7 @@ def report(res: Results) -> None:
     for label, values, ratio in (
         ("read_file: patchbox Session.call", res.read_box, "1"),
         ("read_file: SWE-ReX RemoteRuntime", res.read_peer, f"{read_x:.2f}x"),
-        ("context: of which the job record rewritten", res.read_save, "-"),
+        ("context: of which the job record saved", res.read_save, "-"),
         (
             "context: read_file on a bare sandbox (no engine)",
             res.read_bare,

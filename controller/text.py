@@ -28,11 +28,17 @@ BIDI_CONTROLS = (
 another order than it is (the "Trojan Source" trick), so they go with the C0/C1 controls."""
 
 _CONTROL = re.compile(f"[\\x00-\\x08\\x0b-\\x1f\\x7f-\\x9f{BIDI_CONTROLS}]")
+_ASCII_CONTROL = bytes([*range(0x09), *range(0x0B, 0x20), 0x7F])
+"""The ASCII characters of :data:`_CONTROL` (carriage return and ESC among them)."""
 
 
 def strip_control(text: str) -> str:
     """Removes terminal escape sequences, every C0/C1 control character but newline and tab,
     and every bidirectional formatting character; ``\\r\\n`` becomes ``\\n``. Idempotent."""
+    if text.isascii():  # the common case, a tool's result among it: one pass in C
+        raw = text.encode("ascii")
+        if len(raw.translate(None, _ASCII_CONTROL)) == len(raw):
+            return text
     text = text.replace("\r\n", "\n")
     text = _OSC.sub("", text)
     text = _CSI.sub("", text)

@@ -28,6 +28,7 @@ from controller.errors import (
     ErrorCode,
     UsageError,
 )
+from controller.jobs.records import JobStore
 from controller.repo.baseline import build_baseline
 from controller.sandbox import environment as envmod
 from controller.sandbox.environment import (
@@ -287,7 +288,8 @@ def _run(
 
 
 def _record(home: Path, job_id: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((home / "jobs" / job_id / "job.json").read_text())
+    """The job's record as stored (its log replayed), as JSON data."""
+    data: dict[str, Any] = JobStore(home / "jobs").load(job_id).model_dump(mode="json")
     return data
 
 

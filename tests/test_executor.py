@@ -207,6 +207,17 @@ def test_strip_control() -> None:
     assert strip_control(raw) == "red ok bell\nnext"
 
 
+@pytest.mark.parametrize("code", range(128))
+def test_strip_control_of_ascii_text_removes_each_control_but_newline_and_tab(code: int) -> None:
+    """Plain ASCII text is returned as it is after one scan; one control character in it
+    (ESC and carriage return among them) still goes."""
+    ch = chr(code)
+    text = "x = 1\n\tplain" * 100
+    kept = ch in "\t\n" or 0x20 <= code < 0x7F
+    assert strip_control(text + ch) == (text + ch if kept else text)
+    assert strip_control(text + "\r\n") == text + "\n"
+
+
 @pytest.mark.parametrize(
     "env",
     [{"OPENAI_API_KEY": "x"}, {"HTTPS_PROXY": "x"}, {"lower": "x"}, {"GITHUB_TOKEN": "x"}],

@@ -78,7 +78,7 @@ def test_a_turns_save_skips_the_fsyncs_a_state_change_pays(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The tool loop saves the record after every turn without fsync (a tool call's cost);
-    every other save is durable. Both replace the file whole."""
+    every other save is durable. Both append to the job's log, the only file they leave."""
     synced: list[int] = []
     real_fsync = os.fsync
 
@@ -96,7 +96,7 @@ def test_a_turns_save_skips_the_fsyncs_a_state_change_pays(
     store.save(record)
     assert len(synced) == 2  # the file, then its folder
     assert store.load("j1").state == "preparing"
-    assert [p.name for p in store.folder("j1").iterdir()] == ["job.json"]
+    assert [p.name for p in store.folder("j1").iterdir()] == ["log.jsonl"]
 
 
 @pytest.mark.parametrize("bad", ["", "../x", "a/b", ".hidden"])

@@ -377,11 +377,11 @@ def test_a_job_in_another_home_does_not_take_a_spare(
     again = patchbox("run", "--repo", str(second), *args, "--json", home=home_b)
     assert again.returncode == 0, again.stderr
     job_b = json.loads(again.stdout)["job_id"]
-    record = JobRecord.model_validate_json((home_b / "jobs" / job_b / "job.json").read_bytes())
+    record = JobStore(home_b / "jobs").load(job_b)
     assert record.diagnostics["baseline_source"] != "spare"
     same_home = patchbox("run", "--repo", str(first), *args, "--json", home=home_a)
     job_a = json.loads(same_home.stdout)["job_id"]
-    record = JobRecord.model_validate_json((home_a / "jobs" / job_a / "job.json").read_bytes())
+    record = JobStore(home_a / "jobs").load(job_a)
     assert record.diagnostics["baseline_source"] == "spare"  # the spare was there to take
     for home in (home_a, home_b):
         env_reap(home)

@@ -282,7 +282,7 @@ def test_show_diff_shows_what_the_model_hid_and_flags_it(
     folder = JobStore().folder(job_id)
     evidence = json.loads((folder / "evidence.json").read_text())
     assert_flagged(evidence["diff"]["control_characters"])
-    stored = json.loads((folder / "job.json").read_text())
+    stored = JobStore().load(job_id).model_dump(mode="json")  # the record, its log replayed
     assert_flagged(stored["control_characters"])
     patch = (folder / "diff.patch").read_bytes()
     assert b"\x1b]52;c;cm0gLXJmIH4=\x07" in patch  # the diff itself is kept byte for byte

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from controller.jobs.junit import failed_command_report, report
-from controller.jobs.records import write_atomic
+from controller.jobs.log import write_atomic
 from controller.logs import Scrubber
 
 if TYPE_CHECKING:

@@ -327,7 +327,7 @@ class Job:
             limits=task.limits,
             record=record,
             cancelled=self.cancelled,
-            save=lambda: self.store.save(record, durable=False),
+            save=lambda: self.store.save_turn(record),
             step=self._doing,
         ).run()
         record.timings_ms["loop"] = round((time.perf_counter() - t) * 1000)

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from controller.jobs.junit import report
-from controller.jobs.records import JobRecord, JobStore, write_atomic
+from controller.jobs.log import write_atomic
+from controller.jobs.records import JobRecord, JobStore
 from controller.logs import Scrubber
 from controller.paths import patchbox_home
 

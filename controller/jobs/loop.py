@@ -81,7 +81,7 @@ class ToolLoop:
     record: JobRecord
     """Gets a :class:`ToolCallRecord` for every call and the ledger's entries."""
     cancelled: threading.Event
-    save: Callable[[], None]
+    save: Callable[[], object]
     """Called after each turn, so a later process sees the calls made so far."""
     step: Callable[[str], None] = lambda _what: None
     """Told what the loop is doing now (waiting for the model, running a call)."""

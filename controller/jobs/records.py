@@ -8,8 +8,8 @@
                                                           checking -> applied (gated auto)
     applied -> reverted
 
-A record is rewritten atomically (temp file, fsync, rename) at every transition, so
-``jobs``, ``show``, ``apply`` and ``revert`` work from a later process.
+A record is appended to its job's log (:mod:`controller.jobs.log`) at every transition,
+durably, so ``jobs``, ``show``, ``apply`` and ``revert`` work from a later process.
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import os
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_valid
 
 from controller.errors import ErrorCode, InvalidTransitionError, PatchboxError, UsageError
 from controller.jobs.junit import TestCase
+from controller.jobs.log import RecordLog, Saved
 from controller.paths import patchbox_home
 from controller.repo.baseline import Baseline
 from controller.sandbox.labels import controller_alive
@@ -289,9 +288,27 @@ class JobRecord(BaseModel):
         self.history = [*self.history, (new, now)]
 
 
+LOGGED = (
+    "history",
+    "tool_calls",
+    "transcript",
+    "ledger",
+    "files",
+    "control_characters",
+    "checks",
+)
+"""The record's lists, appended to its log item by item (:mod:`controller.jobs.log`)."""
+
+RECORDS = RecordLog(JobRecord, LOGGED)
+LEGACY_FILE = "job.json"
+"""A record of format 1, written whole at every save before the log: read, and replaced by
+the log at its next save."""
+
+
 class JobStore:
-    """Job records under ``$PATCHBOX_HOME/jobs/<id>/``: ``job.json``, the ``.patch``, the
-    evidence bundle and the JUnit XML of the checks."""
+    """Job records under ``$PATCHBOX_HOME/jobs/<id>/``: ``log.jsonl``
+    (:mod:`controller.jobs.log`), the ``.patch``, the evidence bundle and the JUnit XML of
+    the checks."""
 
     def __init__(self, root: Path | None = None) -> None:
         self.root = root or patchbox_home() / "jobs"
@@ -302,21 +319,43 @@ class JobStore:
             raise UsageError(msg)
         return self.root / job_id
 
-    def save(self, record: JobRecord, *, durable: bool = True) -> None:
-        """Writes ``job.json`` whole, by a rename: a reader sees the old or the new record,
-        never a mix. ``durable=False`` (the tool loop's write after each turn) skips the
-        fsyncs: a killed process loses nothing (the page cache has it), a machine that
-        loses power may come back with the record of an earlier turn; every state change
-        is written durably."""
+    def save(self, record: JobRecord, *, durable: bool = True) -> Saved:
+        """Appends what the record has new since this process last loaded or saved it to
+        its log, as one save: a reader sees the record of one save or of the next, never a
+        mix. ``durable=False`` skips the fsyncs (as the tool loop's save after each turn,
+        :meth:`save_turn`): a killed process loses nothing (the page cache has it), a
+        machine that loses power may come back with the record of an earlier turn; every
+        state change is written durably. A record read from a ``job.json`` goes whole into
+        the log at its first save, and the ``job.json`` is removed."""
         folder = self.folder(record.job_id)
+        if RECORDS.knows(record, folder):
+            with contextlib.suppress(FileNotFoundError):  # else its folder went: made again
+                return RECORDS.write(folder, record, durable=durable)
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        data = record.model_dump_json(indent=2).encode()
-        write_atomic(folder / "job.json", data, durable=durable)
+        saved = RECORDS.write(folder, record, durable=durable)
+        (folder / LEGACY_FILE).unlink(missing_ok=True)
+        return saved
+
+    def save_turn(self, record: JobRecord) -> Saved:
+        """The tool loop's save after each turn, which changes only the record's lists (its
+        tool calls, transcript and ledger): their new entries appended, not fsynced, as
+        ``save(record, durable=False)`` would, without looking at the other fields."""
+        folder = self.folder(record.job_id)
+        if RECORDS.knows(record, folder):
+            with contextlib.suppress(FileNotFoundError):
+                return RECORDS.write(folder, record, durable=False, fields=False)
+        return self.save(record, durable=False)
 
     def load(self, job_id: str) -> JobRecord:
-        path = self.folder(job_id) / "job.json"
+        """The job's record as its last save left it: from its log, or from the
+        ``job.json`` of a job saved before the log (``USAGE_ERROR`` for an unknown id, or a
+        record of a format this version does not read)."""
+        folder = self.folder(job_id)
+        record = RECORDS.read(folder)
+        if record is not None:
+            return record
         try:
-            data = path.read_bytes()
+            data = (folder / LEGACY_FILE).read_bytes()
         except FileNotFoundError as exc:
             msg = f"no job {job_id[:64]!r}"
             raise UsageError(msg) from exc
@@ -362,25 +401,6 @@ def mark_interrupted(store: JobStore, record: JobRecord) -> JobRecord:
     record.move("failed")
     store.save(record)
     return record
-
-
-def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
-    """Temp file in the same folder, fsync, rename, fsync of the folder (without the two
-    fsyncs unless ``durable``)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with tmp.open("wb") as out:
-        out.write(data)
-        out.flush()
-        if durable:
-            os.fsync(out.fileno())
-    tmp.replace(path)
-    if not durable:
-        return
-    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def repo_key(repo: str) -> str:

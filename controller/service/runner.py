@@ -25,7 +25,7 @@ import structlog
 
 from controller import api
 from controller.errors import ErrorCode
-from controller.jobs.records import JobRecord, JobStore
+from controller.jobs.records import CheckResult, JobRecord, JobStore, ToolCallRecord
 from controller.logs import Scrubber
 from controller.repo.pin import Confinement, RepoPin, pin_repo
 from controller.service.bundles import checkout, remove_clone, sweep
@@ -123,8 +123,8 @@ class EventFeed:
         stream ends, finds nothing of the job still running."""
         with self._lock:
             history = list(record.history)
-            calls = [c.model_dump(mode="json") for c in list(record.tool_calls)]
-            checks = [c.model_dump(mode="json") for c in list(record.checks)]
+            calls = record.tool_calls[self._calls :]  # only what is new: a long job stays cheap
+            checks = list(record.checks)
             while self._states < len(history):
                 state = history[self._states][0]
                 if not final and state not in RUNNING_STATES:
@@ -139,16 +139,23 @@ class EventFeed:
             if self._states and history[self._states - 1][0] == "running":
                 self._emit_calls(calls)
 
-    def _emit_calls(self, calls: list[dict[str, Any]]) -> None:
-        for call in calls[self._calls :]:
-            self._store.append_event(self._job_id, "tool_call", tool_call_event(call))
-        self._calls = max(self._calls, len(calls))
+    def _emit_calls(self, new: list[ToolCallRecord]) -> None:
+        """Emits the calls of ``new`` (the record's calls from the first not emitted at the
+        start of this sync) that are not emitted yet."""
+        for call in new:
+            self._store.append_event(
+                self._job_id, "tool_call", tool_call_event(call.model_dump(mode="json"))
+            )
+        self._calls += len(new)
+        new.clear()
 
-    def _emit_checks(self, checks: list[dict[str, Any]]) -> None:
+    def _emit_checks(self, checks: list[CheckResult]) -> None:
         if self._checks_done:
             return
         for check in checks:
-            self._store.append_event(self._job_id, "check", check_event(check))
+            self._store.append_event(
+                self._job_id, "check", check_event(check.model_dump(mode="json"))
+            )
         self._checks_done = True
 
 

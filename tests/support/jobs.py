@@ -141,7 +141,7 @@ def code_of(record: JobRecord) -> str | None:
 
 
 def stored(record: JobRecord) -> dict[str, Any]:
-    """The record as written to ``job.json``."""
+    """The record as stored, as JSON data (what its log replays to)."""
     data: dict[str, Any] = record.model_dump(mode="json")
     return data
 
