@@ -227,7 +227,8 @@ def test_a_check_hiding_its_new_file_fails_the_job(
     record = new_job(client, repo, task, provider, runtime=runtime).run()
     assert record.state == "failed"
     assert code_of(record) == "CHECK_FAILED", record.error
-    message = (record.error or {})["message"]
+    assert record.error is not None
+    message = record.error.message
     assert "it was not declared to change" in message
     assert "sneaked.py" in message
     assert ".gitignore" in message
@@ -266,7 +267,8 @@ def test_a_file_the_model_created_that_vanished_from_the_changes_fails_the_job(
     record = new_job(client, repo, task, provider, runtime=runtime).run()
     assert record.state == "failed"
     assert code_of(record) == "CHANGESET_INVALID", record.error
-    assert "pkg/mod.py" in (record.error or {})["message"]
+    assert record.error is not None
+    assert "pkg/mod.py" in record.error.message
     assert record.diagnostics["missing"] == ["pkg/mod.py"]
 
 

@@ -57,7 +57,7 @@ def test_a_name_that_is_not_utf8_fails_the_job_changeset_invalid(
     assert record.state == "failed"
     assert code_of(record) == "CHANGESET_INVALID", record.error
     assert record.error is not None
-    assert "bad\\xff" in record.error["message"]
+    assert "bad\\xff" in record.error.message
     assert [c.ok for c in record.tool_calls] == [True, True, True, True]
 
 

@@ -259,7 +259,8 @@ def test_limits_end_the_job_with_diagnostics_kept(
     job = new_job(client, repo, make_task(limits=limit), scripted(*turns))
     record = job.run()
     assert record.state == "failed"
-    assert record.error == {"code": "LIMIT_EXCEEDED", "message": message}
+    assert record.error is not None
+    assert record.error.model_dump() == {"code": "LIMIT_EXCEEDED", "message": message}
     data = stored(record)
     assert [c["id"] for c in data["tool_calls"]] == kept
     assert all(c["ok"] for c in data["tool_calls"])
@@ -329,7 +330,8 @@ def test_failing_check_fails_the_job_with_a_clean_tail_and_dockers_exit_code(
     config = HostConfig(spare_sandboxes=0, allow_auto=True)
     record = new_job(client, repo, task, scripted([call("c1", EDIT)]), config=config).run()
     assert record.state == "failed"
-    assert record.error == {
+    assert record.error is not None
+    assert record.error.model_dump() == {
         "code": "CHECK_FAILED",
         "message": "required check(s) did not pass: noisy",
     }
@@ -948,7 +950,8 @@ def test_change_no_call_accounts_for_fails_the_job(client: docker.DockerClient, 
     record = new_job(client, repo, task, provider).run()
     assert record.state == "failed"
     assert code_of(record) == "CHANGESET_INVALID"
-    assert record.error == {
+    assert record.error is not None
+    assert record.error.model_dump() == {
         "code": "CHANGESET_INVALID",
         "message": "the change set is invalid: changed by no tool call: notes.txt",
     }
@@ -972,9 +975,9 @@ def test_unexpected_error_still_ends_the_record_failed(
     stored = JobStore().load(job.record.job_id)
     assert stored.state == "failed"
     assert stored.error is not None
-    assert stored.error["code"] == "INTERNAL_ERROR"
+    assert stored.error.code == "INTERNAL_ERROR"
     assert info.value.report is not None
-    assert info.value.report in stored.error["message"]
+    assert info.value.report in stored.error.message
     assert evidence_of(stored.job_id)["status"] == "failed"
     assert containers_of(client, stored.job_id) == []
 
@@ -988,7 +991,8 @@ def test_wall_clock_limit_ends_a_running_check(client: docker.DockerClient, repo
     assert time.monotonic() - started < 30
     assert record.state == "failed"
     assert code_of(record) == "LIMIT_EXCEEDED"
-    assert "wall-clock limit of 5 s" in (record.error or {}).get("message", "")
+    assert record.error is not None
+    assert "wall-clock limit of 5 s" in record.error.message
     assert containers_of(client, record.job_id) == []
     assert git(repo, "status", "--porcelain") == ""
 
@@ -1000,7 +1004,8 @@ def test_result_bytes_limit_ends_the_job(
     job = new_job(client, repo, make_task(), scripted([search_call("c1")], [search_call("c2")]))
     record = job.run()
     assert record.state == "failed"
-    assert record.error == {
+    assert record.error is not None
+    assert record.error.model_dump() == {
         "code": "LIMIT_EXCEEDED",
         "message": "tool results exceed the job's byte limit",
     }

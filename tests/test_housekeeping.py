@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from controller.errors import ErrorInfo
 from controller.jobs.records import JobRecord, JobStore, TranscriptCall, TranscriptTurn
 from tests.support.cli import ROOT, patchbox
 
@@ -37,7 +38,7 @@ def _record(job_id: str, state: str, age_days: float, *, error: str | None = Non
         updated_at=now - age_days * DAY + 42.0,
     )
     if error:
-        record.error = {"code": error, "message": "it failed"}
+        record.error = ErrorInfo(code=error, message="it failed")
     return record
 
 

@@ -87,7 +87,7 @@ def test_a_fault_at_each_stage_gives_internal_error(
     record = JobStore().load(data["job_id"])
     assert record.state == "failed"
     assert record.error is not None
-    assert record.error["code"] == "INTERNAL_ERROR"
+    assert record.error.code == "INTERNAL_ERROR"
     found = docker_client.containers.list(all=True, filters={"label": f"{JOB}={data['job_id']}"})
     assert found == []
 

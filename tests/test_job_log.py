@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.errors import UsageError
+from controller.errors import ErrorInfo, UsageError
 from controller.jobs.junit import TestCase
 from controller.jobs.log import LOG_FILE, RecordLogError
 from controller.jobs.records import (
@@ -55,7 +55,7 @@ def full_record() -> JobRecord:
     """A record with every field set (from a record of format 1, plus what it lacks)."""
     record = JobRecord.model_validate_json(RECORDS_V1[0].read_bytes())
     record.environment = {"tag": "patchbox-env:1", "key": "k", "built": True, "steps": []}
-    record.error = {"code": "CHECK_FAILED", "message": "a check failed"}
+    record.error = ErrorInfo(code="CHECK_FAILED", message="a check failed")
     record.tool_calls.append(
         ToolCallRecord(
             turn=9, id="c9", name="run_check", ok=False, error_code="X", error_message="no"
@@ -361,7 +361,7 @@ def test_an_interrupted_mark_from_another_process_keeps_the_calls(tmp_path: Path
     final = JobStore(tmp_path).load("j1")
     assert final.state == "failed"
     assert final.error is not None
-    assert final.error["code"] == "INTERRUPTED"
+    assert final.error.code == "INTERRUPTED"
     assert [s for s, _ in final.history] == ["preparing", "running", "failed"]
     assert final.transcript == record.transcript
     assert final.tool_calls == record.tool_calls

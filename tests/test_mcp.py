@@ -717,7 +717,7 @@ def test_a_second_server_on_the_same_repository_gets_job_already_running(
         second.close()
         third.close()
     records = [r for r in JobStore().all() if r.repo == str(repo.resolve())]
-    states = sorted((r.state, (r.error or {}).get("code")) for r in records)
+    states = sorted((r.state, r.error.code if r.error else None) for r in records)
     assert states == [
         ("cancelled", "CANCELLED"),
         ("cancelled", "CANCELLED"),

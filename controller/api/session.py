@@ -234,9 +234,11 @@ class Session:
         failure = self._failure
         if failure is not None and not isinstance(failure, PatchboxError):
             raise failure
-        error = self.record.error or {"code": str(ErrorCode.INTERNAL_ERROR), "message": "ended"}
-        code = ErrorCode(error["code"]) if error["code"] in ErrorCode.__members__ else None
-        raise PatchboxError(error["message"], code=code)
+        if self._job.failure is not None:
+            raise self._job.failure
+        error = self.record.error or ErrorInfo(code=str(ErrorCode.INTERNAL_ERROR), message="ended")
+        code = ErrorCode(error.code) if error.code in ErrorCode.__members__ else None
+        raise PatchboxError(error.message, code=code, hint=error.hint)
 
 
 def open_session(  # noqa: PLR0913 - a job's inputs, all keyword-only

@@ -98,7 +98,7 @@ def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcom
         return ExitCode.INTERNAL, data, text
     if ok:
         return ExitCode.OK, data, text
-    return exit_code_for_error(record.error["code"] if record.error else ""), data, text
+    return exit_code_for_error(record.error.code if record.error else ""), data, text
 
 
 def _artifacts(

@@ -26,7 +26,13 @@ from controller.config.checks import job_checks
 from controller.config.host import HostConfig
 from controller.config.task import CheckSpec, TaskSpec
 from controller.crash import internal_message, write_report
-from controller.errors import ApplyConflictError, ErrorCode, InternalError, PatchboxError
+from controller.errors import (
+    ApplyConflictError,
+    ErrorCode,
+    ErrorInfo,
+    InternalError,
+    PatchboxError,
+)
 from controller.jobs.decision import DecisionInputs, decide, skips_checks, with_conflict
 from controller.jobs.evidence import write_evidence
 from controller.jobs.loop import ToolLoop, cancelled_error
@@ -105,6 +111,8 @@ class Job:
         self.identity = identity or current_identity()
         self.progress = progress or (lambda _m: None)
         self.cancelled = threading.Event()
+        self.failure: PatchboxError | None = None
+        """The error the job failed with (its record keeps it as data)."""
         self.record = JobRecord(
             job_id=request.job_id or new_job_id(),
             repo=request.pin.path if request.pin is not None else str(request.repo.resolve()),
@@ -231,7 +239,8 @@ class Job:
     def _fail(self, exc: PatchboxError) -> None:
         cancelled = exc.code is ErrorCode.CANCELLED or self.cancelled.is_set()
         code = ErrorCode.CANCELLED if cancelled else exc.code
-        self.record.error = {"code": str(code), "message": exc.message}
+        self.record.error = ErrorInfo(code=str(code), message=exc.message, hint=exc.hint)
+        self.failure = exc
         reasons = getattr(exc, "reasons", None)
         if reasons:
             self.record.diagnostics["reasons"] = [
@@ -517,10 +526,10 @@ class Job:
             decision = self._apply(baseline, decision)
         record.decision = decision
         if decision.failed_checks:
-            record.error = {
-                "code": str(ErrorCode.CHECK_FAILED),
-                "message": "required check(s) did not pass: " + ", ".join(decision.failed_checks),
-            }
+            record.error = ErrorInfo(
+                code=str(ErrorCode.CHECK_FAILED),
+                message="required check(s) did not pass: " + ", ".join(decision.failed_checks),
+            )
             self._move("failed")
             return
         self._move("applied" if decision.applied else "awaiting_review")

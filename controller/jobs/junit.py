@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from controller.errors import ErrorInfo
+
 if TYPE_CHECKING:
     from controller.jobs.records import JobRecord
     from controller.logs import Scrubber
@@ -106,12 +108,12 @@ def report(record: JobRecord, scrub: Scrubber) -> bytes:
     failed_check = any(c.status in {"failed", "timed_out"} for c in record.checks)
     if record.state in {"failed", "cancelled"} and not failed_check:
         suite = ET.SubElement(suites, "testsuite", name="patchbox")
-        error = record.error or {"code": record.state.upper(), "message": record.state}
+        error = record.error or ErrorInfo(code=record.state.upper(), message=record.state)
         ET.SubElement(
             ET.SubElement(suite, "testcase", classname="patchbox", name="job"),
             "failure",
-            message=scrub.text(f"{error['code']}: {error['message']}")[:CASE_TEXT],
-        ).text = scrub.text(error["message"])
+            message=scrub.text(f"{error.code}: {error.message}")[:CASE_TEXT],
+        ).text = scrub.text(error.message)
         _count(suite)
     _count(suites)
     data: bytes = ET.tostring(suites, encoding="utf-8", xml_declaration=True)

@@ -25,7 +25,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
-from controller.errors import ErrorCode, InvalidTransitionError, PatchboxError, UsageError
+from controller.errors import (
+    ErrorCode,
+    ErrorInfo,
+    InvalidTransitionError,
+    PatchboxError,
+    UsageError,
+)
 from controller.jobs.junit import TestCase
 from controller.jobs.log import RecordLog, Saved
 from controller.paths import patchbox_home
@@ -242,7 +248,7 @@ class JobRecord(BaseModel):
     environment: dict[str, Any] | None = Field(default=None, exclude_if=lambda v: v is None)
     """The project environment's image (``tag``, ``key``, ``base``, ``built``, ``seconds``,
     ``steps``), when the task has one."""
-    error: dict[str, str] | None = None
+    error: ErrorInfo | None = None
     """``{"code", "message"}``: an error as data, the shape every error has."""
     diagnostics: dict[str, Any] = Field(default_factory=dict)
     """What was found on the way (paths, reasons, where the baseline came from): shown and
@@ -397,7 +403,7 @@ def mark_interrupted(store: JobStore, record: JobRecord) -> JobRecord:
     Safe to race with another process doing the same."""
     if not is_orphaned(record):
         return record
-    record.error = {"code": str(ErrorCode.INTERRUPTED), "message": INTERRUPTED_MESSAGE}
+    record.error = ErrorInfo(code=str(ErrorCode.INTERRUPTED), message=INTERRUPTED_MESSAGE)
     record.move("failed")
     store.save(record)
     return record

@@ -15,7 +15,7 @@ def summary_text(record: JobRecord) -> str:
     checks' last output lines and every refused tool call with its code and message."""
     lines = [f"job {record.job_id}: {record.state}"]
     if record.error:
-        lines.append(f"error {record.error['code']}: {record.error['message']}")
+        lines.append(f"error {record.error.code}: {record.error.message}")
     for f in record.files:
         calls = ", ".join(f.calls) or "-"
         lines.append(f"  {f.kind:<7} {f.path} (+{f.added} -{f.removed}) by call(s) {calls}")

@@ -137,7 +137,7 @@ def evidence_of(job_id: str) -> dict[str, Any]:
 
 
 def code_of(record: JobRecord) -> str | None:
-    return (record.error or {}).get("code")
+    return record.error.code if record.error else None
 
 
 def stored(record: JobRecord) -> dict[str, Any]:
