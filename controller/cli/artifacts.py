@@ -20,8 +20,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from controller.jobs.junit import failed_command_report, report
 from controller.jobs.log import write_atomic
+from controller.jobs.report import failed_command_report, report
 from controller.logs import Scrubber
 
 if TYPE_CHECKING:

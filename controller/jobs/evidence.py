@@ -14,9 +14,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from controller.jobs.junit import report
 from controller.jobs.log import write_atomic
 from controller.jobs.records import JobRecord, JobStore
+from controller.jobs.report import report
 from controller.logs import Scrubber
 from controller.paths import patchbox_home
 

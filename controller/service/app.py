@@ -550,7 +550,14 @@ async def metrics(service: Service, request: Request) -> Response:
     """Totals for anybody; the series per tenant (their names) only with the operator's
     ``metrics_token_sha256`` token. Any other token is 401."""
     operator = service.metrics_operator(request)
-    text = metrics_text(service, per_tenant=operator)
+    tenants = [t.name for t in service.config.tenants]
+    text = metrics_text(
+        service.store,
+        service.metrics,
+        tenants,
+        service.runner.running_count,
+        per_tenant=operator,
+    )
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 

@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING
 from controller.service.store import QUEUED
 
 if TYPE_CHECKING:
-    from controller.service.app import Service
+    from collections.abc import Callable, Sequence
+
+    from controller.service.store import ServiceStore
 
 
 class Metrics:
@@ -36,16 +38,24 @@ def _series(name: str, values: dict[str, int], *, per_tenant: bool) -> list[str]
     return [f"{name} {sum(values.values())}"]
 
 
-def metrics_text(service: Service, *, per_tenant: bool = False) -> str:
-    """The metrics; ``per_tenant`` labels the queued and running jobs with tenant names."""
+def metrics_text(
+    store: ServiceStore,
+    metrics: Metrics,
+    tenants: Sequence[str],
+    running_count: Callable[[str], int],
+    *,
+    per_tenant: bool = False,
+) -> str:
+    """The metrics of ``store`` and ``metrics`` for ``tenants`` (``running_count`` of each);
+    ``per_tenant`` labels the queued and running jobs with tenant names."""
     by_state: Counter[str] = Counter()
-    queued: Counter[str] = Counter({t.name: 0 for t in service.config.tenants})
-    for tenant in service.config.tenants:
-        for row in service.store.list_jobs(tenant.name):
+    queued: Counter[str] = Counter(dict.fromkeys(tenants, 0))
+    for tenant in tenants:
+        for row in store.list_jobs(tenant):
             by_state[row.state] += 1
             if row.state == QUEUED:
-                queued[tenant.name] += 1
-    running = {t.name: service.runner.running_count(t.name) for t in service.config.tenants}
+                queued[tenant] += 1
+    running = {t: running_count(t) for t in tenants}
     whose = "per tenant" if per_tenant else "of all tenants"
     lines = [
         "# HELP patchbox_service_jobs Jobs of the service by state.",
@@ -61,7 +71,7 @@ def metrics_text(service: Service, *, per_tenant: bool = False) -> str:
         "# TYPE patchbox_service_http_requests_total counter",
         *(
             f'patchbox_service_http_requests_total{{method="{m}",route="{r}",status="{s}"}} {n}'
-            for (m, r, s), n in sorted(service.metrics.snapshot().items())
+            for (m, r, s), n in sorted(metrics.snapshot().items())
         ),
     ]
     return "\n".join(lines) + "\n"
