@@ -30,6 +30,7 @@ from controller.config.limits import Limits
 from controller.jobs.records import JobRecord, JobStore
 from controller.paths import patchbox_home
 from controller.sandbox.base import Runtime, SandboxSpec
+from controller.sandbox.cache import BaselineCache
 from controller.sandbox.labels import (
     HOME,
     JOB,
@@ -38,8 +39,9 @@ from controller.sandbox.labels import (
     current_identity,
     new_job_id,
 )
-from controller.sandbox.prepare import BaselineCache, SparePool, pool_key, prepare
+from controller.sandbox.prepare import prepare
 from controller.sandbox.reaper import reap
+from controller.sandbox.spares import SparePool, pool_key
 from tests.support.cli import job_files, patchbox
 from tests.support.jobs import EDIT, GREET, call, check_call, make_repo
 

@@ -48,11 +48,13 @@ from controller.repo.baseline import Baseline
 from controller.repo.layout import locate, operations_in_progress
 from controller.repo.pin import RepoPin
 from controller.sandbox.base import Runtime, SandboxSpec
+from controller.sandbox.cache import BaselineCache
 from controller.sandbox.docker import DockerSandbox
 from controller.sandbox.environment import EnvironmentBuilder
 from controller.sandbox.image import ImageBuilder
 from controller.sandbox.labels import ControllerIdentity, current_identity, new_job_id
-from controller.sandbox.prepare import BaselineCache, Prepared, SparePool, prepare
+from controller.sandbox.prepare import Prepared, prepare
+from controller.sandbox.spares import SparePool
 from controller.tools.executor import ToolExecutor
 
 log = structlog.get_logger(__name__)

@@ -28,6 +28,7 @@ import hashlib
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import threading
@@ -553,6 +554,25 @@ def archive_process(baseline: Baseline, stdout: int) -> subprocess.Popen[bytes]:
         stdout=stdout,
         stderr=subprocess.PIPE,
     )
+
+
+def archive_into(baseline: Baseline, fd: int) -> None:
+    """``git archive`` of the baseline tree writing into ``fd`` itself (no byte through
+    Python). A pipe whose reader left (SIGPIPE) is not an error here: GNU tar stops reading
+    at the end-of-archive blocks, and whether the tree was unpacked is the reader's to say."""
+    proc = archive_process(baseline, fd)
+    try:
+        code = proc.wait(timeout=GIT_TIMEOUT)
+    except subprocess.TimeoutExpired as exc:
+        raise GitError("git archive did not finish") from exc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+    if code not in (0, -signal.SIGPIPE):
+        raise GitError(f"git archive failed with exit {code}")
 
 
 @contextlib.contextmanager
