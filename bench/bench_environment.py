@@ -55,12 +55,8 @@ from controller.repo.baseline import Baseline, build_baseline
 from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.cache import BaselineCache
 from controller.sandbox.dockerclient import connect
-from controller.sandbox.environment import (
-    LABEL_KEY,
-    EnvironmentBuilder,
-    EnvironmentImage,
-    step_names,
-)
+from controller.sandbox.envbuild import EnvironmentBuilder, EnvironmentImage
+from controller.sandbox.environment import LABEL_KEY, step_names
 from controller.sandbox.image import ImageBuilder
 from controller.sandbox.labels import JOB, current_identity, new_job_id
 from controller.sandbox.prepare import start_with_baseline

@@ -50,7 +50,7 @@ from controller.repo.pin import RepoPin
 from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.cache import BaselineCache
 from controller.sandbox.docker import DockerSandbox
-from controller.sandbox.environment import EnvironmentBuilder
+from controller.sandbox.envbuild import EnvironmentBuilder
 from controller.sandbox.image import ImageBuilder
 from controller.sandbox.labels import ControllerIdentity, current_identity, new_job_id
 from controller.sandbox.prepare import Prepared, prepare
