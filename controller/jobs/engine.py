@@ -20,8 +20,10 @@ from pathlib import Path
 import docker
 import structlog
 
+from controller.changes.changeset import ChangeSet
 from controller.changes.collect import Collected, baseline_sha256, collect
-from controller.changes.validate import ChangeSet, control_lines, validate_changeset
+from controller.changes.rules import control_lines
+from controller.changes.validate import validate_changeset
 from controller.config.checks import resolve_checks, resolve_environment, with_environment
 from controller.config.host import HostConfig
 from controller.config.task import CheckSpec, TaskSpec
