@@ -18,7 +18,7 @@ import pytest
 
 from controller.config.limits import Limits
 from controller.errors import ErrorCode, PatchboxError, SandboxError
-from controller.repo.baseline import SnapshotLimits
+from controller.repo.health import SnapshotLimits
 from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.cache import BaselineCache
 from controller.sandbox.docker import DockerSandbox

@@ -37,13 +37,12 @@ import structlog
 from controller.errors import GitError, PatchboxError, SandboxError
 from controller.repo.baseline import (
     Baseline,
-    HealthReport,
     Mode,
-    SnapshotLimits,
     archive_stream,
     build_baseline,
     predicted_tree,
 )
+from controller.repo.health import HealthReport, SnapshotLimits
 from controller.repo.layout import locate, resolve_head
 from controller.sandbox.base import SandboxSpec
 from controller.sandbox.cache import BaselineCache, mount_alias
