@@ -161,8 +161,8 @@ def commit_baseline(path: Path, commit: str) -> Baseline | None:
 
 
 def grow_pipe(fd: int) -> None:
-    """Asks for a 1 MiB pipe buffer: pipelines of 100,000 small files run about a third
-    faster than with the default 64 KiB. Harmless where refused."""
+    """Asks for a 1 MiB pipe buffer instead of the default 64 KiB (fewer wake-ups: bulk
+    pipelines run faster, see docs/performance.md). Harmless where refused."""
     with contextlib.suppress(OSError):
         fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
 
