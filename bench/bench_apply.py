@@ -41,8 +41,9 @@ from pathlib import Path
 from bench_tools import ensure_repo, git
 from common import loadavg, print_table
 from controller.changes.apply import apply_changeset, revert_changeset
+from controller.changes.changeset import ChangesetLimits
 from controller.changes.journal import Journal
-from controller.changes.validate import ChangesetLimits, prepare_changeset
+from controller.changes.validate import prepare_changeset
 from controller.changes.worktree import IO_THREADS
 from controller.repo.baseline import build_baseline
 

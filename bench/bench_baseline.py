@@ -39,10 +39,12 @@ from bench_tools import ensure_repo, git
 from common import loadavg, print_table
 from controller.config.limits import Limits
 from controller.sandbox.base import Runtime, SandboxSpec
+from controller.sandbox.cache import BaselineCache
 from controller.sandbox.dockerclient import connect
 from controller.sandbox.image import ImageBuilder
 from controller.sandbox.labels import KIND, current_identity, new_job_id
-from controller.sandbox.prepare import BaselineCache, Prepared, SparePool, prepare
+from controller.sandbox.prepare import Prepared, prepare
+from controller.sandbox.spares import SparePool
 
 
 def worktree_add(repo: Path, under: str | None = None) -> float:

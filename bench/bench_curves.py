@@ -47,16 +47,17 @@ from bench_idle import SERIES, measure_reference, measure_sandboxes
 from bench_tools import RARE, ensure_repo, git
 from common import fit_line, loadavg, percentile, print_table
 from controller.changes.apply import apply_changeset, revert_changeset
+from controller.changes.changeset import ChangesetLimits
 from controller.changes.collect import MAX_CHANGED_FILES, collect
 from controller.changes.journal import Journal
-from controller.changes.validate import ChangesetLimits
 from controller.config.limits import Limits
 from controller.sandbox.base import SandboxSpec
+from controller.sandbox.cache import BaselineCache
 from controller.sandbox.docker import DockerSandbox
 from controller.sandbox.dockerclient import connect
 from controller.sandbox.image import ImageBuilder
 from controller.sandbox.labels import JOB, current_identity, new_job_id
-from controller.sandbox.prepare import BaselineCache, prepare
+from controller.sandbox.prepare import prepare
 
 IDLE_TARGET_MB = 15.0
 APPEND = 'for f in "$@"; do printf "changed by the bench\\n" >> "$f"; done'

@@ -53,16 +53,13 @@ from controller.config.limits import Limits
 from controller.errors import EnvironmentBuildError
 from controller.repo.baseline import Baseline, build_baseline
 from controller.sandbox.base import Runtime, SandboxSpec
+from controller.sandbox.cache import BaselineCache
 from controller.sandbox.dockerclient import connect
-from controller.sandbox.environment import (
-    LABEL_KEY,
-    EnvironmentBuilder,
-    EnvironmentImage,
-    step_names,
-)
+from controller.sandbox.envbuild import EnvironmentBuilder, EnvironmentImage
+from controller.sandbox.environment import LABEL_KEY, step_names
 from controller.sandbox.image import ImageBuilder
 from controller.sandbox.labels import JOB, current_identity, new_job_id
-from controller.sandbox.prepare import BaselineCache, start_with_baseline
+from controller.sandbox.prepare import start_with_baseline
 
 if TYPE_CHECKING:
     from collections.abc import Callable

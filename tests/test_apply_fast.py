@@ -23,7 +23,7 @@ import pytest
 from controller.changes import validate, worktree
 from controller.changes.gittree import GitTree, index_file
 from controller.changes.tree import CheckOutcome, IndexEntry, TreeEntry
-from patchbox_agent import diffs, names
+from patchbox_agent import diffs, hunks, names
 from tests.support.git import git, init, make_diff
 
 BEFORE = {
@@ -51,7 +51,7 @@ def _outcome(text: str) -> object:
 
 def _line_by_line(text: str, monkeypatch: pytest.MonkeyPatch) -> object:
     with monkeypatch.context() as m:
-        m.setattr(diffs, "_whole_run", lambda *_: None)
+        m.setattr(hunks, "_whole_run", lambda *_: None)
         return _outcome(text)
 
 

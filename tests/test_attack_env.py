@@ -23,6 +23,7 @@ from controller.config.host import load_config
 from controller.config.task import CheckSpec, TaskSpec
 from controller.errors import UsageError, describe_validation
 from controller.logs import SECRET_NAME
+from controller.sandbox import envimages
 from controller.sandbox import environment as envmod
 from tests.support.cli import job_files, patchbox
 from tests.support.git import init
@@ -303,7 +304,7 @@ def test_an_old_label_with_values_is_shown_with_names_only() -> None:
         tags=["patchbox-env:0123456789abcdef"],
         attrs={"Config": {"Labels": labels}},
     )
-    assert envmod.describe(image)["spec"]["env"] == ["A", "B"]
+    assert envimages.describe(image)["spec"]["env"] == ["A", "B"]
     spec = EnvironmentSpec(env={"MODE": "v4lue"}, setup=[["true"]])
     label = envmod.label_spec(spec)
     assert label["env"] == ["MODE"]

@@ -19,7 +19,7 @@ import pytest
 
 from controller.config.task import CHECK_ENV
 from controller.sandbox.base import Runtime
-from patchbox_agent import index
+from patchbox_agent import ignore
 from tests.conftest import SandboxFactory
 from tests.support.git import git, git_env
 from tests.support.harness import AgentWorkspace
@@ -125,7 +125,7 @@ def test_rewritten_patterns_ignore_exactly_what_git_ignores(tmp_path: Path, seed
             rules[d] = data
     native = _ignored(git_dir, work, "--exclude-standard")
     excludes = tmp_path / "excludes"
-    excludes.write_bytes(index.patterns(rules))
+    excludes.write_bytes(ignore.patterns(rules))
     ours = _ignored(git_dir, work, f"--exclude-from={excludes}") if rules else set()
     assert ours == native
     if rules:  # the same asked of a few paths, as a refresh does
@@ -174,7 +174,7 @@ def test_ignore_git_dir_is_read_only_and_root_owned(make_sandbox: SandboxFactory
     box = make_sandbox()
     probe = (
         "import os\n"
-        f"p = {index.BAKED_GIT_DIR!r}\n"
+        f"p = {ignore.BAKED_GIT_DIR!r}\n"
         "st = os.stat(p)\n"
         "print(st.st_uid, oct(st.st_mode & 0o777), os.access(p, os.W_OK),"
         " os.access(os.path.dirname(p), os.W_OK), sorted(os.listdir(p)))\n"

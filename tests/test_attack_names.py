@@ -16,8 +16,8 @@ from typing import Any
 import docker
 import pytest
 
+from controller.changes.rules import check_diff
 from controller.changes.tree import MemoryTree
-from controller.changes.validate import check_diff
 from controller.errors import ChangesetInvalidError, ErrorCode, ToolError
 from controller.sandbox.base import Runtime
 from controller.sandbox.local import LocalSandbox

@@ -14,12 +14,8 @@ from pathlib import Path
 import pytest
 
 from controller.errors import ErrorCode, PatchboxError
-from controller.repo.baseline import (
-    archive_stream,
-    build_baseline,
-    check_health,
-    predicted_tree,
-)
+from controller.repo.baseline import archive_stream, build_baseline, predicted_tree
+from controller.repo.health import check_health
 from tests.support.baseline import (
     Files,
     archive_files,

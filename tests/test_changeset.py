@@ -15,16 +15,11 @@ from typing import Any
 
 import pytest
 
+from controller.changes.changeset import ChangesetLimits, Prepared
 from controller.changes.gittree import git_patch_check
+from controller.changes.rules import check_diff, policy_reason
 from controller.changes.tree import CheckOutcome, IndexEntry, MemoryTree
-from controller.changes.validate import (
-    ChangesetLimits,
-    Prepared,
-    check_diff,
-    policy_reason,
-    prepare_changeset,
-    validate_changeset,
-)
+from controller.changes.validate import prepare_changeset, validate_changeset
 from controller.errors import ChangesetInvalidError, ErrorCode
 from controller.reasons import REASONS, ChangesetReason
 from controller.repo.baseline import Baseline, build_baseline

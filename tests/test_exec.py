@@ -11,9 +11,10 @@ import pytest
 
 from controller.config.limits import Limits
 from controller.sandbox.base import Runtime, SandboxSpec
+from controller.sandbox.cache import BaselineCache
 from controller.sandbox.docker import container_config
 from controller.sandbox.labels import current_identity, new_job_id
-from controller.sandbox.prepare import BaselineCache, prepare
+from controller.sandbox.prepare import prepare
 from tests.support.git import init
 
 SCRIPT = '#!/bin/sh\necho "ran from $(pwd)"\n'

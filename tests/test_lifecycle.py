@@ -34,6 +34,7 @@ from controller.config.limits import Limits
 from controller.jobs.records import JobRecord, JobStore
 from controller.paths import MOUNT_PREFIX, mount_staging_root, owned_temp_dir, patchbox_home
 from controller.sandbox.base import Runtime, SandboxSpec
+from controller.sandbox.cache import BaselineCache
 from controller.sandbox.docker import ORPHAN_STOP_SECONDS, AttachChannel, container_config
 from controller.sandbox.labels import (
     HOME,
@@ -43,8 +44,9 @@ from controller.sandbox.labels import (
     current_identity,
     new_job_id,
 )
-from controller.sandbox.prepare import BaselineCache, SparePool, pool_key, prepare
+from controller.sandbox.prepare import prepare
 from controller.sandbox.reaper import reap
+from controller.sandbox.spares import SparePool, pool_key
 from tests.support.cli import job_files, patchbox
 from tests.support.jobs import EDIT, GREET, call, check_call, make_repo
 

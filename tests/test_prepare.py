@@ -18,12 +18,14 @@ import pytest
 
 from controller.config.limits import Limits
 from controller.errors import ErrorCode, PatchboxError, SandboxError
-from controller.repo.baseline import SnapshotLimits
+from controller.repo.health import SnapshotLimits
 from controller.sandbox.base import Runtime, SandboxSpec
+from controller.sandbox.cache import BaselineCache
 from controller.sandbox.docker import DockerSandbox
 from controller.sandbox.labels import KIND, ControllerIdentity, current_identity, new_job_id
-from controller.sandbox.prepare import POOL_KEY, BaselineCache, SparePool, pool_key, prepare
+from controller.sandbox.prepare import prepare
 from controller.sandbox.reaper import reap
+from controller.sandbox.spares import POOL_KEY, SparePool, pool_key
 from tests.support.git import git
 from tests.support.proxy import TcpProxy
 

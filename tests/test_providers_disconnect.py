@@ -19,7 +19,7 @@ import structlog
 
 from controller.errors import ErrorCode
 from controller.providers import ProviderError, ToolCall
-from controller.providers.openai import ends_early
+from controller.providers.replies import ends_early
 from tests.support.loopback import (
     Handler,
     LoopbackServer,

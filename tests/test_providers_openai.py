@@ -33,7 +33,7 @@ from controller.providers import (
     ToolResult,
     open_provider,
 )
-from controller.providers.openai import retry_after_seconds, sse_events
+from controller.providers.replies import retry_after_seconds, sse_events
 from controller.tools.schemas import ReadFileArgs, parse_arguments, tool_schemas
 from tests.support.loopback import (
     LoopbackServer,

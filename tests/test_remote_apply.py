@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 
 from controller.api import RemoteOrigin, apply_remote_diff
+from controller.changes.changeset import ChangesetLimits
 from controller.changes.journal import Journal
-from controller.changes.validate import ChangesetLimits, prepare_changeset
+from controller.changes.validate import prepare_changeset
 from controller.client import MAX_ANSWER_BYTES, MAX_EVENT_BYTES, ServiceClient
 from controller.errors import (
     ApplyConflictError,

@@ -10,12 +10,8 @@ from pathlib import Path
 import pytest
 
 from controller.errors import ErrorCode, NotARepositoryError, PatchboxError, RepoBlockedError
-from controller.repo.baseline import (
-    HealthReport,
-    SnapshotLimits,
-    build_baseline,
-    check_health,
-)
+from controller.repo.baseline import build_baseline
+from controller.repo.health import HealthReport, SnapshotLimits, check_health
 from controller.repo.layout import locate
 from tests.support.baseline import archive_files, isolate, leftovers, work_tree_files
 from tests.support.git import Repo, init

@@ -24,8 +24,9 @@ from typing import Any
 import docker
 import pytest
 
+from controller.changes.changeset import MAX_CONTROL_LINES, ControlLine
+from controller.changes.rules import check_diff, control_lines
 from controller.changes.tree import MemoryTree
-from controller.changes.validate import MAX_CONTROL_LINES, ControlLine, check_diff, control_lines
 from controller.jobs.records import JobStore
 from controller.text import escape, flag_text, hidden_characters, visible
 from tests.support.git import make_diff

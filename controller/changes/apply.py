@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from controller.changes.changeset import ChangeSet, ChangesetLimits
 from controller.changes.conflicts import apply_refused, check_repo, state_conflict
 from controller.changes.journal import (
     ApplyRecord,
@@ -48,7 +49,7 @@ from controller.changes.journal import (
 from controller.changes.plan import plan_apply
 from controller.changes.recovery import Recovery, job_at_rest, job_state, recover, recover_job
 from controller.changes.transaction import mismatches, run_or_roll_back
-from controller.changes.validate import ChangeSet, ChangesetLimits, prepare_changeset
+from controller.changes.validate import prepare_changeset
 from controller.changes.worktree import FolderReplacedError, WorkTree
 from controller.errors import ApplyConflictError, RevertConflictError
 from controller.reasons import Conflict
@@ -117,7 +118,7 @@ def apply_changeset(  # noqa: PLR0913 - the change set and keyword-only job inpu
 ) -> ApplyResult:
     """Applies a job's diff to the user's work tree, all or nothing.
 
-    Raises :class:`~controller.changes.validate.ChangesetInvalidError` when the diff fails
+    Raises :class:`~controller.errors.ChangesetInvalidError` when the diff fails
     validation, :class:`ApplyConflictError` when the work tree is not as expected (also for
     a job already applied; its ``conflicts`` name every path and why, its message the files
     that differ and, where ``merge`` would merge them, the command); in both cases nothing

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from controller.changes.changeset import PathChange, Prepared
 from controller.changes.conflicts import check_repo, state_conflict
 from controller.changes.journal import PathRecord, Side
 from controller.changes.tree import MODE_EXEC
-from controller.changes.validate import PathChange, Prepared
 from controller.changes.worktree import FileState, WorkTree
 from controller.paths import owned_temp_dir
 from controller.reasons import Conflict

@@ -1,6 +1,6 @@
 """The baseline tree as the validator sees it.
 
-:class:`BaselineTree` is the Protocol the rules of :mod:`controller.changes.validate` read
+:class:`BaselineTree` is the Protocol the rules of :mod:`controller.changes.rules` read
 through: entries looked up by path (with the first ancestor that is not a folder), folder
 listings and blob contents. :class:`MemoryTree` is the in-memory tree for tests and callers
 without git; :class:`controller.changes.gittree.GitTree` reads the private git dir. A

@@ -16,7 +16,7 @@ from controller.paths import patchbox_home
 from controller.repo.git import git_version
 from controller.sandbox.dockerclient import connect
 from controller.sandbox.image import ImageBuilder
-from controller.sandbox.prepare import SparePool
+from controller.sandbox.spares import SparePool
 
 
 def _git_version() -> str | None:

@@ -25,7 +25,7 @@ def cmd_env_build(args: argparse.Namespace, progress: Callable[[str], None]) -> 
     from controller.config.task import load_task
     from controller.repo.baseline import build_baseline
     from controller.sandbox.dockerclient import connect
-    from controller.sandbox.environment import EnvironmentBuilder
+    from controller.sandbox.envbuild import EnvironmentBuilder
     from controller.signals import cancel_on_signals
 
     task = load_task(Path(args.task))
@@ -74,7 +74,7 @@ def _line(env: dict[str, Any]) -> str:
 
 def cmd_env_list(_args: argparse.Namespace) -> Outcome:
     from controller.sandbox.dockerclient import connect
-    from controller.sandbox.environment import list_environments
+    from controller.sandbox.envimages import list_environments
 
     found = list_environments(connect())
     text = "\n".join(_line(e) for e in found) or "no environments"
@@ -83,7 +83,7 @@ def cmd_env_list(_args: argparse.Namespace) -> Outcome:
 
 def cmd_env_show(args: argparse.Namespace) -> Outcome:
     from controller.sandbox.dockerclient import connect
-    from controller.sandbox.environment import find_environment
+    from controller.sandbox.envimages import find_environment
 
     env = find_environment(connect(), args.id)
     spec = env["spec"]
@@ -103,7 +103,7 @@ def cmd_env_show(args: argparse.Namespace) -> Outcome:
 
 def cmd_env_prune(_args: argparse.Namespace) -> Outcome:
     from controller.sandbox.dockerclient import connect
-    from controller.sandbox.environment import prune_environments
+    from controller.sandbox.envimages import prune_environments
 
     removed, kept = prune_environments(connect())
     text = f"removed {len(removed)} environment(s)"

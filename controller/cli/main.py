@@ -33,7 +33,7 @@ from controller.errors import (
 from controller.version import version
 
 if TYPE_CHECKING:
-    from controller.repo.baseline import HealthReport
+    from controller.repo.health import HealthReport
 
 
 _STARTED = time.monotonic()
@@ -99,7 +99,7 @@ def _doctor(args: argparse.Namespace) -> int:
 def _repo_health(args: argparse.Namespace) -> HealthReport:
     from pathlib import Path
 
-    from controller.repo.baseline import SnapshotLimits, check_health
+    from controller.repo.health import SnapshotLimits, check_health
 
     fields = {
         k: v

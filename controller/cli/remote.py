@@ -355,7 +355,7 @@ def _apply_here(
     """A bundle job's diff, downloaded up to the change set's size limit, applied to the
     local repository as a local job (:func:`controller.api.apply_remote_diff`)."""
     from controller.api import RemoteOrigin, apply_remote_diff
-    from controller.changes.validate import ChangesetLimits
+    from controller.changes.changeset import ChangesetLimits
     from controller.reasons import ChangesetReason
 
     allowed = _allowed_paths(args)

@@ -18,7 +18,7 @@ from controller.config.environment import EnvironmentRef, check_env_names
 from controller.config.inputfile import read_input_file
 from controller.config.limits import Limits
 from controller.errors import UsageError, describe_validation
-from patchbox_agent import server
+from patchbox_agent import ops
 
 CheckId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 
@@ -41,14 +41,14 @@ class CheckSpec(BaseModel):
     argv: list[Annotated[str, StringConstraints(min_length=1, max_length=4096)]] = Field(
         min_length=1, max_length=256
     )
-    timeout_seconds: float = Field(default=300.0, gt=0, le=server.MAX_RUN_SECONDS)
+    timeout_seconds: float = Field(default=300.0, gt=0, le=ops.MAX_RUN_SECONDS)
     required: bool = True
     mutates: bool = False
     """A check that may change files (a formatter); its changes are recorded as its effects.
     Any other check that changes a file fails the job."""
     env: dict[str, Annotated[str, StringConstraints(max_length=4096)]] = Field(default_factory=dict)
     """Extra variables; names must not look like secrets or proxies."""
-    output_limit: int = Field(default=server.DEFAULT_RUN_OUTPUT, ge=1024, le=server.MAX_RUN_OUTPUT)
+    output_limit: int = Field(default=ops.DEFAULT_RUN_OUTPUT, ge=1024, le=ops.MAX_RUN_OUTPUT)
     """Bytes of output kept (the agent's bounds: its default, at most its maximum)."""
     junit: Annotated[str, StringConstraints(min_length=1, max_length=1024)] | None = None
     """Where the check writes its own JUnit XML (``pytest --junitxml=/tmp/junit.xml``): an

@@ -20,8 +20,10 @@ from pathlib import Path
 import docker
 import structlog
 
+from controller.changes.changeset import ChangeSet
 from controller.changes.collect import Collected, baseline_sha256, collect
-from controller.changes.validate import ChangeSet, control_lines, validate_changeset
+from controller.changes.rules import control_lines
+from controller.changes.validate import validate_changeset
 from controller.config.checks import job_checks
 from controller.config.host import HostConfig
 from controller.config.task import CheckSpec, TaskSpec
@@ -54,11 +56,13 @@ from controller.repo.baseline import Baseline
 from controller.repo.layout import locate, operations_in_progress
 from controller.repo.pin import RepoPin
 from controller.sandbox.base import Runtime, SandboxSpec
+from controller.sandbox.cache import BaselineCache
 from controller.sandbox.docker import DockerSandbox
-from controller.sandbox.environment import EnvironmentBuilder
+from controller.sandbox.envbuild import EnvironmentBuilder
 from controller.sandbox.image import ImageBuilder
 from controller.sandbox.labels import ControllerIdentity, current_identity, new_job_id
-from controller.sandbox.prepare import BaselineCache, Prepared, SparePool, prepare
+from controller.sandbox.prepare import Prepared, prepare
+from controller.sandbox.spares import SparePool
 from controller.tools.executor import ToolExecutor
 
 log = structlog.get_logger(__name__)

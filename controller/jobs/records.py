@@ -179,7 +179,7 @@ class FileChange(_Value):
 class ControlLine(_Value):
     """An added line of the diff holding characters a terminal acts on or hides: the file,
     the line's number after the change and each such character as an escape (``\\x1b``,
-    ``\\u202e``); :class:`controller.changes.validate.ControlLine`."""
+    ``\\u202e``); :class:`controller.changes.changeset.ControlLine`."""
 
     path: str
     line: int

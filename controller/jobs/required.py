@@ -24,9 +24,10 @@ from controller.jobs.junit import MAX_JUNIT_BYTES, JunitError, parse_cases
 from controller.jobs.records import CheckResult
 from controller.repo.baseline import Baseline
 from controller.sandbox.base import SandboxSpec
+from controller.sandbox.cache import BaselineCache
 from controller.sandbox.docker import SANDBOX_UID, DockerSandbox
 from controller.sandbox.labels import ControllerIdentity
-from controller.sandbox.prepare import BaselineCache, start_with_baseline
+from controller.sandbox.prepare import start_with_baseline
 from controller.text import strip_control
 
 OUTPUT_TAIL = 8192

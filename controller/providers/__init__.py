@@ -1,7 +1,7 @@
 """Model providers: the scripted one and the OpenAI-compatible adapters, behind one Protocol.
 
 The names below are imported on first use: a job driven by a calls file never loads the HTTP
-stack (httpx and what it brings cost about 0.2 s of CPU at every start).
+stack (httpx and what it brings; docs/performance.md has what that costs at every start).
 """
 
 from __future__ import annotations

@@ -17,9 +17,8 @@ from typing import Any, ClassVar, Literal
 from controller.errors import ProviderError, TransientProviderError
 from controller.providers.base import ModelTurn, ToolCall, ToolResult, new_turn
 from controller.providers.config import ProviderConfig
-from controller.providers.openai import (
-    SYSTEM_PROMPT,
-    OpenAIProvider,
+from controller.providers.openai import SYSTEM_PROMPT, OpenAIProvider
+from controller.providers.replies import (
     Reply,
     Wire,
     decode_json,

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from controller.config.limits import Limits
-from patchbox_agent import diffs, jail, search, server
+from patchbox_agent import diffs, jail, ops, search
 
 Runtime = Literal["runc", "runsc"]
 
@@ -43,7 +43,7 @@ class SandboxSpec(BaseModel):
 PRELOAD_TARGET = "/run/patchbox/baseline.tar"
 
 
-DEFAULT_OUTPUT_LIMIT = server.DEFAULT_RUN_OUTPUT
+DEFAULT_OUTPUT_LIMIT = ops.DEFAULT_RUN_OUTPUT
 """Bytes of a process's output kept by ``run`` unless the caller says otherwise."""
 
 _MAX_PATH = jail.MAX_PATH_BYTES
@@ -83,7 +83,7 @@ class HelloResult(_Result):
 
 
 class ListFilesResult(_Result):
-    files: list[str] = Field(max_length=server.MAX_LIST_RESULTS)
+    files: list[str] = Field(max_length=ops.MAX_LIST_RESULTS)
     truncated: bool
     version: int = Field(ge=0)
     """The workspace version the listing belongs to."""
@@ -96,7 +96,7 @@ class SearchHit(_Result):
 
 
 class SearchTextResult(_Result):
-    hits: list[SearchHit] = Field(max_length=server.MAX_SEARCH_RESULTS)
+    hits: list[SearchHit] = Field(max_length=ops.MAX_SEARCH_RESULTS)
     truncated: bool
     files_scanned: int = Field(ge=0)
     version: int = Field(ge=0)
@@ -147,18 +147,18 @@ class PutArchiveResult(_Result):
 class FileChanges(_Result):
     """Visible files a process changed, as the agent observed them (bounded lists)."""
 
-    added: list[str] = Field(max_length=server.MAX_CHANGE_PATHS)
-    removed: list[str] = Field(max_length=server.MAX_CHANGE_PATHS)
-    modified: list[str] = Field(max_length=server.MAX_CHANGE_PATHS)
+    added: list[str] = Field(max_length=ops.MAX_CHANGE_PATHS)
+    removed: list[str] = Field(max_length=ops.MAX_CHANGE_PATHS)
+    modified: list[str] = Field(max_length=ops.MAX_CHANGE_PATHS)
     count: int = Field(ge=0)
 
 
 class ChangesResult(_Result):
     """Visible files changed since the baseline, as the agent observed them."""
 
-    added: list[str] = Field(max_length=server.MAX_EXPORT_PATHS)
-    removed: list[str] = Field(max_length=server.MAX_EXPORT_PATHS)
-    modified: list[str] = Field(max_length=server.MAX_EXPORT_PATHS)
+    added: list[str] = Field(max_length=ops.MAX_EXPORT_PATHS)
+    removed: list[str] = Field(max_length=ops.MAX_EXPORT_PATHS)
+    modified: list[str] = Field(max_length=ops.MAX_EXPORT_PATHS)
     count: int = Field(ge=0)
     truncated: bool
 

@@ -24,13 +24,13 @@ from controller.sandbox.base import (
     RunResult,
     SearchTextResult,
 )
-from patchbox_agent import server
+from patchbox_agent import ops
 
 M = TypeVar("M", bound=BaseModel)
 
 DEFAULT_CALL_TIMEOUT = 60.0
 ARCHIVE_TIMEOUT = 600.0
-RAW_CHUNK = server.RAW_CHUNK
+RAW_CHUNK = ops.RAW_CHUNK
 RUN_GRACE = 10.0
 """Seconds the controller waits beyond a process timeout for the agent's answer."""
 

@@ -23,7 +23,7 @@ from controller.sandbox.labels import (
     labels_of,
     status_of,
 )
-from controller.sandbox.prepare import SparePool
+from controller.sandbox.spares import SparePool
 
 log = structlog.get_logger(__name__)
 

@@ -29,14 +29,14 @@ from controller.errors import (
     describe_validation,
 )
 from controller.sandbox.protocol import decode_json
-from patchbox_agent import diffs, globs, jail, server
+from patchbox_agent import diffs, globs, jail, ops
 
 MAX_ARGUMENT_BYTES = diffs.MAX_BYTES + 4096
 """The largest arguments object accepted (an 8 MiB patch plus its envelope)."""
 
 WorkspacePath = Annotated[str, StringConstraints(min_length=1, max_length=jail.MAX_PATH_BYTES)]
 Glob = Annotated[str, StringConstraints(min_length=1, max_length=globs.MAX_PATTERN)]
-LineNumber = Annotated[int, Field(ge=1, le=server.MAX_LINE_NUMBER)]
+LineNumber = Annotated[int, Field(ge=1, le=ops.MAX_LINE_NUMBER)]
 
 
 class _Args(BaseModel):
@@ -60,21 +60,19 @@ class ListFilesArgs(_Args):
 
     glob: Glob | None = None
     """Only paths matching this glob (``*`` stays within a folder, ``**`` crosses folders)."""
-    max_results: int | None = Field(
-        default=None, ge=1, le=server.MAX_LIST_RESULTS, alias="maxResults"
-    )
+    max_results: int | None = Field(default=None, ge=1, le=ops.MAX_LIST_RESULTS, alias="maxResults")
     """At most this many paths (default 1000)."""
 
 
 class SearchTextArgs(_Args):
     """Search the text files of the workspace; returns path, line number and line."""
 
-    query: Annotated[str, StringConstraints(min_length=1, max_length=server.MAX_QUERY)]
+    query: Annotated[str, StringConstraints(min_length=1, max_length=ops.MAX_QUERY)]
     """A literal string, or a regular expression when ``regex`` is true."""
     glob: Glob | None = None
     """Only files whose path matches this glob."""
     max_results: int | None = Field(
-        default=None, ge=1, le=server.MAX_SEARCH_RESULTS, alias="maxResults"
+        default=None, ge=1, le=ops.MAX_SEARCH_RESULTS, alias="maxResults"
     )
     """At most this many hits (default 100)."""
     regex: bool = False

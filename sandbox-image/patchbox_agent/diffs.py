@@ -4,11 +4,11 @@ Pure and standard-library only (python >= 3.9): used by the in-container agent f
 ``apply_patch`` and by the host controller to validate the final change set. No I/O: the
 diff is a ``str``, file contents are ``bytes`` given by a ``read`` callable.
 
-This module holds the parser and the data it builds, and exports the whole family: the
-name rules live in :mod:`patchbox_agent.names` and the applier in
-:mod:`patchbox_agent.patching`, and callers import their public names from here. It stays
-a little over 600 lines because the parser is one grammar (sections, headers, hunks)
-checked in one pass, and the list of reason codes below is its contract.
+This module holds the parser of sections and headers, and exports the whole family: the
+data it builds lives in :mod:`patchbox_agent.patch`, the hunk grammar in
+:mod:`patchbox_agent.hunks`, the name rules in :mod:`patchbox_agent.names` and the applier
+in :mod:`patchbox_agent.patching`; callers import their public names from here. The list of
+reason codes below is its contract.
 
 ``parse(text)`` returns one ``FilePatch`` per ``diff --git`` section or raises
 ``DiffError(reason, message)``. ``apply(patches, read)`` returns the new content of every
@@ -66,16 +66,15 @@ Reason codes (``DiffError.reason``), a closed set (``REASONS``):
 
 from __future__ import annotations
 
-import operator
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal, TypedDict, cast
+from typing import TypedDict
 
+from .hunks import DIFF_GIT, leftover, no_cr, read_hunks, stray
 from .names import (
     MAX_COMPONENTS,
     MAX_PATH_BYTES,
-    DiffError,
     check_collisions,
     check_path,
     fold,
@@ -84,7 +83,8 @@ from .names import (
     plain_name,
     unquote,
 )
-from .patching import apply, blob_id, lines_before, patch_bytes
+from .patch import MODE_EXEC, MODE_FILE, DiffError, FilePatch, Hunk, Kind
+from .patching import apply, blob_id, patch_bytes
 
 __all__ = [
     "MAX_BYTES",
@@ -113,12 +113,6 @@ __all__ = [
 MAX_BYTES = 8 * 1024 * 1024
 MAX_FILES = 200
 
-MODE_FILE = "100644"
-MODE_EXEC = "100755"
-
-Kind = Literal["modify", "create", "delete", "rename"]
-Op = Literal[" ", "-", "+"]
-
 # Grouped as in the module docstring.
 REASONS = frozenset(
     {
@@ -136,62 +130,6 @@ REASONS = frozenset(
 )
 
 
-@dataclass(frozen=True)
-class Hunk:
-    """One ``@@ -old_start,old_len +new_start,new_len @@`` block. ``lines`` hold the text
-    without its newline; ``old_no_eol``/``new_no_eol`` mark a ``\\ No newline at end of
-    file`` after the last line of that side."""
-
-    old_start: int
-    old_len: int
-    new_start: int
-    new_len: int
-    lines: tuple[tuple[Op, str], ...]
-    old_no_eol: bool = False
-    new_no_eol: bool = False
-    section: str = ""
-
-    @property
-    def added(self) -> int:
-        return list(map(_op_of, self.lines)).count("+")
-
-    @property
-    def removed(self) -> int:
-        return list(map(_op_of, self.lines)).count("-")
-
-
-@dataclass(frozen=True)
-class FilePatch:
-    """One file section. ``old_path`` is None for a created file, ``new_path`` for a deleted
-    one; modes are ``100644``/``100755`` or None when the diff does not state them; blob ids
-    are as abbreviated in the ``index`` line, None when absent or all zeros."""
-
-    old_path: str | None
-    new_path: str | None
-    kind: Kind
-    old_mode: str | None
-    new_mode: str | None
-    index_old: str | None
-    index_new: str | None
-    hunks: tuple[Hunk, ...]
-    similarity: int | None = None
-
-    @property
-    def path(self) -> str:
-        name = self.new_path if self.new_path is not None else self.old_path
-        if name is None:  # pragma: no cover - parse never builds this
-            raise DiffError("bad_header", "file patch without a path")
-        return name
-
-    @property
-    def added(self) -> int:
-        return sum(h.added for h in self.hunks)
-
-    @property
-    def removed(self) -> int:
-        return sum(h.removed for h in self.hunks)
-
-
 class FileStats(TypedDict):
     path: str
     old_path: str | None
@@ -203,18 +141,10 @@ class FileStats(TypedDict):
 # ---------------------------------------------------------------------------------------
 # text and sections
 
-_DIFF_GIT = "diff --git "
-_NEW_SECTION = "\n" + _DIFF_GIT
-_OPS: dict[str, Op] = {" ": " ", "-": "-", "+": "+"}
-_NO_EOL = "\\ No newline at end of file"
-_HUNK_RE = re.compile(
-    r"@@ -([0-9]{1,9})(?:,([0-9]{1,9}))? \+([0-9]{1,9})(?:,([0-9]{1,9}))? @@(?: (.*))?"
-)
+
+_NEW_SECTION = "\n" + DIFF_GIT
 _INDEX_RE = re.compile(r"([0-9a-f]{4,64})\.\.([0-9a-f]{4,64})(?: ([0-9]{6}))?")
 _SIMILARITY_RE = re.compile(r"([0-9]{1,3})%")
-_RUN_RE = re.compile(r"[ +\-\\]*")
-_op_of = operator.itemgetter(0)
-
 _HEADERS = (
     ("old mode ", "old_mode"),
     ("new mode ", "new_mode"),
@@ -234,30 +164,6 @@ _REFUSED_HEADERS = (
 )
 
 
-def _stray(line: str, lineno: int, default: str = "garbage") -> DiffError:
-    """The error for a line that is not part of the diff where it stands."""
-    stripped = line.lstrip()
-    if stripped.startswith(("```", "~~~")):
-        return DiffError("fence", f"markdown fence on line {lineno}")
-    if stripped.startswith("*** "):
-        return DiffError("begin_patch", f"'*** ...' patch wrapper on line {lineno}")
-    return DiffError(default, f"unexpected text on line {lineno}")
-
-
-def _leftover(line: str, lineno: int) -> DiffError:
-    """The error for a line after the last hunk of a section."""
-    if line[:1] in (" ", "-", "+"):
-        return DiffError("hunk_count_mismatch", f"line {lineno} beyond the hunk's counts")
-    if line.startswith("\\"):
-        return DiffError("bad_hunk", f"misplaced marker on line {lineno}")
-    return _stray(line, lineno)
-
-
-def _no_cr(line: str, lineno: int) -> None:
-    if line.endswith("\r"):
-        raise DiffError("crlf_header", f"CR at the end of header line {lineno}")
-
-
 def _check_text(text: str, max_bytes: int) -> None:
     if len(text) > max_bytes:
         raise DiffError("too_large", f"diff over {max_bytes} bytes")
@@ -275,7 +181,7 @@ def _check_text(text: str, max_bytes: int) -> None:
 
 def _section_starts(text: str) -> list[int]:
     """Indexes of the lines (``text.split("\\n")``) that start with ``diff --git ``."""
-    starts = [0] if text.startswith(_DIFF_GIT) else []
+    starts = [0] if text.startswith(DIFF_GIT) else []
     line, counted = 0, 0
     pos = text.find(_NEW_SECTION)
     while pos >= 0:
@@ -291,7 +197,7 @@ def _sections(text: str, lines: list[str], max_files: int) -> list[tuple[int, in
     starts = _section_starts(text)
     first = starts[0] if starts else len(lines)
     for i in range(first):
-        error = _stray(lines[i], i + 1)
+        error = stray(lines[i], i + 1)
         if error.reason != "garbage":
             raise error
     if first:
@@ -300,179 +206,6 @@ def _sections(text: str, lines: list[str], max_files: int) -> list[tuple[int, in
         raise DiffError("too_many_files", f"more than {max_files} files")
     ends = [*starts[1:], len(lines)]
     return [(start, ends[k]) for k, start in enumerate(starts)]
-
-
-# ---------------------------------------------------------------------------------------
-# hunks
-
-
-@dataclass
-class _Body:
-    old_left: int
-    new_left: int
-    lines: list[tuple[Op, str]] = field(default_factory=list)
-    old_no_eol: bool = False
-    new_no_eol: bool = False
-
-    def open(self) -> bool:
-        return self.old_left > 0 or self.new_left > 0
-
-    def take(self, line: str, lineno: int) -> None:
-        op = line[:1]
-        if op not in (" ", "-", "+"):
-            if line.startswith(("@@", _DIFF_GIT)):
-                raise DiffError("hunk_count_mismatch", f"hunk ends early on line {lineno}")
-            raise _stray(line, lineno, "bad_hunk")
-        old, new = op != "+", op != "-"
-        if (old and self.old_left == 0) or (new and self.new_left == 0):
-            raise DiffError("hunk_count_mismatch", f"line {lineno} beyond the hunk's counts")
-        self.old_left -= old
-        self.new_left -= new
-        self.lines.append((_OPS[op], line[1:]))
-
-    def run(self, sec: list[str], i: int, base: int) -> int:
-        """Takes the hunk's lines from ``sec[i]`` on, with their markers, until its counts
-        are met or the section ends; returns the index after the last line taken. Same
-        checks as :meth:`take`, with the common lines handled without a call each."""
-        old_left, new_left, lines, n = self.old_left, self.new_left, self.lines, len(sec)
-        while (old_left or new_left) and i < n:
-            line = sec[i]
-            op = line[:1]
-            if op == " " and old_left and new_left:
-                old_left -= 1
-                new_left -= 1
-                lines.append((" ", line[1:]))
-            elif op == "-" and old_left:
-                old_left -= 1
-                lines.append(("-", line[1:]))
-            elif op == "+" and new_left:
-                new_left -= 1
-                lines.append(("+", line[1:]))
-            else:
-                self.old_left, self.new_left = old_left, new_left
-                self.take(line, base + i)  # refuses this line
-                old_left, new_left = self.old_left, self.new_left
-            i += 1
-            if i < n and sec[i][:1] == "\\":
-                self.old_left, self.new_left = old_left, new_left
-                self.mark(sec[i], base + i)
-                i += 1
-        self.old_left, self.new_left = old_left, new_left
-        return i
-
-    def mark(self, line: str, lineno: int) -> None:
-        """A ``\\ No newline at end of file`` after the last line of its side(s)."""
-        _no_cr(line, lineno)
-        if line != _NO_EOL:
-            raise DiffError("bad_hunk", f"unknown marker line {lineno}")
-        op = self.lines[-1][0]
-        if op in " -":
-            if self.old_left or self.old_no_eol:
-                raise DiffError("bad_hunk", f"misplaced marker on line {lineno}")
-            self.old_no_eol = True
-        if op in " +":
-            if self.new_left or self.new_no_eol:
-                raise DiffError("bad_hunk", f"misplaced marker on line {lineno}")
-            self.new_no_eol = True
-
-
-def _hunk_header(line: str, lineno: int) -> tuple[int, int, int, int, str]:
-    _no_cr(line, lineno)
-    m = _HUNK_RE.fullmatch(line)
-    if m is None:
-        raise DiffError("bad_hunk", f"malformed hunk header on line {lineno}")
-    old_start, new_start = int(m.group(1)), int(m.group(3))
-    old_len = 1 if m.group(2) is None else int(m.group(2))
-    new_len = 1 if m.group(4) is None else int(m.group(4))
-    if (old_len and not old_start) or (new_len and not new_start):
-        raise DiffError("bad_hunk", f"hunk starts at line 0 on line {lineno}")
-    return old_start, old_len, new_start, new_len, m.group(5) or ""
-
-
-def _whole_run(
-    sec: list[str], ops: str, i: int, base: int, counts: tuple[int, int]
-) -> tuple[_Body, int] | None:
-    """The common hunk in one step: when the lines from ``sec[i]`` on are a run of
-    `` ``/``-``/``+`` lines, each followed by at most one marker line, that holds exactly
-    the header's ``counts`` (old, new), :meth:`_Body.run` takes that whole run and nothing
-    else (each line uses up at least one count, so they run out at its last line and not
-    before), with each marker checked against the counts left where it stands. Returns
-    that body and the index after it; None when the hunk needs the line-by-line reading
-    (it finds the error)."""
-    m = _RUN_RE.match(ops, i)
-    end = m.end() if m is not None else i
-    run = ops[i:end]
-    removed, added = run.count("-"), run.count("+")
-    context = run.count(" ")
-    if not run or run[0] == "\\" or "\\\\" in run:
-        return None
-    if context + removed != counts[0] or context + added != counts[1]:
-        return None
-    body = _Body(0, 0)
-    lines, k = body.lines, 0
-    while True:
-        marker = run.find("\\", k)
-        stop = len(run) if marker < 0 else marker
-        texts = [line[1:] for line in sec[i + k : i + stop]]
-        pairs = zip(run[k:stop], texts)  # noqa: B905 - python 3.9; one length by construction
-        lines += cast("list[tuple[Op, str]]", list(pairs))
-        if marker < 0:
-            break
-        before = run[:marker]
-        body.old_left = counts[0] - before.count(" ") - before.count("-")
-        body.new_left = counts[1] - before.count(" ") - before.count("+")
-        body.mark(sec[i + marker], base + i + marker)
-        k = marker + 1
-    body.old_left = body.new_left = 0
-    return body, end
-
-
-def _read_hunk(sec: list[str], ops: str, i: int, base: int) -> tuple[Hunk, int]:
-    old_start, old_len, new_start, new_len, section = _hunk_header(sec[i], base + i)
-    header_line = base + i
-    whole = _whole_run(sec, ops, i + 1, base, (old_len, new_len))
-    if whole is not None:
-        body, i = whole
-    else:
-        body = _Body(old_len, new_len)
-        i = body.run(sec, i + 1, base)
-        if body.open():
-            raise DiffError("hunk_count_mismatch", f"hunk on line {header_line} is short")
-    if old_len == new_len and all(op == " " for op in map(_op_of, body.lines)):
-        raise DiffError("bad_hunk", f"hunk on line {header_line} changes nothing")
-    hunk = Hunk(
-        old_start=old_start,
-        old_len=old_len,
-        new_start=new_start,
-        new_len=new_len,
-        lines=tuple(body.lines),
-        old_no_eol=body.old_no_eol,
-        new_no_eol=body.new_no_eol,
-        section=section,
-    )
-    return hunk, i
-
-
-def _read_hunks(sec: list[str], i: int, base: int) -> tuple[list[Hunk], int]:
-    hunks: list[Hunk] = []
-    delta = 0
-    # The first character of every line (``?`` for an empty one), for _whole_run.
-    ops = "".join([line[:1] or "?" for line in sec])
-    while i < len(sec) and sec[i].startswith("@@"):
-        lineno = base + i
-        hunk, i = _read_hunk(sec, ops, i, base)
-        pos = lines_before(hunk.old_start, hunk.old_len)
-        if hunks:
-            last = hunks[-1]
-            if last.old_no_eol or last.new_no_eol:
-                raise DiffError("bad_hunk", f"hunk after the end of the file on line {lineno}")
-            if pos <= lines_before(last.old_start, last.old_len) + last.old_len:
-                raise DiffError("bad_hunk", f"hunk out of order or overlapping on line {lineno}")
-        if lines_before(hunk.new_start, hunk.new_len) != pos + delta:
-            raise DiffError("bad_hunk", f"inconsistent new position on line {lineno}")
-        delta += hunk.new_len - hunk.old_len
-        hunks.append(hunk)
-    return hunks, i
 
 
 # ---------------------------------------------------------------------------------------
@@ -490,18 +223,18 @@ class _Head:
 
 
 def _read_headers(sec: list[str], base: int) -> tuple[_Head, int]:
-    _no_cr(sec[0], base)
-    head = _Head(base, sec[0][len(_DIFF_GIT) :])
+    no_cr(sec[0], base)
+    head = _Head(base, sec[0][len(DIFF_GIT) :])
     i = 1
     while i < len(sec) and not sec[i].startswith(("--- ", "@@")):
         line, lineno = sec[i], base + i
-        _no_cr(line, lineno)
+        no_cr(line, lineno)
         for prefix, reason in _REFUSED_HEADERS:
             if line.startswith(prefix):
                 raise DiffError(reason, f"refused header on line {lineno}")
         known = next(((p, k) for p, k in _HEADERS if line.startswith(p)), None)
         if known is None:
-            raise _stray(line, lineno)
+            raise stray(line, lineno)
         if known[1] in head.fields:
             raise DiffError("bad_header", f"repeated header on line {lineno}")
         head.fields[known[1]] = line[len(known[0]) :]
@@ -512,10 +245,10 @@ def _read_headers(sec: list[str], base: int) -> tuple[_Head, int]:
 
 
 def _read_labels(sec: list[str], i: int, base: int, head: _Head) -> int:
-    _no_cr(sec[i], base + i)
+    no_cr(sec[i], base + i)
     if i + 1 >= len(sec) or not sec[i + 1].startswith("+++ "):
         raise DiffError("bad_header", f"'---' without '+++' on line {base + i}")
-    _no_cr(sec[i + 1], base + i + 1)
+    no_cr(sec[i + 1], base + i + 1)
     head.labelled = True
     head.minus = label(sec[i][4:], "a/", base + i)
     head.plus = label(sec[i + 1][4:], "b/", base + i + 1)
@@ -649,9 +382,9 @@ def _check_shape(patch: FilePatch, lineno: int) -> None:
 
 def _parse_section(sec: list[str], base: int) -> FilePatch:
     head, i = _read_headers(sec, base)
-    hunks, i = _read_hunks(sec, i, base)
+    hunks, i = read_hunks(sec, i, base)
     if i < len(sec):
-        raise _leftover(sec[i], base + i)
+        raise leftover(sec[i], base + i)
     if hunks and not head.labelled:
         raise DiffError("bad_header", f"hunks without '---'/'+++' lines in section {base}")
     kind = _kind(head.fields, base)

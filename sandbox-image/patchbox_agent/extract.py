@@ -1,12 +1,14 @@
 """Tar extraction into the workspace: the ``put_archive`` operation and the baseline preload.
 
-GNU tar does the work where the image has it (a C extractor: about 7x faster than
-``tarfile`` on 100,000 small files); otherwise ``tarfile`` does, with the same rules: no
-absolute or ``..`` names, no write through a symlink of the archive, regular files, folders
-and symlinks only. (GNU tar keeps the archive's modes less the umask; git's archives carry
-0664/0775, which both paths turn into 0644/0755. Neither restores the archive's times.)
+GNU tar does the work where the image has it (a C extractor, several times faster than
+``tarfile`` on many small files: docs/performance.md); otherwise ``tarfile`` does, with the
+same rules: no absolute or ``..`` names, no write through a symlink of the archive, regular
+files, folders and symlinks only. (GNU tar keeps the archive's modes less the umask; git's
+archives carry 0664/0775, which both paths turn into 0644/0755. Neither restores the
+archive's times.)
 
-The server imports this module on first use (a faster start, see docs/performance.md).
+The operations (:mod:`patchbox_agent.ops`) import this module on first use (a faster start,
+see docs/performance.md).
 """
 
 from __future__ import annotations

@@ -17,26 +17,14 @@ import re
 import unicodedata
 
 from .jail import escape_name  # one spelling of a name in messages, the agent's too
+from .patch import DiffError, FilePatch
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from .diffs import FilePatch
-
 MAX_PATH_BYTES = 4096
 MAX_COMPONENTS = 128
-
-
-class DiffError(Exception):
-    """A refused diff or name. ``reason`` is a stable code from
-    :data:`patchbox_agent.diffs.REASONS`; ``message`` names a line number or a validated
-    path, never an unvalidated name."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(f"{reason}: {message}")
-        self.reason = reason
-        self.message = message
 
 
 _ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}

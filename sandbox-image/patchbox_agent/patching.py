@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import hashlib
 
-from .names import DiffError, check_collisions, fold, touched_paths
+from .names import check_collisions, fold, touched_paths
+from .patch import DiffError, FilePatch, Hunk
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
-
-    from .diffs import FilePatch, Hunk
 
 
 def lines_before(start: int, length: int) -> int:

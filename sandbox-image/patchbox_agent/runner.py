@@ -2,8 +2,9 @@
 it exits or its deadline passes (keeping the last bytes), then its whole process group
 killed, so background children cannot keep the pipe open or outlive the call.
 
-The server imports this module on first use (a faster start, see docs/performance.md); it
-keeps the request's arguments and the bookkeeping of running calls (``cancel``).
+The operations (:mod:`patchbox_agent.ops`) import this module on first use (a faster start,
+see docs/performance.md); they keep the request's arguments and the bookkeeping of running
+calls (``cancel``).
 """
 
 from __future__ import annotations

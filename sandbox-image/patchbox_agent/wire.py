@@ -1,7 +1,8 @@
 """JSON for the channel, on the interpreter's ``_json`` accelerator.
 
-The ``json`` package imports ``re`` (and through it ``enum``), which costs a sandbox about
-50 ms of start-up under gVisor, where every module is read cold. The accelerator's scanner
+The ``json`` package imports ``re`` (and through it ``enum``), the largest part of the
+agent's start-up imports under gVisor, where every module is read cold (docs/performance.md
+has the measurements). The accelerator's scanner
 and encoder are what ``json.loads`` and ``json.dumps`` use anyway; this module drives them
 directly and falls back to ``json`` where an interpreter lacks them. The tests check that
 both give the same answers.

@@ -1,0 +1,345 @@
+"""An environment's image, built once: the recipe of :mod:`controller.sandbox.environment`
+sent to the daemon's builder under the build lock, its output followed step by step (the
+running step, its time, the log's tail), a watchdog that kills the running step when the
+setup's time is up or the job is cancelled, and a failure report that names the step."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import docker
+import docker.errors
+
+from controller.config.environment import EnvironmentSpec
+from controller.errors import EnvironmentBuildError, ErrorCode, PatchboxError
+from controller.paths import sandbox_image_dir
+from controller.repo.baseline import Baseline
+from controller.sandbox.environment import (
+    ENV_REPO,
+    LABEL_BASE,
+    LABEL_KEY,
+    LABEL_SPEC,
+    NO_PYTHON_EXIT,
+    InputFile,
+    build_context,
+    dockerfile,
+    environment_key,
+    find_ca_bundle,
+    label_spec,
+    read_blobs,
+    select_inputs,
+    step_names,
+)
+from controller.sandbox.image import ImageBuilder, Progress, build_lock, context_digest
+from controller.sandbox.labels import KIND, OWNER, OWNER_VALUE
+
+
+@dataclass(frozen=True)
+class EnvironmentImage:
+    tag: str
+    image_id: str
+    key: str
+    base: str
+    built: bool
+    """False when the image was already there."""
+    seconds: float
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    """Per build step: its name and seconds (empty when nothing was built)."""
+
+
+@dataclass
+class _Step:
+    index: int
+    name: str
+
+
+class EnvironmentBuilder:
+    """Makes (once) and finds environment images."""
+
+    def __init__(
+        self,
+        client: docker.DockerClient,
+        progress: Progress | None = None,
+        ca_bundle: str | None = None,
+    ) -> None:
+        self._client = client
+        self._progress = progress or (lambda _msg: None)
+        self._ca_setting = ca_bundle
+
+    def _base(self, spec: EnvironmentSpec) -> tuple[str, str]:
+        """(base reference, its image id): a named base present or pulled, else the default
+        sandbox base (made locally where nothing can be pulled)."""
+        if spec.base is None:
+            images = ImageBuilder(self._client, self._progress)
+            ref, _source = images.resolve_base(None)
+            return ref, self._client.images.get(ref).id or ""
+        try:
+            return spec.base, self._client.images.get(spec.base).id or ""
+        except docker.errors.ImageNotFound:
+            pass
+        except docker.errors.APIError as exc:
+            msg = f"the base image {spec.base!r} cannot be inspected: {exc.explanation}"
+            raise EnvironmentBuildError(msg) from exc
+        self._progress(f"environment: pulling {spec.base}")
+        try:
+            image = self._client.images.pull(spec.base)
+        except docker.errors.APIError as exc:
+            msg = (
+                f"the base image {spec.base!r} is not on this Docker host and cannot be pulled: "
+                f"{(exc.explanation or str(exc))[:300]}"
+            )
+            raise EnvironmentBuildError(msg) from exc
+        return spec.base, image.id or ""
+
+    def plan(
+        self, spec: EnvironmentSpec, baseline: Baseline
+    ) -> tuple[str, str, str, list[InputFile]]:
+        """(tag, key, base reference, inputs) of the environment, without building."""
+        files = select_inputs(baseline, spec.inputs)
+        base_ref, base_id = self._base(spec)
+        key = environment_key(base_id, spec, files, context_digest(sandbox_image_dir()))
+        return f"{ENV_REPO}:{key[:16]}", key, base_ref, files
+
+    def ensure(
+        self,
+        spec: EnvironmentSpec,
+        baseline: Baseline,
+        *,
+        cancel: threading.Event | None = None,
+    ) -> EnvironmentImage:
+        """The environment's image, built if it is missing."""
+        started = time.monotonic()
+        tag, key, base_ref, files = self.plan(spec, baseline)
+        existing = _image_id(self._client, tag)
+        if existing is None:
+            with build_lock():  # jobs at once build a missing environment once
+                existing = _image_id(self._client, tag)
+                if existing is None:
+                    return self._build(spec, baseline, tag, key, base_ref, files, cancel, started)
+        return EnvironmentImage(
+            tag, existing, key, base_ref, built=False, seconds=time.monotonic() - started
+        )
+
+    def _build(  # noqa: PLR0913, PLR0917 - internal; the plan's parts
+        self,
+        spec: EnvironmentSpec,
+        baseline: Baseline,
+        tag: str,
+        key: str,
+        base_ref: str,
+        files: list[InputFile],
+        cancel: threading.Event | None,
+        started: float,
+    ) -> EnvironmentImage:
+        ca = find_ca_bundle(self._ca_setting)
+        labels = {
+            OWNER: OWNER_VALUE,
+            KIND: "environment",
+            LABEL_KEY: key,
+            LABEL_BASE: base_ref,
+            LABEL_SPEC: json.dumps(label_spec(spec), sort_keys=True),
+        }
+        user = (self._client.images.get(base_ref).attrs.get("Config") or {}).get("User") or ""
+        as_root = user.split(":", 1)[0] in {"", "root", "0"}
+        text = dockerfile(base_ref, spec, labels, ca=ca is not None, as_root=as_root)
+        context = build_context(text, list(read_blobs(baseline, files)), ca)
+        names = step_names(spec, as_root=as_root)
+        self._progress(f"environment: building {tag} from {base_ref} ({len(files)} input files)")
+        watchdog = _Watchdog(self._client, key, spec.setup_timeout_seconds, cancel)
+        run = _BuildRun(names, self._progress)
+        memory = spec.setup_memory_mb * 1024 * 1024
+        with watchdog:
+            try:
+                stream = self._client.api.build(
+                    fileobj=io.BytesIO(context),
+                    custom_context=True,
+                    tag=tag,
+                    rm=True,
+                    forcerm=True,
+                    pull=False,
+                    decode=True,
+                    container_limits={"memory": memory, "memswap": memory},
+                    network_mode="default",
+                )
+                for chunk in stream:
+                    run.feed(chunk)
+            except docker.errors.APIError as exc:
+                run.error = run.error or (exc.explanation or str(exc))
+            except (OSError, ValueError) as exc:  # the connection, closed by a cancel
+                run.error = run.error or str(exc)
+        run.finish()
+        if watchdog.fired or run.error is not None:
+            watchdog.remove_steps()  # the builder removes them too; nothing may be left
+        if watchdog.fired:
+            reason = (
+                "cancelled"
+                if watchdog.cancelled
+                else (f"the setup did not finish within {spec.setup_timeout_seconds:g} s")
+            )
+            raise run.failure(reason, code=ErrorCode.CANCELLED if watchdog.cancelled else None)
+        if run.error is not None:
+            raise run.failure(None)
+        image_id = _image_id(self._client, tag)
+        if image_id is None:
+            msg = "the environment build ended without an image"
+            raise EnvironmentBuildError(msg)
+        seconds = time.monotonic() - started
+        self._progress(f"environment: built {tag} in {seconds:.1f} s")
+        return EnvironmentImage(
+            tag, image_id, key, base_ref, built=True, seconds=seconds, steps=run.steps
+        )
+
+
+class _BuildRun:
+    """Follows the builder's output: the running step, its elapsed time, the log's tail."""
+
+    def __init__(self, names: dict[int, str], progress: Progress) -> None:
+        self._names = names
+        self._progress = progress
+        self.step: _Step | None = None
+        self.step_started = time.monotonic()
+        self.tail: list[str] = []
+        self.error: str | None = None
+        self.exit_code: int | None = None
+        self.steps: list[dict[str, Any]] = []
+        self._last_note = time.monotonic()
+
+    def feed(self, chunk: dict[str, Any]) -> None:
+        if "error" in chunk or "errorDetail" in chunk:
+            detail = chunk.get("errorDetail") or {}
+            self.error = str(detail.get("message") or chunk.get("error") or "build failed")
+            code = detail.get("code")
+            self.exit_code = code if isinstance(code, int) else None
+            return
+        text = chunk.get("stream")
+        if not isinstance(text, str):
+            return
+        for line in text.splitlines():
+            if line.startswith("Step ") and " : " in line:
+                number = line[5:].split("/", 1)[0]
+                if number.isdigit():
+                    self._start(int(number))
+                    continue
+            if line.strip():
+                self.tail = [*self.tail[-79:], line.rstrip()]
+        now = time.monotonic()
+        if self.step is not None and now - self._last_note >= 10:
+            self._last_note = now
+            self._progress(f"environment: {self.step.name} ({now - self.step_started:.0f} s)")
+
+    def _start(self, number: int) -> None:
+        self._close_step()
+        name = self._names.get(number, "agent layer")
+        self.step = _Step(number, name)
+        self.step_started = time.monotonic()
+        self._last_note = self.step_started
+        self.tail = []
+        first_agent_step = name == "agent layer" and all(
+            s["name"] != "agent layer" for s in self.steps
+        )
+        if name.startswith(("setup", "python3")) or first_agent_step:
+            self._progress(f"environment: {name}")
+
+    def _close_step(self) -> None:
+        if self.step is None:
+            return
+        seconds = round(time.monotonic() - self.step_started, 3)
+        if self.steps and self.steps[-1]["name"] == self.step.name:
+            self.steps[-1]["seconds"] = round(self.steps[-1]["seconds"] + seconds, 3)
+        else:
+            self.steps.append({"name": self.step.name, "seconds": seconds})
+
+    def finish(self) -> None:
+        self._close_step()
+
+    def failure(self, reason: str | None, code: ErrorCode | None = None) -> PatchboxError:
+        step = self.step.name if self.step is not None else "before the first step"
+        exit_text = ""
+        if self.exit_code is not None:
+            exit_text = f", exit code {self.exit_code}"
+        elif self.error and "non-zero code:" in self.error:
+            exit_text = ", exit code " + self.error.rsplit("non-zero code:", 1)[1].strip()
+        what = reason or (self.error or "build failed")
+        if reason is None and self.error and "returned a non-zero code" in self.error:
+            what = "the step failed"  # the builder's text repeats the whole command
+        if self.exit_code == NO_PYTHON_EXIT or any("patchbox: " in t for t in self.tail[-5:]):
+            told = [t for t in self.tail if t.startswith("patchbox: ")]
+            if told:
+                what = told[-1].removeprefix("patchbox: ")
+        tail = "\n".join(self.tail[-20:])
+        msg = f"environment build failed at {step}{exit_text}: {what[:500]}"
+        if tail:
+            msg += "\nlast lines of its log:\n" + tail[-4000:]
+        return EnvironmentBuildError(msg, code=code)
+
+
+class _Watchdog:
+    """Kills the build's running step when the setup's time is up or the job is cancelled
+    (the step's container carries the environment's key as a label)."""
+
+    def __init__(
+        self,
+        client: docker.DockerClient,
+        key: str,
+        seconds: float,
+        cancel: threading.Event | None,
+    ) -> None:
+        self._client = client
+        self._key = key
+        self._deadline = time.monotonic() + seconds
+        self._cancel = cancel or threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="env-build-watchdog", daemon=True)
+        self.fired = False
+        self.cancelled = False
+
+    def __enter__(self) -> _Watchdog:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._done.is_set():
+            if self._cancel.is_set():
+                self.cancelled = True
+            elif time.monotonic() < self._deadline:
+                self._done.wait(0.2)
+                continue
+            self.fired = True
+            # Until the build returns: a later step must not start after the kill.
+            while not self._done.is_set():
+                self._kill_steps()
+                self._done.wait(0.5)
+            return
+
+    def remove_steps(self) -> None:
+        with contextlib.suppress(docker.errors.APIError):
+            for container in self._client.containers.list(
+                all=True, filters={"label": f"{LABEL_KEY}={self._key}"}, sparse=True
+            ):
+                with contextlib.suppress(docker.errors.APIError):
+                    container.remove(force=True)
+
+    def _kill_steps(self) -> None:
+        with contextlib.suppress(docker.errors.APIError):
+            for container in self._client.containers.list(
+                filters={"label": f"{LABEL_KEY}={self._key}"}, sparse=True
+            ):
+                with contextlib.suppress(docker.errors.APIError):
+                    container.kill()
+
+
+def _image_id(client: docker.DockerClient, ref: str) -> str | None:
+    try:
+        return client.images.get(ref).id
+    except docker.errors.ImageNotFound:
+        return None

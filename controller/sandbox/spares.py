@@ -1,0 +1,183 @@
+"""Spare sandboxes: started ahead for a baseline, image, runtime and limits, already
+unpacked and waiting, unattached, for a controller to claim and greet one. Nothing of the
+repository has run in a spare, and an unclaimed one ends by itself."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import docker
+import docker.errors
+import structlog
+
+from controller.paths import patchbox_home
+from controller.sandbox.base import SandboxSpec
+from controller.sandbox.docker import DockerSandbox
+from controller.sandbox.labels import (
+    HOME,
+    KIND,
+    ControllerIdentity,
+    controller_alive,
+    home_id,
+    labels_of,
+)
+
+if TYPE_CHECKING:
+    from docker.models.containers import Container
+
+log = structlog.get_logger(__name__)
+
+POOL_KEY = "io.patchbox.pool-key"
+SPARE = "spare"
+CLAIMED_PREFIX = "patchbox-claimed-"
+"""A claimed spare is renamed to this prefix plus its id: only one rename can win."""
+
+
+def pool_key(tree: str, spec: SandboxSpec) -> str:
+    """What a spare must share with a job to serve it."""
+    parts = [tree, spec.image, spec.runtime, spec.limits.model_dump_json(), *spec.agent_argv]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class SpareInfo:
+    """A spare as a sparse listing shows it (no per-container inspection to race with)."""
+
+    id: str
+    key: str
+    created: int
+
+
+@dataclass
+class SparePool:
+    """Spare sandboxes, one baseline each, started with an idle exit so that an unclaimed
+    spare ends (and is removed by Docker) on its own.
+
+    A spare belongs to the state directory (``$PATCHBOX_HOME``) that started it, by label,
+    and is never listed, claimed or removed from another one. Claiming takes two steps,
+    both atomic: a claim file created with ``O_EXCL`` under ``$PATCHBOX_HOME/spares`` (it
+    names the claimant, so the reaper can tell a live claim from an abandoned one), then a
+    rename of the container on the daemon to a name derived from its id, which only one
+    caller can win. Any spare may vanish at any moment (it ends by itself, or another
+    controller removed it): that is never an error, the next source is tried."""
+
+    client: docker.DockerClient
+    max_spares: int = 1
+    idle_seconds: float = 600.0
+    root: Path = field(default_factory=lambda: patchbox_home() / "spares")
+    home: str = field(default_factory=home_id)
+
+    def _spares(self, key: str | None = None, *, running: bool = True) -> list[SpareInfo]:
+        labels = [f"{KIND}={SPARE}", f"{HOME}={self.home}"]
+        if key:
+            labels.append(f"{POOL_KEY}={key}")
+        filters: dict[str, Any] = {"label": labels}
+        if running:
+            filters["status"] = "running"
+        try:
+            found = self.client.containers.list(all=not running, filters=filters, sparse=True)
+        except docker.errors.NotFound:
+            return []
+        return [
+            SpareInfo(c.id or "", labels_of(c).get(POOL_KEY, ""), int(c.attrs.get("Created", 0)))
+            for c in found
+            if not str(_name(c)).startswith(CLAIMED_PREFIX)
+        ]
+
+    def _claim_file(self, container_id: str) -> Path:
+        return self.root / container_id
+
+    def _take(self, container_id: str, identity: ControllerIdentity) -> bool:
+        """The claim file, created atomically; False when another controller holds it."""
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            fd = os.open(
+                self._claim_file(container_id), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600
+            )
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as out:
+            out.write(f"{identity.token}\n{identity.host}\n")
+        return True
+
+    def waiting(self, key: str) -> bool:
+        """Whether a running, unclaimed spare for ``key`` is listed now."""
+        return bool(self._spares(key))
+
+    def claim(self, key: str, identity: ControllerIdentity) -> Container | None:
+        """A running spare for ``key``, claimed for ``identity``; None when none is left."""
+        for spare in self._spares(key):
+            if not self._take(spare.id, identity):
+                continue
+            try:
+                self.client.api.rename(spare.id, CLAIMED_PREFIX + spare.id)
+                return self.client.containers.get(spare.id)
+            except docker.errors.APIError as exc:  # gone, or renamed by someone else first
+                log.info("spare_claim_lost", error=str(exc.explanation))
+                self.release(spare.id)
+        return None
+
+    def claimed_by_live_controller(self, container_id: str) -> bool | None:
+        """None when unclaimed; else whether the claiming controller is alive."""
+        try:
+            token, host = self._claim_file(container_id).read_text().split("\n")[:2]
+        except (OSError, ValueError):
+            return None
+        return controller_alive(token, host)
+
+    def release(self, container_id: str) -> None:
+        self._claim_file(container_id).unlink(missing_ok=True)
+
+    def sweep(self) -> int:
+        """Removes claim files whose container no longer exists; returns how many."""
+        if not self.root.is_dir():
+            return 0
+        labels = [f"{KIND}={SPARE}", f"{HOME}={self.home}"]
+        try:
+            alive = {
+                c.id
+                for c in self.client.containers.list(
+                    all=True, filters={"label": labels}, sparse=True
+                )
+            }
+        except docker.errors.APIError:
+            return 0
+        gone = [p for p in self.root.iterdir() if p.name not in alive]
+        for path in gone:
+            path.unlink(missing_ok=True)
+        return len(gone)
+
+    def offer(self, key: str, spec: SandboxSpec, identity: ControllerIdentity) -> str | None:
+        """Starts a spare for ``key`` unless one is waiting; keeps at most ``max_spares``
+        (the oldest unclaimed ones go first, each claimed before it is removed, so a spare
+        another controller is taking is never removed under it). Returns the container id,
+        or None."""
+        if self.max_spares <= 0:
+            return None
+        waiting = [s for s in self._spares() if self.claimed_by_live_controller(s.id) is None]
+        if any(s.key == key for s in waiting):
+            return None
+        waiting.sort(key=lambda s: s.created)
+        while len(waiting) >= self.max_spares:
+            old = waiting.pop(0)
+            if not self._take(old.id, identity):
+                continue
+            try:
+                self.client.api.remove_container(old.id, force=True)
+            except docker.errors.APIError:
+                pass  # already gone
+            finally:
+                self.release(old.id)
+        labels = {**identity.labels(SPARE, SPARE), POOL_KEY: key, HOME: self.home}
+        spare = spec.model_copy(update={"idle_exit": self.idle_seconds, "job_id": SPARE})
+        container = DockerSandbox.start_detached(self.client, spare, labels)
+        return container.id
+
+
+def _name(container: Container) -> str:
+    names = container.attrs.get("Names") or [container.attrs.get("Name") or ""]
+    return str(names[0]).lstrip("/") if names else ""
