@@ -36,6 +36,7 @@ import httpx
 
 from controller.errors import (
     ErrorCode,
+    Hint,
     PatchboxError,
     ServiceError,
     ServiceUnreachableError,
@@ -60,7 +61,6 @@ MAX_ERROR_BYTES = 64 * 1024
 """The largest error answer read; a longer one is not the service's error shape."""
 MAX_EVENT_BYTES = 1024 * 1024
 """The longest line of an event stream."""
-INSECURE_HTTP_FLAG = "--allow-insecure-http"
 
 
 @dataclass(frozen=True)
@@ -104,11 +104,21 @@ def _base_url(url: str, *, allow_insecure_http: bool = False) -> httpx.URL:
     if parsed.scheme == "http" and not allow_insecure_http and not _loopback(parsed.host):
         msg = (
             f"plain http to {parsed.host[:100]!r}, which is not loopback, would send the token "
-            f"and take the diffs in clear: use https, or pass {INSECURE_HTTP_FLAG} "
-            "(a network you trust)"
+            "and take the diffs in clear: use https, or allow plain http on a network you trust"
         )
-        raise UsageError(msg)
+        raise UsageError(msg, hint=Hint(option="allow_insecure_http"))
     return parsed.copy_with(path=parsed.path.rstrip("/") + "/", query=None, fragment=None)
+
+
+def _hint(data: object) -> Hint | None:
+    """The remedy of a service's error answer, by the engine's names (its words dropped);
+    None when it gave none or one this client does not know."""
+    if not isinstance(data, dict):
+        return None
+    try:
+        return Hint.model_validate({k: data[k] for k in ("option", "action") if k in data})
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -228,7 +238,7 @@ class ServiceClient:
             code, message = str(error["code"]), str(error["message"])
         except (ValueError, KeyError, TypeError):
             return ServiceError(not_ours(0).message, status=status)
-        return service_error(status, code, self._scrub(message))
+        return service_error(status, code, self._scrub(message), _hint(error.get("hint")))
 
     def _json(self, answer: _Answer, doing: str) -> Any:
         try:

@@ -138,9 +138,9 @@ _EXIT_BY_CODE.update(
 )
 
 
-HintOption = Literal["include_local_changes", "merge", "consent_trusted_auto"]
+HintOption = Literal["include_local_changes", "merge", "allow_insecure_http"]
 """A request option that changes the outcome, by the engine's name for it."""
-HintAction = Literal["build_image", "list_environments", "apply"]
+HintAction = Literal["build_image", "list_environments"]
 """An operation that remedies the error, by the engine's name for it."""
 
 
@@ -151,9 +151,9 @@ class Hint(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    option: HintOption | None = None
-    action: HintAction | None = None
-    job_id: str | None = None
+    option: HintOption | None = Field(default=None, exclude_if=lambda v: v is None)
+    action: HintAction | None = Field(default=None, exclude_if=lambda v: v is None)
+    job_id: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class ErrorInfo(BaseModel):
@@ -374,8 +374,9 @@ class ServiceError(PatchboxError):
         code: ErrorCode | None = None,
         status: int = 0,
         service_code: str = "",
+        hint: Hint | None = None,
     ) -> None:
-        super().__init__(message, code=code)
+        super().__init__(message, code=code, hint=hint)
         self.status = status
         self.service_code = service_code or str(self.code)
 
@@ -410,14 +411,15 @@ SERVICE_USAGE_CODES = frozenset(
 local commands exit with ``USAGE_ERROR``, a job in the wrong state included)."""
 
 
-def service_error(status: int, code: str, message: str) -> ServiceError:
-    """The error of ours for the service's answer ``status`` with ``{"code", "message"}``."""
+def service_error(status: int, code: str, message: str, hint: Hint | None = None) -> ServiceError:
+    """The error of ours for the service's answer ``status`` with ``{"code", "message"}``
+    (and its remedy, ``hint``, when it gave one)."""
     known = code in ErrorCode.__members__
     ours = ErrorCode(code) if known else ErrorCode.SERVICE_BAD_RESPONSE
     if not known:
         message = f"the service answered {status} with the unknown code {code[:64]!r}: {message}"
     cls = ServiceUsageError if ours in SERVICE_USAGE_CODES else ServiceError
-    return cls(message[:2000], code=ours, status=status, service_code=code[:64])
+    return cls(message[:2000], code=ours, status=status, service_code=code[:64], hint=hint)
 
 
 def map_service_error(

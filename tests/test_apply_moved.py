@@ -16,7 +16,7 @@ import pytest
 from controller.changes.apply import apply_changeset, job_state, revert_changeset
 from controller.changes.conflicts import NAMED_LIMIT
 from controller.changes.journal import Journal
-from controller.errors import ApplyConflictError, ErrorCode, RevertConflictError
+from controller.errors import ApplyConflictError, ErrorCode, Hint, RevertConflictError
 from controller.jobs.records import JobRecord, JobStore
 from controller.repo.baseline import Baseline, build_baseline
 from tests.support.cli import patchbox
@@ -157,7 +157,7 @@ def test_a_branch_switch_that_changes_a_touched_path_is_refused(
         apply_changeset(baseline, diff, job_id="j", journal=journal)
     assert [(c.code, c.path) for c in info.value.conflicts] == [("changed", "b.txt")]
     assert "b.txt (changed)" in info.value.message
-    assert "patchbox apply j --merge" in info.value.message
+    assert info.value.hint == Hint(option="merge", job_id="j")
     assert_nothing_written(repo, before, journal, "j")
 
 
@@ -179,9 +179,9 @@ def test_a_changed_touched_file_is_refused_by_name_with_the_merge_command(
     message = info.value.message
     assert message.startswith("cannot apply: 1 file(s) the diff touches differ from the baseline")
     assert "a.txt (changed)" in message
-    assert message.endswith(
-        "nothing was written; to merge your changes three-way: patchbox apply job-7 --merge"
-    )
+    assert message.endswith("; nothing was written")
+    assert info.value.hint == Hint(option="merge", job_id="job-7")
+    assert "--merge" not in message  # the engine names the option; a front door says it
     assert "head" not in message.lower()
     assert "\n" not in message
     assert_nothing_written(repo, before, journal, "job-7")
@@ -218,7 +218,7 @@ def test_merge_of_a_renamed_file_the_user_changed(
     with pytest.raises(ApplyConflictError) as info:
         apply_changeset(baseline, diff, job_id="j", journal=journal)
     assert [(c.code, c.path) for c in info.value.conflicts] == [("changed", "r_old.txt")]
-    assert "--merge" in info.value.message
+    assert info.value.hint == Hint(option="merge", job_id="j")
     assert_nothing_written(repo, before, journal, "j")
 
     result = apply_changeset(baseline, diff, job_id="j", journal=journal, merge=True)
@@ -250,6 +250,7 @@ def test_an_overlapping_change_is_a_conflict_of_that_file_and_nothing_is_written
     assert "1 file(s) do not merge cleanly: a.txt (1 overlapping change(s))" in message
     assert "b.txt" not in message
     assert "--merge" not in message
+    assert info.value.hint is None
     assert "nothing was written" in message
     # b.txt is not merged, d.txt not deleted, nothing created: no write at all
     assert_nothing_written(repo, before, journal, "j")
@@ -290,6 +291,7 @@ def test_a_deleted_file_the_user_changed_is_not_merged_and_merge_is_not_suggeste
         assert [(c.code, c.path) for c in info.value.conflicts] == [("changed", "d.txt")]
         assert "d.txt (changed)" in info.value.message
         assert "--merge" not in info.value.message
+        assert info.value.hint is None
     assert_nothing_written(repo, before, journal, "j")
 
 
@@ -424,7 +426,15 @@ def test_apply_and_revert_through_the_cli_after_head_moved(
     error = json.loads(refused.stdout)["error"]
     assert error["code"] == "APPLY_CONFLICT"
     assert "a.txt (changed)" in error["message"]
-    assert f"patchbox apply {job_id} --merge" in error["message"]
+    assert error["message"].endswith(
+        f"; to merge your changes three-way: patchbox apply {job_id} --merge"
+    )
+    assert error["hint"] == {
+        "option": "merge",
+        "job_id": job_id,
+        "text": f"to merge your changes three-way: patchbox apply {job_id} --merge",
+    }
+    assert f"patchbox apply {job_id} --merge" in refused.stderr
     assert snapshot(repo.path) == before
     assert store.load(job_id).state == "awaiting_review"
 

@@ -18,7 +18,7 @@ import docker
 import pytest
 
 from controller.config.limits import Limits
-from controller.errors import ErrorCode, PatchboxError, ProtocolError, SandboxError
+from controller.errors import ErrorCode, Hint, PatchboxError, ProtocolError, SandboxError
 from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.docker import DockerSandbox
 from controller.sandbox.labels import OWNER_FILTER, current_identity, new_job_id
@@ -238,8 +238,9 @@ def test_missing_agent_binary_is_a_clean_failure(
 
 def test_missing_image_names_the_fix(docker_client: docker.DockerClient) -> None:
     spec = SandboxSpec(image="patchbox-sandbox:does-not-exist", job_id=new_job_id())
-    with pytest.raises(SandboxError, match="patchbox image build"):
+    with pytest.raises(SandboxError, match="not found") as info:
         DockerSandbox.start(docker_client, spec, current_identity())
+    assert info.value.hint == Hint(action="build_image")
 
 
 def test_workspace_files_cannot_shadow_agent_modules(make_sandbox: SandboxFactory) -> None:

@@ -205,7 +205,7 @@ CASES: list[tuple[str, DecisionInputs, dict[str, Any]]] = [
             "mode": "trusted-auto",
             "applied": False,
             "gates": {},
-            "reason": "trusted-auto fell back to review: no consent flag (--consent-trusted-auto)",
+            "reason": "trusted-auto fell back to review: no consent to it (consent_trusted_auto is not set)",
             "failed_checks": ["t"],
         },
     ),

@@ -550,7 +550,11 @@ def test_auto_apply_conflict_is_reported_in_the_decision(
 @pytest.mark.parametrize(
     ("allow", "consent", "reason"),
     [
-        (True, False, "trusted-auto fell back to review: no consent flag (--consent-trusted-auto)"),
+        (
+            True,
+            False,
+            "trusted-auto fell back to review: no consent to it (consent_trusted_auto is not set)",
+        ),
         (
             False,
             True,

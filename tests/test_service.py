@@ -516,6 +516,19 @@ def test_a_whole_job_streams_its_events_and_applies_and_reverts(live: Any, tmp_p
     evidence = alpha.get(f"/v1/jobs/{job_id}/evidence").json()
     assert str(repo) not in json.dumps(evidence)
     assert evidence
+    (repo / "app.py").write_text("# the user's own line\n" + APP)
+    refused = alpha.post(f"/v1/jobs/{job_id}/apply")
+    assert refused.status_code == 409, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "APPLY_CONFLICT"
+    assert "--merge" not in error["message"]
+    assert error["hint"] == {  # the remedy in the API's words: this service does not merge
+        "option": "merge",
+        "job_id": job_id,
+        "text": f"POST /v1/jobs/{job_id}/apply does not merge: take the diff "
+        f"(GET /v1/jobs/{job_id}/diff) and merge it where the work tree is",
+    }
+    (repo / "app.py").write_text(APP)
     applied = alpha.post(f"/v1/jobs/{job_id}/apply")
     assert applied.status_code == 200, applied.text
     assert applied.json()["status"] == "applied"

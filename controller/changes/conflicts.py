@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from controller.changes.worktree import FileState
-from controller.errors import ApplyConflictError
+from controller.errors import ApplyConflictError, Hint
 from controller.reasons import Conflict, ConflictCode
 from controller.repo.layout import RepoLayout, operations_in_progress
 
@@ -62,13 +62,11 @@ def _path(conflict: Conflict) -> str:
     return path if len(path) <= PATH_LIMIT else path[: PATH_LIMIT - 3] + "..."
 
 
-def refusal_message(
-    conflicts: Sequence[Conflict], *, job_id: str, suggest_merge: bool = False
-) -> str:
+def refusal_message(conflicts: Sequence[Conflict]) -> str:
     """The one-line message of an apply refused before anything was written: the git
     operations in progress, the files that differ from the baseline and those that did not
     merge, each with why (at most :data:`NAMED_LIMIT` of each named: the conflicts list has
-    them all); with ``suggest_merge``, the ``apply --merge`` command that would merge them."""
+    them all)."""
     operations = [c.message for c in conflicts if c.code == "operation_in_progress"]
     differ = [f"{_path(c)} ({_DIFFERS[c.code]})" for c in conflicts if c.code in _DIFFERS]
     unmerged = [f"{_path(c)} ({c.message})" for c in conflicts if c.code in _UNMERGED]
@@ -87,17 +85,14 @@ def refusal_message(
         parts.append(f"{len(unmerged)} file(s) do not merge cleanly: {_named(unmerged)}")
     if other:
         parts.append(_named(other))
-    text = "cannot apply: " + "; ".join(parts) + "; nothing was written"
-    if suggest_merge:
-        text += f"; to merge your changes three-way: patchbox apply {job_id} --merge"
-    return text
+    return "cannot apply: " + "; ".join(parts) + "; nothing was written"
 
 
 def apply_refused(
     conflicts: Sequence[Conflict], *, job_id: str, suggest_merge: bool = False
 ) -> ApplyConflictError:
     """The ``APPLY_CONFLICT`` of an apply refused before anything was written, with the
-    message of :func:`refusal_message` (its ``conflicts`` carry every path and why)."""
-    return ApplyConflictError(
-        conflicts, refusal_message(conflicts, job_id=job_id, suggest_merge=suggest_merge)
-    )
+    message of :func:`refusal_message` (its ``conflicts`` carry every path and why); with
+    ``suggest_merge``, the remedy that would merge them (the ``merge`` option on ``job_id``)."""
+    hint = Hint(option="merge", job_id=job_id) if suggest_merge else None
+    return ApplyConflictError(conflicts, refusal_message(conflicts), hint=hint)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
 from controller.api.views import job_diff, job_row, job_view
+from controller.cli.hints import remedy
 from controller.errors import (
     ExitCode,
     InternalError,
@@ -80,6 +81,9 @@ def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcom
         data["artifacts"] = _artifacts(Path(args.output_dir), record, job.diff, secrets, data)
     ok = record.state in {"awaiting_review", "applied"}
     text = Scrubber(record.repo, secrets, paths=False).text(summary_text(record))
+    if record.error is not None and (words := remedy(record.error.hint)) is not None:
+        text += f"\n{words}"
+        data["error"]["hint"]["text"] = words
     if view.review_fallback is not None:
         with contextlib.suppress(OSError):
             progress(f"{record.mode} mode fell back to review: {view.review_fallback}")

@@ -10,6 +10,7 @@ import docker
 import docker.errors
 from pydantic import BaseModel, ConfigDict, Field
 
+from controller.cli.hints import with_remedy
 from controller.config.host import load_config
 from controller.errors import GitError, NotReadyError, PatchboxError
 from controller.paths import patchbox_home
@@ -153,7 +154,7 @@ def diagnose(*, probe_runsc: bool = True, config_path: Path | None = None) -> Do
     except NotReadyError as exc:
         report.ready = False
         report.problems.append("docker daemon unreachable")
-        report.advice.append(exc.message)
+        report.advice.append(with_remedy(exc.message, exc.hint))
         return report
     version = client.version()
     info = client.info()

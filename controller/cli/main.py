@@ -285,8 +285,14 @@ def main(argv: Sequence[str] | None = None, doors: Mapping[str, Door] | None = N
         extra: dict[str, Any] = {}
         if isinstance(exc, ConflictError):  # each file and why, never a merge's contents
             extra["conflicts"] = [c.model_dump(exclude={"detail"}) for c in exc.conflicts]
-        _report_error(str(exc.code), exc.message, args, as_json=as_json, extra=extra)
-        _failure_artifacts(args, str(exc.code), exc.message)
+        from controller.cli.hints import remedy, with_remedy
+
+        words = remedy(exc.hint)
+        if exc.hint is not None and words is not None:
+            extra["hint"] = {**exc.hint.model_dump(mode="json", exclude_none=True), "text": words}
+        message = with_remedy(exc.message, exc.hint)
+        _report_error(str(exc.code), message, args, as_json=as_json, extra=extra)
+        _failure_artifacts(args, str(exc.code), message)
         return exit_code_of(exc)
     except KeyboardInterrupt:
         with contextlib.suppress(OSError):

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shlex
 import sys
 import tempfile
@@ -376,8 +375,10 @@ def _apply_here(
             repo, diff, ref.head, origin=origin, allowed_paths=allowed, merge=args.merge
         )
     except ApplyConflictError as exc:
-        again = f"patchbox remote apply {args.job} --repo {shlex.quote(str(repo))} --merge"
-        exc.message = MERGE_HINT.sub(again, exc.message)
+        if exc.hint is not None and exc.hint.option == "merge":  # the remote command, not apply
+            again = f"patchbox remote apply {args.job} --repo {shlex.quote(str(repo))} --merge"
+            exc.message += f"; to merge your changes three-way: {again}"
+            exc.hint = None
         raise
     except ChangesetInvalidError as exc:
         if any(r.code in {"config_path", "not_allowed"} for r in exc.reasons):
@@ -401,10 +402,6 @@ def _apply_here(
         "\nthe service still lists the job awaiting review: patchbox remote discard " + args.job
     )
     return ExitCode.OK, data, text
-
-
-MERGE_HINT = re.compile(r"patchbox apply \S+ --merge")
-"""The ``--merge`` command of a refused apply's message, for the local job's id."""
 
 
 # -- text ---------------------------------------------------------------------------------

@@ -74,7 +74,7 @@ def load_config(path: Path | None = None) -> HostConfig:
         raw = target.read_bytes()
     except FileNotFoundError as exc:
         if explicit:
-            msg = f"the configuration file {str(target)!r} given with --config does not exist"
+            msg = f"the configuration file {str(target)!r} does not exist"
             raise UsageError(msg) from exc
         return HostConfig()
     except OSError as exc:

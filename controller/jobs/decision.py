@@ -33,7 +33,7 @@ class DecisionInputs(BaseModel):
     allow_trusted_auto: bool
     """The operator's ``allow_trusted_auto``."""
     consent_trusted_auto: bool
-    """The job's ``--consent-trusted-auto``."""
+    """The caller's consent to trusted-auto mode."""
     checks: list[CheckResult]
     """The checks as run (or skipped) in the check sandbox."""
     files: list[FileChange]
@@ -104,7 +104,7 @@ def decide(inputs: DecisionInputs) -> Decision:
     elif not inputs.allow_trusted_auto:
         why = "not enabled by the operator (allow_trusted_auto = false in the host configuration)"
     else:
-        why = "no consent flag (--consent-trusted-auto)"
+        why = "no consent to it (consent_trusted_auto is not set)"
     return Decision(
         mode=mode, reason="trusted-auto fell back to review: " + why, failed_checks=failed
     )

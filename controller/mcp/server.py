@@ -34,9 +34,10 @@ from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 from controller import api
 from controller.api.session import Proposal
 from controller.config.checks import job_checks
-from controller.errors import ErrorCode, PatchboxError, UsageError, describe_validation
+from controller.errors import ErrorCode, Hint, PatchboxError, UsageError, describe_validation
 from controller.jobs.loop import FINAL_MESSAGE_CHARS
 from controller.logs import Scrubber, write_line
+from controller.mcp.hints import hint_data
 from controller.tools.schemas import tool_schemas
 
 if TYPE_CHECKING:
@@ -159,8 +160,12 @@ class Outcome:
         )
 
 
-def failure(code: str, message: str, **extra: Any) -> Outcome:
-    return Outcome({"error": {"code": code, "message": message}, **extra}, error=True)
+def failure(code: str, message: str, hint: Hint | None = None, **extra: Any) -> Outcome:
+    """A tool error: ``{"error": {code, message}}``, with the remedy in MCP's words."""
+    error: dict[str, Any] = {"code": code, "message": message}
+    if (data := hint_data(hint)) is not None:
+        error["hint"] = data
+    return Outcome({"error": error, **extra}, error=True)
 
 
 def declared_checks(options: Options) -> dict[str, Any]:
@@ -281,7 +286,7 @@ class Slot:
                 f"the session's job {session.job_id} has ended ({state}); "
                 f"see `patchbox show {session.job_id}`"
             )
-        return failure(str(exc.code), self._scrub.text(exc.message), **extra)
+        return failure(str(exc.code), self._scrub.text(exc.message), exc.hint, **extra)
 
     # -- the job's life -------------------------------------------------------------------
 
@@ -320,7 +325,9 @@ class Slot:
             if client is not None:
                 client.close()
             self.failure = exc
-            write_line(f"patchbox: error {exc.code}: {self._scrub.text(exc.message)}")
+            hint = hint_data(exc.hint)
+            words = f"; {hint['text']}" if hint is not None else ""
+            write_line(f"patchbox: error {exc.code}: {self._scrub.text(exc.message)}{words}")
             raise
         except BaseException:
             if client is not None:

@@ -31,7 +31,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from controller.errors import ErrorCode, GitError, PatchboxError, UsageError
+from controller.errors import ErrorCode, GitError, Hint, PatchboxError, UsageError
 from controller.paths import owned_temp_dir
 from controller.repo.git import GIT_TIMEOUT, GitContext, git_argv, run_git
 from controller.repo.health import (
@@ -91,9 +91,11 @@ def build_baseline(
                 msg = (
                     f"the work tree has local changes ({c.staged_files} staged, "
                     f"{c.unstaged_files} unstaged, {c.untracked_files} untracked); commit or "
-                    "stash them, or pass --include-local-changes"
+                    "stash them, or consent to including them"
                 )
-                raise PatchboxError(msg, code=ErrorCode.CONSENT_REQUIRED)
+                raise PatchboxError(
+                    msg, code=ErrorCode.CONSENT_REQUIRED, hint=Hint(option="include_local_changes")
+                )
             head_tree = private.git("rev-parse", f"{head}^{{tree}}").decode().strip()
             tree = head_tree
             if seen.status.changed:

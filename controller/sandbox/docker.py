@@ -22,7 +22,13 @@ import structlog
 from docker.types import LogConfig, Mount, Ulimit
 
 from controller.config.limits import SHM_MB
-from controller.errors import LimitExceededError, ProtocolError, SandboxError, map_error
+from controller.errors import (
+    Hint,
+    LimitExceededError,
+    ProtocolError,
+    SandboxError,
+    map_error,
+)
 from controller.sandbox.base import PRELOAD_TARGET, HelloResult, RunResult, SandboxSpec
 from controller.sandbox.calls import ARCHIVE_TIMEOUT, DEFAULT_CALL_TIMEOUT, AgentCalls
 from controller.sandbox.dockerclient import removal_in_progress
@@ -267,7 +273,7 @@ class DockerSandbox(AgentCalls):
             container = client.containers.create(**container_config(spec, labels))
         except docker.errors.ImageNotFound as exc:
             raise SandboxError(
-                f"sandbox image {spec.image!r} not found: run 'patchbox image build'"
+                f"sandbox image {spec.image!r} not found", hint=Hint(action="build_image")
             ) from exc
         except docker.errors.APIError as exc:
             raise map_error(exc, "cannot create the sandbox") from exc

@@ -9,7 +9,7 @@ from typing import Any
 import docker
 import docker.errors
 
-from controller.errors import UsageError
+from controller.errors import Hint, UsageError
 from controller.sandbox.environment import ENV_REPO, LABEL_BASE, LABEL_KEY, LABEL_SPEC
 from controller.sandbox.labels import KIND, OWNER, OWNER_VALUE
 
@@ -59,8 +59,8 @@ def find_environment(client: docker.DockerClient, wanted: str) -> dict[str, Any]
     ]
     if len(hits) != 1:
         what = "no environment" if not hits else "several environments"
-        msg = f"{what} match {wanted[:80]!r}; 'patchbox env list' shows them"
-        raise UsageError(msg)
+        msg = f"{what} match {wanted[:80]!r}"
+        raise UsageError(msg, hint=Hint(action="list_environments"))
     return hits[0]
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from controller.errors import NotReadyError, PatchboxError
+from controller.errors import Hint, NotReadyError, PatchboxError
 from controller.paths import owned_temp_dir, patchbox_home, sandbox_image_dir
 from controller.sandbox.labels import KIND, OWNER, OWNER_VALUE, RECIPE
 
@@ -181,8 +181,9 @@ class ImageBuilder:
         debootstrap = _find_debootstrap(self._progress)
         if os.geteuid() != 0:
             raise NotReadyError(
-                "no base image can be pulled and making one with debootstrap needs root: run "
-                "'patchbox image build' as root once, or load a python3 image with 'docker load'"
+                "no base image can be pulled and making one with debootstrap needs root: build "
+                "the image as root once, or load a python3 image with 'docker load'",
+                hint=Hint(action="build_image"),
             )
         work = owned_temp_dir("base-")
         try:

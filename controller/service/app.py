@@ -28,7 +28,7 @@ from controller import api, strictjson
 from controller.api.views import BundleRef, JobView, job_diff, job_view
 from controller.config.host import HostConfig
 from controller.config.task import TaskSpec
-from controller.errors import ErrorCode, PatchboxError, ServiceError
+from controller.errors import ErrorCode, Hint, PatchboxError, ServiceError
 from controller.jobs.evidence import relative_to_home
 from controller.jobs.records import JobStore
 from controller.jobs.settle import settled
@@ -46,6 +46,7 @@ from controller.service.bundles import (
     verify_bundle,
 )
 from controller.service.config import ServiceConfig, TenantConfig
+from controller.service.hints import hint_data
 from controller.service.metrics import Metrics, metrics_text
 from controller.service.openapi import OPENAPI
 from controller.service.policy import check_task
@@ -76,8 +77,13 @@ def refused(status: int, code: str, message: str) -> ServiceError:
     return ServiceError(message, code=ErrorCode(code), status=status)
 
 
-def error_response(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+def error_response(status: int, code: str, message: str, hint: Hint | None = None) -> JSONResponse:
+    """The error answer ``{"error": {"code", "message"}}``, with ``hint`` (the remedy in the
+    API's words) when there is one."""
+    error: dict[str, Any] = {"code": code, "message": message}
+    if (data := hint_data(hint)) is not None:
+        error["hint"] = data
+    return JSONResponse({"error": error}, status_code=status)
 
 
 class Service:
@@ -232,7 +238,7 @@ def endpoint(route: str, handler: Handler, *, auth: bool = True) -> Callable[...
         except PatchboxError as exc:
             status = STATUS_OF.get(exc.code, 400)
             message = service.hide_paths(Scrubber("", paths=False).text(exc.message))
-            response = error_response(status, str(exc.code), message)
+            response = error_response(status, str(exc.code), message, exc.hint)
         except Exception as exc:  # never a bare 500: the error shape and a crash report
             from controller.crash import internal_message, write_report
 

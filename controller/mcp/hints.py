@@ -1,0 +1,36 @@
+"""A remedy (:class:`~controller.errors.Hint`) in an MCP client's words. The session's
+options are the server's start options (its user sets them in the client's configuration);
+applying, building and listing happen on the host."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from controller.errors import Hint, HintAction, HintOption
+
+OPTIONS: dict[HintOption, str] = {
+    "include_local_changes": "start `patchbox mcp` with --include-local-changes to include them",
+    "merge": "merge them on the host with `patchbox apply {job} --merge`",
+    "allow_insecure_http": "plain http must be allowed explicitly on the host",
+}
+"""Each option's words; ``{job}`` is the job the remedy is for."""
+
+ACTIONS: dict[HintAction, str] = {
+    "build_image": "build it on the host with `patchbox image build`",
+    "list_environments": "`patchbox env list` on the host shows them",
+}
+"""Each operation's words."""
+
+
+def hint_data(hint: Hint | None) -> dict[str, Any] | None:
+    """The ``hint`` of a tool error: the engine's names and the words (None without one)."""
+    if hint is None:
+        return None
+    if hint.option is not None:
+        text = OPTIONS[hint.option].format(job=hint.job_id or "JOB")
+    elif hint.action is not None:
+        text = ACTIONS[hint.action]
+    else:
+        return None
+    return {**hint.model_dump(mode="json", exclude_none=True), "text": text}

@@ -1,0 +1,38 @@
+"""A remedy (:class:`~controller.errors.Hint`) in the HTTP API's words: the request field to
+send; what only the service's operator can do is said to be the operator's."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from controller.errors import Hint, HintAction, HintOption
+
+OPTIONS: dict[HintOption, str] = {
+    "include_local_changes": 'send "include_local_changes": true with the job to include them',
+    "merge": (
+        "POST /v1/jobs/{job}/apply does not merge: take the diff (GET /v1/jobs/{job}/diff) and "
+        "merge it where the work tree is"
+    ),
+    "allow_insecure_http": "connect over https",
+}
+"""Each option's words; ``{job}`` is the job the remedy is for."""
+
+ACTIONS: dict[HintAction, str] = {
+    "build_image": "the service's operator builds the sandbox image",
+    "list_environments": "the service's operator lists the environments it offers",
+}
+"""Each operation's words."""
+
+
+def hint_data(hint: Hint | None) -> dict[str, Any] | None:
+    """The ``hint`` of an error answer: the engine's names and the words (None without one)."""
+    if hint is None:
+        return None
+    if hint.option is not None:
+        text = OPTIONS[hint.option].format(job=hint.job_id or "JOB")
+    elif hint.action is not None:
+        text = ACTIONS[hint.action]
+    else:
+        return None
+    return {**hint.model_dump(mode="json", exclude_none=True), "text": text}
