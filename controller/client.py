@@ -34,14 +34,13 @@ from typing import IO, Any, Self
 
 import httpx
 
+from controller.errormap import map_service_error, service_error
 from controller.errors import (
     ErrorCode,
     PatchboxError,
     ServiceError,
     ServiceUnreachableError,
     UsageError,
-    map_service_error,
-    service_error,
 )
 from controller.jobs.records import ACTIVE
 

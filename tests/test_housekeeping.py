@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.errors import ErrorInfo
+from controller.errorinfo import ErrorInfo
 from controller.jobs.records import JobRecord, JobStore, TranscriptCall, TranscriptTurn
 from tests.support.cli import ROOT, patchbox
 

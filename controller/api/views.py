@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from controller.changes.apply import AppliedFile, ApplyResult, RevertResult
-from controller.errors import ErrorInfo
+from controller.errorinfo import ErrorInfo
 from controller.jobs.records import (
     ACTIVE,
     CheckResult,

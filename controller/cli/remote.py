@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 
+from controller.errormap import describe_validation
 from controller.errors import (
     ApplyConflictError,
     ChangesetInvalidError,
@@ -40,7 +41,6 @@ from controller.errors import (
     ServiceError,
     ServiceUsageError,
     UsageError,
-    describe_validation,
     exit_code_for_error,
 )
 from controller.text import flag_text, visible

@@ -28,13 +28,8 @@ from controller.config.checks import job_checks
 from controller.config.host import HostConfig
 from controller.config.task import CheckSpec, TaskSpec
 from controller.crash import internal_message, write_report
-from controller.errors import (
-    ApplyConflictError,
-    ErrorCode,
-    ErrorInfo,
-    InternalError,
-    PatchboxError,
-)
+from controller.errorinfo import ErrorInfo
+from controller.errors import ApplyConflictError, ErrorCode, InternalError, PatchboxError
 from controller.jobs.decision import DecisionInputs, decide, skips_checks, with_conflict
 from controller.jobs.evidence import write_evidence
 from controller.jobs.loop import ToolLoop, cancelled_error

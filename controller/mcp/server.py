@@ -34,7 +34,8 @@ from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 from controller import api
 from controller.api.session import Proposal
 from controller.config.checks import job_checks
-from controller.errors import ErrorCode, PatchboxError, UsageError, describe_validation
+from controller.errormap import describe_validation
+from controller.errors import ErrorCode, PatchboxError, UsageError
 from controller.jobs.loop import FINAL_MESSAGE_CHARS
 from controller.logs import Scrubber, write_line
 from controller.tools.schemas import tool_schemas

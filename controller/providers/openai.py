@@ -49,13 +49,8 @@ from tenacity import (
     wait_exponential,
 )
 
-from controller.errors import (
-    CancelledError,
-    PatchboxError,
-    ProviderError,
-    TransientProviderError,
-    map_error,
-)
+from controller.errormap import map_error
+from controller.errors import CancelledError, PatchboxError, ProviderError, TransientProviderError
 from controller.providers.base import (
     ModelTurn,
     ToolResult,
