@@ -39,17 +39,14 @@ from controller.api.session import SESSION_PROMPT
 from controller.config.host import HostConfig
 from controller.config.task import TaskSpec
 from controller.jobs.records import JobRecord, JobStore
-from controller.mcp.server import (
+from controller.mcp.server import PROMPT_URI, SESSIONLESS, build_server, tools
+from controller.mcp.slot import (
     CHECKS_URI,
-    PROMPT_URI,
     PROPOSE,
-    SESSIONLESS,
     WALL_CLOCK_GRACE_SECONDS,
     Options,
     Sessions,
     Slot,
-    build_server,
-    tools,
 )
 from controller.sandbox.base import Runtime
 from controller.sandbox.docker import ORPHAN_STOP_SECONDS

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from controller.changes.apply import AppliedFile, ApplyResult, RevertResult
 from controller.errorinfo import ErrorInfo
+from controller.errors import PatchboxError
 from controller.jobs.records import (
     ACTIVE,
     CheckResult,
@@ -113,6 +114,12 @@ def job_view(
     }
     scrubbed = Scrubber(record.repo, secrets, paths=False).value(raw)
     return JobView.model_validate({**scrubbed, "diff": diff or ""})
+
+
+def error_view(exc: PatchboxError, scrub: Scrubber) -> ErrorInfo:
+    """An error as a front door answers it: its code, its message cleaned by ``scrub``
+    (secrets, and the paths ``scrub`` hides), its remedy."""
+    return ErrorInfo(code=str(exc.code), message=scrub.text(exc.message), hint=exc.hint)
 
 
 def job_diff(store: JobStore, job_id: str) -> str | None:
