@@ -110,10 +110,10 @@ def failure(code: str, message: str) -> Outcome:
 def error_outcome(info: ErrorInfo, job: JobRef | None = None) -> Outcome:
     """The tool error of ``info`` (and, when the call ended it, the job's id and state): the
     one place an error becomes the MCP answer."""
-    data: dict[str, Any] = {"error": {"code": info.code, "message": info.message}}
-    if job is not None:
-        data["job"] = job.model_dump()
-    return Outcome(data, error=True)
+    error = {"code": info.code, "message": info.message}
+    if job is None:
+        return Outcome({"error": error}, error=True)
+    return Outcome({"error": error, "job": job.model_dump()}, error=True)
 
 
 class Slot:
@@ -220,7 +220,7 @@ class Slot:
                 f"the session's job {session.job_id} has ended ({job.status}); "
                 f"see `patchbox show {session.job_id}`"
             )
-        return error_outcome(error_view(exc, self._scrub), job)
+        return error_outcome(error_view(exc, self._scrub.text), job)
 
     # -- the job's life -------------------------------------------------------------------
 
