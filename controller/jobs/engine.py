@@ -26,7 +26,7 @@ from controller.changes.validate import validate_changeset
 from controller.config.checks import job_checks
 from controller.config.host import HostConfig
 from controller.config.task import CheckSpec, TaskSpec
-from controller.crash import internal_message, write_report
+from controller.crash import internal_error
 from controller.errorinfo import ErrorInfo
 from controller.errors import ApplyConflictError, ErrorCode, InternalError, PatchboxError
 from controller.jobs.decision import DecisionInputs, decide, skips_checks, with_conflict
@@ -211,14 +211,12 @@ class Job:
     def _internal(self, exc: Exception) -> InternalError:
         """Records an unexpected exception: a crash report, and the job ``failed`` with
         ``INTERNAL_ERROR`` (or ``cancelled``, if it was being cancelled)."""
-        report = write_report(
+        error = internal_error(
             exc,
             context=f"job {self.record.job_id}, state {self.record.state}",
             repo=self.record.repo,
             secrets=self.request.secrets,
         )
-        error = InternalError(internal_message(exc, report), report=report)
-        error.__cause__ = exc
         if self.record.state in ACTIVE:
             self._fail(error)
         return error

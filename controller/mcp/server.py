@@ -37,6 +37,7 @@ from controller.mcp.slot import (
     Outcome,
     ProposeArgs,
     Sessions,
+    error_outcome,
     failure,
 )
 from controller.tools.schemas import tool_schemas
@@ -119,12 +120,11 @@ def declared_checks(options: Options) -> dict[str, CheckSpec]:
 
 def _internal(exc: Exception, options: Options) -> Outcome:
     """An unexpected exception in a call: the error contract and a crash report."""
-    from controller.crash import internal_message, write_report
+    from controller.crash import internal_error
 
-    report = write_report(exc, context="mcp tool call", repo=str(options.repo.resolve()))
-    message = internal_message(exc, report)
-    write_line(f"patchbox: error INTERNAL_ERROR: {message}")
-    return failure(str(ErrorCode.INTERNAL_ERROR), message)
+    error = internal_error(exc, context="mcp tool call", repo=str(options.repo.resolve()))
+    write_line(f"patchbox: error INTERNAL_ERROR: {error.message}")
+    return error_outcome(error.info())
 
 
 class _Handlers:

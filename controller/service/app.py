@@ -70,12 +70,10 @@ def endpoint(route: str, handler: Handler, *, auth: bool = True) -> Callable[...
         except PatchboxError as exc:
             response = error_answer(service, exc)
         except Exception as exc:  # never a bare 500: the error shape and a crash report
-            from controller.crash import internal_message, write_report
+            from controller.crash import internal_error
 
-            report = write_report(exc, context=f"service {request.method} {route}")
-            message = internal_message(exc, report)
-            info = ErrorInfo(code=str(ErrorCode.INTERNAL_ERROR), message=message)
-            response = error_response(500, info)
+            error = internal_error(exc, context=f"service {request.method} {route}")
+            response = error_response(500, error.info())
         service.metrics.count(request.method, route, response.status_code)
         return response
 
