@@ -4,7 +4,7 @@ The server is ``--server URL`` or ``$PATCHBOX_SERVER``; the tenant's token is
 ``$PATCHBOX_TOKEN`` or the first line of ``--token-file FILE``, never a command-line value (a
 process listing would show it). Each command returns ``(exit code, JSON-able data or None,
 text)``; ``events`` and ``submit --wait`` write each event as it comes. Errors are the
-service's codes (:func:`controller.errors.service_error`); a service that does not answer is
+service's codes (:func:`controller.errormap.service_error`); a service that does not answer is
 ``SERVICE_UNREACHABLE`` (exit 3). ``docs/service.md`` describes each command.
 
 A job on a repository the service cannot see runs on a git bundle (``submit --bundle``):

@@ -404,7 +404,7 @@ class OpenAIProvider(ABC):
         return request.reply
 
     def _translate(self, error: BaseException) -> PatchboxError:
-        """:func:`~controller.errors.map_error`, with this provider's name on a final error."""
+        """:func:`~controller.errormap.map_error`, with this provider's name on a final error."""
         if isinstance(error, PatchboxError):
             return error
         mapped = map_error(error, scrub=self._clean)
