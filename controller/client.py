@@ -34,15 +34,14 @@ from typing import IO, Any, Self
 
 import httpx
 
+from controller.errorinfo import Hint
+from controller.errormap import map_service_error, service_error
 from controller.errors import (
     ErrorCode,
-    Hint,
     PatchboxError,
     ServiceError,
     ServiceUnreachableError,
     UsageError,
-    map_service_error,
-    service_error,
 )
 from controller.jobs.records import ACTIVE
 

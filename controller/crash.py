@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from importlib import metadata
 from pathlib import Path
 
+from controller.errors import InternalError
 from controller.logs import Scrubber
 from controller.paths import patchbox_home
 
@@ -80,3 +81,14 @@ def internal_message(exc: BaseException, report: str) -> str:
         f"an unexpected error ({type(exc).__name__}) stopped patchbox; the crash report is "
         f"{report} in the state directory (PATCHBOX_HOME): please include it in a bug report"
     )
+
+
+def internal_error(
+    exc: BaseException, *, context: str, repo: str = "", secrets: Iterable[str] = ()
+) -> InternalError:
+    """The :class:`InternalError` of an unexpected exception: its report written
+    (:func:`write_report`), its message the one line a user sees, its cause ``exc``."""
+    report = write_report(exc, context=context, repo=repo, secrets=secrets)
+    error = InternalError(internal_message(exc, report), report=report)
+    error.__cause__ = exc
+    return error

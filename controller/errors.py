@@ -1,5 +1,4 @@
-"""The one exception root of patchbox, with stable error codes, and the one translation of
-third-party errors into it.
+"""The one exception root of patchbox, with stable error codes and the exit status of each.
 
 ::
 
@@ -38,30 +37,20 @@ third-party errors into it.
      +-- ServiceUnreachableError      SERVICE_UNREACHABLE: no answer from the service: exit 3
 
 The error codes are :class:`ErrorCode`; the process exit statuses are :class:`ExitCode`.
-
-Third-party errors are translated in one place: :func:`map_error` for docker-py (and the
-``requests`` transport errors docker-py lets through) and httpx, :func:`map_git_error` for a
-git process that could not run, :func:`map_service_error` for httpx errors of a client of
-the service (``patchbox remote``), :func:`service_error` for the service's error answers.
-Callers write ``raise map_error(exc, "doing what") from exc``.
-A pydantic ``ValidationError`` becomes a message with :func:`describe_validation`, which
-names fields and problems but never echoes a value. Errors that cross the container boundary
-are data (``{"code", "message"}``), never exception classes.
+An error as data (``{"code", "message", "hint"}``) is an :class:`controller.errorinfo.ErrorInfo`
+(:meth:`PatchboxError.info`); errors that cross the container boundary are data, never
+exception classes. Third-party errors become ours in :mod:`controller.errormap`.
 """
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from enum import IntEnum, StrEnum
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from controller.reasons import ChangesetReason, Conflict, Reason
-
-if TYPE_CHECKING:
-    from pydantic import ValidationError
+if TYPE_CHECKING:  # data models (pydantic): imported where an error is made into data
+    from controller.errorinfo import ErrorInfo, Hint
+    from controller.reasons import ChangesetReason, Conflict, Reason
 
 
 class ExitCode(IntEnum):
@@ -138,35 +127,6 @@ _EXIT_BY_CODE.update(
 )
 
 
-HintOption = Literal["include_local_changes", "merge", "allow_insecure_http"]
-"""A request option that changes the outcome, by the engine's name for it."""
-HintAction = Literal["build_image", "list_environments"]
-"""An operation that remedies the error, by the engine's name for it."""
-
-
-class Hint(BaseModel):
-    """A remedy as data: the option to set or the operation to run (on ``job_id`` where it
-    takes one). Each front door says it in its own words: a CLI flag or command, an MCP
-    argument, an HTTP field; the engine never names them."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    option: HintOption | None = Field(default=None, exclude_if=lambda v: v is None)
-    action: HintAction | None = Field(default=None, exclude_if=lambda v: v is None)
-    job_id: str | None = Field(default=None, exclude_if=lambda v: v is None)
-
-
-class ErrorInfo(BaseModel):
-    """An error as data: its stable code, its message (no secret, no host path where it
-    leaves the host) and a remedy when there is one."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    code: str
-    message: str
-    hint: Hint | None = Field(default=None, exclude_if=lambda v: v is None)
-
-
 class PatchboxError(Exception):
     """Root of every deliberate error; carries a stable code, a message without secrets and
     a remedy (:class:`Hint`) when there is one."""
@@ -185,6 +145,8 @@ class PatchboxError(Exception):
             self.hint = hint
 
     def info(self) -> ErrorInfo:
+        from controller.errorinfo import ErrorInfo
+
         return ErrorInfo(code=str(self.code), message=self.message, hint=self.hint)
 
     def to_dict(self) -> dict[str, Any]:
@@ -394,148 +356,3 @@ class ServiceUnreachableError(NotReadyError):
     timeout, a connection cut for good); exit 3, as a missing Docker daemon."""
 
     code = ErrorCode.SERVICE_UNREACHABLE
-
-
-SERVICE_USAGE_CODES = frozenset(
-    {
-        ErrorCode.UNAUTHORIZED,
-        ErrorCode.NOT_FOUND,
-        ErrorCode.BAD_REQUEST,
-        ErrorCode.METHOD_NOT_ALLOWED,
-        ErrorCode.REPO_NOT_ALLOWED,
-        ErrorCode.TASK_NOT_ALLOWED,
-        ErrorCode.USAGE_ERROR,
-    }
-)
-"""Service codes that mean the request was wrong: :class:`ServiceUsageError`, exit 2 (as the
-local commands exit with ``USAGE_ERROR``, a job in the wrong state included)."""
-
-
-def service_error(status: int, code: str, message: str, hint: Hint | None = None) -> ServiceError:
-    """The error of ours for the service's answer ``status`` with ``{"code", "message"}``
-    (and its remedy, ``hint``, when it gave one)."""
-    known = code in ErrorCode.__members__
-    ours = ErrorCode(code) if known else ErrorCode.SERVICE_BAD_RESPONSE
-    if not known:
-        message = f"the service answered {status} with the unknown code {code[:64]!r}: {message}"
-    cls = ServiceUsageError if ours in SERVICE_USAGE_CODES else ServiceError
-    return cls(message[:2000], code=ours, status=status, service_code=code[:64], hint=hint)
-
-
-def map_service_error(
-    exc: BaseException, doing: str, *, scrub: Callable[[str], str] = str
-) -> PatchboxError:
-    """The error of ours for an httpx error of a service client: a transport failure (no
-    connection, a timeout, a cut connection) is :class:`ServiceUnreachableError`, anything
-    else as :func:`map_error` says. The message is ``doing: detail``, never a header."""
-    if isinstance(exc, PatchboxError):
-        return exc
-    names = [_qualified(cls) for cls in type(exc).__mro__]
-    if "httpx.TransportError" in names:
-        kind = type(exc).__name__
-        if "Timeout" in kind:
-            detail = f"timed out ({kind})"
-        elif "Connect" in kind:
-            detail = f"cannot connect ({scrub(str(exc))[:160]})"
-        else:
-            detail = f"the connection failed ({kind})"
-        return ServiceUnreachableError(f"{doing}: {detail}")
-    return map_error(exc, doing, scrub=scrub)
-
-
-_THIRD_PARTY: tuple[tuple[str, type[PatchboxError]], ...] = (
-    ("httpx.TimeoutException", TransientProviderError),
-    ("httpx.ConnectError", TransientProviderError),
-    ("httpx.HTTPError", ProviderError),
-    ("httpx.InvalidURL", ProviderError),
-    ("httpx.CookieConflict", ProviderError),
-    ("httpx.StreamError", ProviderError),
-    ("docker.errors.DockerException", SandboxError),
-    ("docker.errors.StreamParseError", SandboxError),
-    ("requests.exceptions.RequestException", SandboxError),
-)
-"""Third-party roots, by qualified class name (so this module imports neither library), and
-the class of ours each becomes. The first entry on an exception's class chain wins."""
-
-
-def _qualified(cls: type) -> str:
-    module = cls.__module__
-    # httpx defines its errors in a private module and exports them from the package.
-    if module.startswith("httpx."):
-        module = "httpx"
-    return f"{module}.{cls.__qualname__}"
-
-
-def mapped_class(exc: BaseException) -> type[PatchboxError] | None:
-    """The class of ours a third-party exception becomes, or None when it is not known."""
-    names = [_qualified(cls) for cls in type(exc).__mro__]
-    for name, ours in _THIRD_PARTY:
-        if name in names:
-            return ours
-    return None
-
-
-def _detail(exc: BaseException, scrub: Callable[[str], str]) -> str:
-    """What may be said about a third-party error: Docker's explanation or a build log line,
-    the cause of a failed connection, otherwise only the class name."""
-    name = _qualified(type(exc))
-    if name.startswith("docker.errors."):
-        text = getattr(exc, "explanation", None) or getattr(exc, "msg", None)
-        return str(text) if text else type(exc).__name__
-    if name.startswith("httpx.") and isinstance(exc, Exception):
-        if mapped_class(exc) is TransientProviderError and "Timeout" not in type(exc).__name__:
-            return f"cannot connect ({scrub(str(exc))[:120]})"
-        kind = "timed out" if "Timeout" in type(exc).__name__ else "transport failed"
-        return f"{kind} ({type(exc).__name__})"
-    return type(exc).__name__
-
-
-def map_error(
-    exc: BaseException, doing: str = "", *, scrub: Callable[[str], str] = str
-) -> PatchboxError:
-    """The error of ours for ``exc``: itself when it is already ours, the mapped class for a
-    docker-py, ``requests`` (under docker-py) or httpx error, :class:`InternalError` for
-    anything else (a bug: nobody expected it). The message is ``doing: detail``; ``scrub``
-    cleans any text taken from the exception (a secret may be in a URL) before it is cut.
-    Never raises; the caller writes ``raise map_error(exc, ...) from exc``."""
-    if isinstance(exc, PatchboxError):
-        return exc
-    ours = mapped_class(exc)
-    detail = _detail(exc, scrub)
-    message = f"{doing}: {detail}" if doing else detail
-    if ours is None:
-        return InternalError(message)
-    return ours(message)
-
-
-def map_git_error(exc: OSError | subprocess.SubprocessError, command: str) -> GitError:
-    """The :class:`GitError` for a git process that could not run or finish."""
-    if isinstance(exc, subprocess.TimeoutExpired):
-        return GitError(f"git {command} did not finish in {exc.timeout:g} s")
-    if isinstance(exc, FileNotFoundError):
-        return GitError("git is not installed on this machine")
-    return GitError(f"git {command} could not run ({type(exc).__name__})")
-
-
-def describe_validation(
-    error: ValidationError,
-    *,
-    subject: str,
-    max_items: int = 5,
-    max_chars: int = 500,
-    names: Mapping[str, str] | None = None,
-) -> str:
-    """``where: problem; ...`` for the first ``max_items`` problems of a pydantic
-    ``ValidationError``, cut at ``max_chars``. ``where`` is the dotted field path (``subject``
-    for the whole value); with ``names`` only the top field is named, as ``names`` says (a
-    setting's environment variable, say). Never echoes an input value."""
-    parts = []
-    for item in error.errors()[:max_items]:
-        loc = item["loc"]
-        if names is not None:
-            field = str(loc[0]) if loc else ""
-            where = names.get(field, field or subject)
-        else:
-            where = ".".join(str(p) for p in loc)[:100] or subject
-        parts.append(f"{where}: {item['msg']}")
-    return "; ".join(parts)[:max_chars]

@@ -16,7 +16,8 @@ import pytest
 from controller.changes.apply import apply_changeset, job_state, revert_changeset
 from controller.changes.conflicts import NAMED_LIMIT
 from controller.changes.journal import Journal
-from controller.errors import ApplyConflictError, ErrorCode, Hint, RevertConflictError
+from controller.errorinfo import Hint
+from controller.errors import ApplyConflictError, ErrorCode, RevertConflictError
 from controller.jobs.records import JobRecord, JobStore
 from controller.repo.baseline import Baseline, build_baseline
 from tests.support.cli import patchbox

@@ -21,7 +21,8 @@ from controller.config.checks import read_repo_checks
 from controller.config.environment import CODE_VARIABLES, EnvironmentSpec, check_env_names
 from controller.config.host import load_config
 from controller.config.task import CheckSpec, TaskSpec
-from controller.errors import UsageError, describe_validation
+from controller.errormap import describe_validation
+from controller.errors import UsageError
 from controller.logs import SECRET_NAME
 from controller.sandbox import envimages
 from controller.sandbox import environment as envmod

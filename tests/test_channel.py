@@ -18,7 +18,8 @@ import docker
 import pytest
 
 from controller.config.limits import Limits
-from controller.errors import ErrorCode, Hint, PatchboxError, ProtocolError, SandboxError
+from controller.errorinfo import Hint
+from controller.errors import ErrorCode, PatchboxError, ProtocolError, SandboxError
 from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.docker import DockerSandbox
 from controller.sandbox.labels import OWNER_FILTER, current_identity, new_job_id

@@ -22,12 +22,7 @@ from controller.config.checks import resolve_environment, with_environment
 from controller.config.environment import MAX_INPUT_FILES, EnvironmentSpec
 from controller.config.host import HostConfig
 from controller.config.task import CheckSpec, TaskSpec
-from controller.errors import (
-    EnvironmentBuildError,
-    EnvironmentInputError,
-    ErrorCode,
-    UsageError,
-)
+from controller.errors import EnvironmentBuildError, EnvironmentInputError, ErrorCode, UsageError
 from controller.jobs.records import JobStore
 from controller.repo.baseline import build_baseline
 from controller.sandbox import environment as envmod
@@ -66,7 +61,7 @@ from tests.support.jobs import call, check_call, containers_of
     ],
 )
 def test_a_bad_block_is_refused_naming_the_field(block: object, fragment: str) -> None:
-    from controller.errors import describe_validation
+    from controller.errormap import describe_validation
 
     with pytest.raises(ValidationError) as info:
         TaskSpec.model_validate({"prompt": "p", "environment": block})

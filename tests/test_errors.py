@@ -1,4 +1,5 @@
-"""The exception tree and the one mapping of third-party errors (controller/errors.py)."""
+"""The exception tree (controller/errors.py), an error as data (controller/errorinfo.py) and
+the one mapping of third-party errors (controller/errormap.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import ast
 import importlib
 import inspect
 import subprocess
+import sys
 from pathlib import Path
 
 import docker.errors
@@ -15,6 +17,7 @@ import requests
 from pydantic import BaseModel, ValidationError
 
 from controller import errors
+from controller.errormap import describe_validation, map_error, map_git_error, mapped_class
 from controller.errors import (
     ErrorCode,
     ExitCode,
@@ -24,11 +27,7 @@ from controller.errors import (
     ProviderError,
     SandboxError,
     TransientProviderError,
-    describe_validation,
     exit_code_for_error,
-    map_error,
-    map_git_error,
-    mapped_class,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -150,6 +149,17 @@ def test_the_tree_names_every_subclass_and_all_live_here() -> None:
         and any(ast.unparse(b).endswith(names) for b in node.bases)
     ]
     assert elsewhere == []
+
+
+def test_the_exception_tree_imports_no_pydantic() -> None:
+    """errors.py is the ground floor: importing it loads no data model (pydantic)."""
+    code = "import sys, controller.errors; print(sorted(m for m in sys.modules if 'pydantic' in m))"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert proc.stdout.strip() == "[]"
+    info = errors.UsageError("bad").info()
+    assert (info.code, info.message, info.hint) == ("USAGE_ERROR", "bad", None)
 
 
 def test_exit_codes() -> None:

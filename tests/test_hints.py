@@ -20,9 +20,11 @@ from controller.cli import hints as cli_hints
 from controller.cli.parser import build_parser
 from controller.config.host import HostConfig
 from controller.config.task import TaskSpec
-from controller.errors import ErrorCode, Hint, HintAction, HintOption, PatchboxError
+from controller.errorinfo import Hint, HintAction, HintOption
+from controller.errors import ErrorCode, PatchboxError
 from controller.mcp import hints as mcp_hints
-from controller.mcp.server import Options, Sessions, Slot, build_server
+from controller.mcp.server import build_server
+from controller.mcp.slot import Options, Sessions, Slot
 from controller.repo.baseline import build_baseline
 from controller.service import hints as service_hints
 from tests.support.cli import job_files, patchbox

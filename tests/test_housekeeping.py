@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.errors import ErrorInfo
+from controller.errorinfo import ErrorInfo
 from controller.jobs.records import JobRecord, JobStore, TranscriptCall, TranscriptTurn
 from tests.support.cli import ROOT, patchbox
 
@@ -62,6 +62,22 @@ def test_version() -> None:
     assert proc.returncode == 0
     assert proc.stdout.startswith("patchbox ")
     assert proc.stdout.split()[1][0].isdigit()
+
+
+def test_version_loads_no_data_model() -> None:
+    """``--version`` (and the parser it builds) imports no pydantic: the ground floor and
+    the parsers stay free of the data models."""
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "controller", "--version"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    loaded = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()]
+    assert [m for m in loaded if m.split(".")[0] == "pydantic"] == []
+    assert "controller.main" in loaded
 
 
 def test_jobs_shows_times_durations_and_error_codes(home: Path, jobs: list[str]) -> None:

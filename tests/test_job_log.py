@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.errors import ErrorInfo, UsageError
+from controller.errorinfo import ErrorInfo
+from controller.errors import UsageError
 from controller.jobs.junit import TestCase
 from controller.jobs.log import LOG_FILE, RecordLogError
 from controller.jobs.records import (

@@ -39,17 +39,14 @@ from controller.api.session import SESSION_PROMPT
 from controller.config.host import HostConfig
 from controller.config.task import TaskSpec
 from controller.jobs.records import JobRecord, JobStore
-from controller.mcp.server import (
+from controller.mcp.server import PROMPT_URI, SESSIONLESS, build_server, tools
+from controller.mcp.slot import (
     CHECKS_URI,
-    PROMPT_URI,
     PROPOSE,
-    SESSIONLESS,
     WALL_CLOCK_GRACE_SECONDS,
     Options,
     Sessions,
     Slot,
-    build_server,
-    tools,
 )
 from controller.sandbox.base import Runtime
 from controller.sandbox.docker import ORPHAN_STOP_SECONDS
@@ -276,6 +273,27 @@ def test_resources_and_a_propose_before_any_call_need_no_sandbox(tmp_path: Path)
     anyio.run(scenario)
     assert [s.opened for s in made] == [False]
     assert [r for r in JobStore().all() if r.repo == str(opts.repo.resolve())] == []
+
+
+def test_an_unexpected_error_in_a_call_is_internal_error_with_a_crash_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def boom(*_args: object) -> None:
+        msg = "boom"
+        raise RuntimeError(msg)
+
+    monkeypatch.setattr(Slot, "call", boom)
+    opts = options(tmp_path)
+    server = build_server(opts, Sessions(lambda: Slot(opts, lambda _m: None)))
+
+    async def scenario() -> Any:
+        async with Client(server) as client:
+            return await client.call_tool("read_file", {"path": "app.py"})
+
+    result = anyio.run(scenario)
+    assert code(result) == "INTERNAL_ERROR"
+    assert "crash report is crash/" in data(result)["error"]["message"]
+    assert set(data(result)) == {"error"}
 
 
 def test_without_a_task_the_session_has_the_default_prompt_and_the_configured_checks(

@@ -20,6 +20,7 @@ import docker
 import pytest
 
 from controller.client import ServiceClient
+from controller.errormap import service_error
 from controller.errors import (
     ErrorCode,
     ExitCode,
@@ -27,7 +28,6 @@ from controller.errors import (
     ServiceUnreachableError,
     ServiceUsageError,
     UsageError,
-    service_error,
 )
 from controller.jobs.records import repo_key
 from controller.paths import patchbox_home

@@ -219,6 +219,22 @@ def crash_reports() -> set[str]:
     return {p.name for p in folder.iterdir()} if folder.is_dir() else set()
 
 
+def test_an_unexpected_error_is_a_500_internal_error_with_a_crash_report(
+    idle: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def boom(_tenant: str) -> list[Any]:
+        msg = "boom"
+        raise RuntimeError(msg)
+
+    monkeypatch.setattr(idle.service.store, "list_jobs", boom)
+    before = crash_reports()
+    answer = idle.client("alpha").get("/v1/jobs")
+    assert answer.status_code == 500
+    assert error_of(answer) == "INTERNAL_ERROR"
+    assert "crash report is crash/" in answer.json()["error"]["message"]
+    assert len(crash_reports() - before) == 1
+
+
 def nested(depth: int, leaf: Any = 1) -> Any:
     value = leaf
     for _ in range(depth):

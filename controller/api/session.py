@@ -19,7 +19,8 @@ from controller.api.jobs import make_job
 from controller.api.views import JobView, job_view
 from controller.config.host import HostConfig, load_config
 from controller.config.task import TaskSpec
-from controller.errors import CancelledError, ErrorCode, ErrorInfo, PatchboxError, UsageError
+from controller.errorinfo import ErrorInfo
+from controller.errors import CancelledError, ErrorCode, PatchboxError, UsageError
 from controller.jobs.engine import Job, JobRequest
 from controller.jobs.records import JobRecord
 from controller.providers.base import ModelTurn, ToolCall, ToolResult, check_results

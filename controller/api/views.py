@@ -5,12 +5,14 @@ host paths as the evidence is, the diff is shown as it is."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from controller.changes.apply import AppliedFile, ApplyResult, RevertResult
-from controller.errors import ErrorInfo
+from controller.errorinfo import ErrorInfo
+from controller.errors import PatchboxError
 from controller.jobs.records import (
     ACTIVE,
     CheckResult,
@@ -81,6 +83,26 @@ class JobView(_View):
     """Why a job in an auto mode stopped for review instead of applying."""
     bundle: BundleRef | None = Field(default=None, exclude_if=lambda v: v is None)
 
+    @classmethod
+    def before_record(
+        cls, job_id: str, status: str, error: ErrorInfo | None, bundle: BundleRef | None = None
+    ) -> JobView:
+        """The view of a job that has no record yet (queued, or it could not start): its
+        state and the error it could not start with; nothing else."""
+        return cls(
+            job_id=job_id,
+            status=status,
+            error=error,
+            files=[],
+            control_characters=[],
+            checks=[],
+            tool_calls=[],
+            evidence="",
+            decision=None,
+            diff="",
+            bundle=bundle,
+        )
+
     def data(self) -> dict[str, Any]:
         """The JSON object (``decision`` is null before the job is decided)."""
         return self.model_dump(mode="json")
@@ -113,6 +135,13 @@ def job_view(
     }
     scrubbed = Scrubber(record.repo, secrets, paths=False).value(raw)
     return JobView.model_validate({**scrubbed, "diff": diff or ""})
+
+
+def error_view(exc: PatchboxError, clean: Callable[[str], str]) -> ErrorInfo:
+    """An error as a front door answers it: its code, its message as ``clean`` leaves it
+    (a :class:`Scrubber`'s ``text``: no secret, no path the caller may not see), its
+    remedy."""
+    return ErrorInfo(code=str(exc.code), message=clean(exc.message), hint=exc.hint)
 
 
 def job_diff(store: JobStore, job_id: str) -> str | None:

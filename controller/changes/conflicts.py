@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from controller.changes.worktree import FileState
-from controller.errors import ApplyConflictError, Hint
+from controller.errorinfo import Hint
+from controller.errors import ApplyConflictError
 from controller.reasons import Conflict, ConflictCode
 from controller.repo.layout import RepoLayout, operations_in_progress
 

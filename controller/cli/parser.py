@@ -131,7 +131,7 @@ def _serve_parser(sub: Any) -> None:
 
 def _remote_parser(sub: Any) -> None:
     """``patchbox remote``, the service's client (:mod:`controller.cli.remote`)."""
-    from controller.cli.remote import add_parser
+    from controller.cli.remote_args import add_parser
 
     add_parser(sub, _Parser)
 

@@ -19,7 +19,8 @@ from pydantic import TypeAdapter, ValidationError
 
 from controller.config.environment import EnvironmentSpec
 from controller.config.task import CheckId, CheckSpec, TaskSpec
-from controller.errors import UsageError, describe_validation
+from controller.errormap import describe_validation
+from controller.errors import UsageError
 
 if TYPE_CHECKING:
     from controller.config.host import HostConfig

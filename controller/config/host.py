@@ -39,7 +39,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from controller.config.environment import EnvironmentName, EnvironmentSpec
 from controller.config.limits import Limits
 from controller.config.task import CheckId, CheckSpec
-from controller.errors import UsageError, describe_validation
+from controller.errormap import describe_validation
+from controller.errors import UsageError
 from controller.paths import patchbox_home
 
 

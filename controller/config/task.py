@@ -17,7 +17,8 @@ from pydantic import (
 from controller.config.environment import EnvironmentRef, check_env_names
 from controller.config.inputfile import read_input_file
 from controller.config.limits import Limits
-from controller.errors import UsageError, describe_validation
+from controller.errormap import describe_validation
+from controller.errors import UsageError
 from patchbox_agent import ops
 
 CheckId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]

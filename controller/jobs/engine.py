@@ -10,7 +10,6 @@ with its error code, and the diagnostics gathered so far are kept.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,23 +20,19 @@ import docker
 import structlog
 
 from controller.changes.changeset import ChangeSet
-from controller.changes.collect import Collected, baseline_sha256, collect
+from controller.changes.collect import Collected, collect
 from controller.changes.rules import control_lines
 from controller.changes.validate import validate_changeset
 from controller.config.checks import job_checks
 from controller.config.host import HostConfig
 from controller.config.task import CheckSpec, TaskSpec
-from controller.crash import internal_message, write_report
-from controller.errors import (
-    ApplyConflictError,
-    ErrorCode,
-    ErrorInfo,
-    InternalError,
-    PatchboxError,
-)
+from controller.crash import internal_error
+from controller.errorinfo import ErrorInfo
+from controller.errors import ApplyConflictError, ErrorCode, InternalError, PatchboxError
 from controller.jobs.decision import DecisionInputs, decide, skips_checks, with_conflict
 from controller.jobs.evidence import write_evidence
 from controller.jobs.loop import ToolLoop, cancelled_error
+from controller.jobs.reconcile import baseline_unchanged, reconcile
 from controller.jobs.records import (
     ACTIVE,
     CheckResult,
@@ -47,13 +42,11 @@ from controller.jobs.records import (
     JobRecord,
     JobState,
     JobStore,
-    LedgerEntry,
     write_lock,
 )
 from controller.jobs.required import run_required_checks
 from controller.providers.base import Provider
 from controller.repo.baseline import Baseline
-from controller.repo.layout import locate, operations_in_progress
 from controller.repo.pin import RepoPin
 from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.cache import BaselineCache
@@ -218,14 +211,12 @@ class Job:
     def _internal(self, exc: Exception) -> InternalError:
         """Records an unexpected exception: a crash report, and the job ``failed`` with
         ``INTERNAL_ERROR`` (or ``cancelled``, if it was being cancelled)."""
-        report = write_report(
+        error = internal_error(
             exc,
             context=f"job {self.record.job_id}, state {self.record.state}",
             repo=self.record.repo,
             secrets=self.request.secrets,
         )
-        error = InternalError(internal_message(exc, report), report=report)
-        error.__cause__ = exc
         if self.record.state in ACTIVE:
             self._fail(error)
         return error
@@ -393,73 +384,10 @@ class Job:
         )
 
     def _reconcile(self, collected: Collected) -> None:
-        """Reconciles the changes with the ledger both ways, against each path's final state
-        (:meth:`_final_states`). Fails the job (``CHANGESET_INVALID``, naming the paths) when
-
-        - a changed path is accounted for by no completed call;
-        - a changed path is not as its last completed call left it (another hash, or present
-          though that call removed it, or removed though it wrote it);
-        - a path whose last completed call was an edit is missing from the changes: a file
-          the edit wrote must be there with the reported hash, a file it removed must be
-          reported removed, unless the baseline already holds exactly that (a later edit
-          undid an earlier one). A file hidden from the agent's change detection is caught
-          here instead of silently leaving the diff.
-
-        A check's entry names a path without its final content: it settles nothing but
-        that the path may have changed. The baseline is the job's own (a job that prepared
-        none has nothing to compare with: every unsettled path counts as missing)."""
-        final = self._final_states(self.record.ledger)
-        changed = {f.path: f for f in collected.files}
-        unaccounted = [p for p in changed if p not in final]
-        mismatched = []
-        for path, f in changed.items():
-            state = final.get(path, "")
-            if state in {"", "unknown"}:
-                continue
-            removed = f.kind == "removed"
-            if removed != (state == "gone") or (not removed and f.sha256 != state):
-                mismatched.append(path)
-        unsettled = {p: s for p, s in final.items() if p not in changed and s != "unknown"}
+        """:func:`controller.jobs.reconcile.reconcile` of the changes with the job's ledger,
+        against the baseline it prepared."""
         prepared = self._prepared
-        held = (
-            baseline_sha256(prepared.baseline, unsettled)
-            if prepared is not None
-            else dict.fromkeys(unsettled, "")
-        )
-        missing = sorted(p for p, s in unsettled.items() if held[p] != (None if s == "gone" else s))
-        if unaccounted or mismatched or missing:
-            diagnostics = self.record.diagnostics
-            diagnostics["unaccounted"] = sorted(unaccounted)[:50]
-            diagnostics["mismatched"] = sorted(mismatched)[:50]
-            diagnostics["missing"] = missing[:50]
-            parts = []
-            if unaccounted:
-                parts.append("changed by no tool call: " + ", ".join(sorted(unaccounted)[:10]))
-            if mismatched:
-                parts.append(
-                    "not as the last tool call left it: " + ", ".join(sorted(mismatched)[:10])
-                )
-            if missing:
-                parts.append(
-                    "reported by a tool call but missing from the changes: "
-                    + ", ".join(missing[:10])
-                )
-            msg = "the change set is invalid: " + "; ".join(parts)
-            raise PatchboxError(msg[:1000], code=ErrorCode.CHANGESET_INVALID)
-
-    @staticmethod
-    def _final_states(ledger: list[LedgerEntry]) -> dict[str, str]:
-        """Each path's state after the last completed call that names it: the SHA-256 an
-        edit reported, ``gone`` when a patch removed it (or renamed it away), ``unknown``
-        when the entry has no hash otherwise (a check's, which says only what changed)."""
-        final: dict[str, str] = {}
-        for entry in ledger:
-            if entry.outcome != "done":
-                continue
-            patch = entry.tool == "apply_patch"
-            for f in entry.files:
-                final[f.path] = f.sha256 or ("gone" if patch else "unknown")
-        return final
+        reconcile(collected, self.record, prepared.baseline if prepared is not None else None)
 
     def _checks(
         self,
@@ -553,28 +481,3 @@ class Job:
         except ApplyConflictError as exc:
             return with_conflict(decision, exc.message)
         return decision
-
-
-def baseline_unchanged(baseline: Baseline, changeset: ChangeSet) -> bool:
-    """No git operation in progress, and every touched path as in the baseline (other paths
-    and HEAD may differ, as apply allows). A diagnosis only: apply re-checks under its own
-    lock."""
-    try:
-        layout = locate(Path(baseline.repo))
-    except PatchboxError:
-        return False
-    if operations_in_progress(layout):
-        return False
-    for f in changeset.files:
-        for path, want in ((f.old_path or f.path, f.sha256_before),):
-            target = layout.top / path
-            if want is None:
-                if target.exists() or target.is_symlink():
-                    return False
-                continue
-            try:
-                if target.is_symlink() or hashlib.sha256(target.read_bytes()).hexdigest() != want:
-                    return False
-            except OSError:
-                return False
-    return True

@@ -25,13 +25,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
-from controller.errors import (
-    ErrorCode,
-    ErrorInfo,
-    InvalidTransitionError,
-    PatchboxError,
-    UsageError,
-)
+from controller.errorinfo import ErrorInfo
+from controller.errors import ErrorCode, InvalidTransitionError, PatchboxError, UsageError
 from controller.jobs.junit import TestCase
 from controller.jobs.log import RecordLog, Saved
 from controller.paths import patchbox_home

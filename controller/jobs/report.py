@@ -7,7 +7,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from typing import Literal
 
-from controller.errors import ErrorInfo
+from controller.errorinfo import ErrorInfo
 from controller.jobs.junit import CASE_TEXT, TestCase
 from controller.jobs.records import JobRecord
 from controller.logs import Scrubber

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from controller.errors import Hint, HintAction, HintOption
+    from controller.errorinfo import Hint, HintAction, HintOption
 
 OPTIONS: dict[HintOption, str] = {
     "include_local_changes": "start `patchbox mcp` with --include-local-changes to include them",

@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import anyio
 import anyio.from_thread
@@ -34,7 +34,8 @@ import anyio.lowlevel
 
 from controller.errors import UsageError
 from controller.logs import write_line
-from controller.mcp.server import Options, Sessions, Slot, build_server
+from controller.mcp.server import build_server
+from controller.mcp.slot import Options, Sessions, Slot
 from controller.signals import CANCEL_SIGNALS, exit_code_for
 
 if TYPE_CHECKING:
@@ -132,7 +133,7 @@ def _signals_ignored() -> Iterator[None]:
 # -- stdio --------------------------------------------------------------------------------
 
 
-async def _stdio(server: Server[Any], stop: _Stop) -> None:
+async def _stdio(server: Server[None], stop: _Stop) -> None:
     from mcp.server.stdio import stdio_server
 
     lines = _WireLines(_claim_stdin())
@@ -225,7 +226,7 @@ def _listen(port: int) -> socket.socket:
     return sock
 
 
-async def _http(server: Server[Any], sock: socket.socket, stop: _Stop) -> None:
+async def _http(server: Server[None], sock: socket.socket, stop: _Stop) -> None:
     import uvicorn
 
     class Web(uvicorn.Server):

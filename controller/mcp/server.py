@@ -7,21 +7,18 @@ call goes through :meth:`controller.api.Session.call`, so arguments, limits, err
 ledger and transcript are exactly a model's. The MCP request id is the call's ``request_id``:
 a request id seen before gets the first call's answer and is not run again.
 
-A session's job is opened at its first tool call (:class:`Slot`; a failed opening is tried
-again at the next one), ended by ``propose``, and closed (cancelled, its containers removed)
-when the MCP session ends, when its wall clock runs out, or when the server stops. A tool
-error is a tool result with ``isError``; its structured content is ``{"error": {"code",
-"message"}}``. Every result's text is the JSON of its structured content.
+Each MCP session's job is a :class:`controller.mcp.slot.Slot`. A tool error is a tool result
+with ``isError``; its structured content is ``{"error": {"code", "message"}}``. Every
+result's text is the JSON of its structured content.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
-import threading
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 import mcp_types as types
@@ -29,35 +26,28 @@ from mcp.server.lowlevel import Server
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
-from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 
-from controller import api
-from controller.api.session import Proposal
 from controller.config.checks import job_checks
-from controller.errors import ErrorCode, Hint, PatchboxError, UsageError, describe_validation
-from controller.jobs.loop import FINAL_MESSAGE_CHARS
+from controller.errors import ErrorCode, PatchboxError
 from controller.logs import Scrubber, write_line
-from controller.mcp.hints import hint_data
+from controller.mcp.slot import (
+    CHECKS_URI,
+    PROPOSE,
+    Options,
+    Outcome,
+    ProposeArgs,
+    Sessions,
+    error_outcome,
+    failure,
+)
 from controller.tools.schemas import tool_schemas
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
-    import docker
     from mcp.server.context import ServerRequestContext
 
-    from controller.config.host import HostConfig
-    from controller.config.task import TaskSpec
-    from controller.sandbox.base import Runtime
-
-Progress = Callable[[str], None]
+    from controller.config.task import CheckSpec
 
 PROMPT_URI = "patchbox://task/prompt"
-CHECKS_URI = "patchbox://task/checks"
-PROPOSE = "propose"
-WALL_CLOCK_GRACE_SECONDS = 5.0
-"""A session idle past its task's ``wall_seconds`` (plus this) is closed: its job is cancelled.
-A call that runs into the wall clock fails ``LIMIT_EXCEEDED`` on its own, a little earlier."""
 READ_ONLY = frozenset({"list_files", "search_text", "read_file"})
 STDIO = "stdio"
 """The one session of a stdio server."""
@@ -66,7 +56,6 @@ SESSIONLESS = (
     "HTTP, connect with the initialize handshake (a Streamable HTTP session with an "
     "Mcp-Session-Id), not the sessionless 2026-07-28 protocol"
 )
-NOTHING_TO_PROPOSE = "nothing to propose: no tool call has been made in this session"
 INSTRUCTIONS = (
     "The tools work on a private copy of the repository in a locked-down sandbox (no network)."
     " Find and read with list_files, search_text and read_file; change files with replace_text"
@@ -76,34 +65,6 @@ INSTRUCTIONS = (
     " and the diff come back. The user reviews and applies it on the host with"
     " `patchbox apply JOB`. After propose the session takes no more calls."
 )
-
-
-@dataclass(frozen=True)
-class Options:
-    """What ``patchbox mcp`` was started with: one repository, its task, the trust choices."""
-
-    repo: Path
-    task: TaskSpec
-    config: HostConfig
-    task_given: bool = False
-    """A task file was given (its prompt is in the server's instructions)."""
-    include_local_changes: bool = False
-    trust_repo_config: bool = False
-    runtime: Runtime | None = None
-    version: str = ""
-
-
-class ProposeArgs(BaseModel):
-    """End the session's tool calls and propose the change: the diff is collected and
-    validated, the required checks run in a fresh sandbox, and the job is decided. Returns the
-    job id, its status, the diff, the files, the checks and the command that applies it."""
-
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, strict=True, use_attribute_docstrings=True
-    )
-
-    message: Annotated[str, StringConstraints(max_length=FINAL_MESSAGE_CHARS)] = ""
-    """What the change does, in a sentence or two (kept in the job's record)."""
 
 
 def propose_schema() -> dict[str, Any]:
@@ -144,31 +105,7 @@ def tools() -> list[types.Tool]:
     return out
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """One tool call's answer: structured content, and whether it is a tool error."""
-
-    data: dict[str, Any]
-    error: bool = False
-
-    def result(self) -> types.CallToolResult:
-        text = json.dumps(self.data, ensure_ascii=False)
-        return types.CallToolResult(
-            content=[types.TextContent(type="text", text=text)],
-            structured_content=self.data,
-            is_error=self.error,
-        )
-
-
-def failure(code: str, message: str, hint: Hint | None = None, **extra: Any) -> Outcome:
-    """A tool error: ``{"error": {code, message}}``, with the remedy in MCP's words."""
-    error: dict[str, Any] = {"code": code, "message": message}
-    if (data := hint_data(hint)) is not None:
-        error["hint"] = data
-    return Outcome({"error": error, **extra}, error=True)
-
-
-def declared_checks(options: Options) -> dict[str, Any]:
+def declared_checks(options: Options) -> dict[str, CheckSpec]:
     """The checks the session's job declares, resolved as the job resolves them: the task's
     (or the host configuration's), the repository's with ``--trust-repo-config``, and the
     environment's variables."""
@@ -178,261 +115,16 @@ def declared_checks(options: Options) -> dict[str, Any]:
         options.repo,
         trust_repo_config=options.trust_repo_config,
     )
-    return {"checks": {cid: spec.model_dump(mode="json") for cid, spec in checks.items()}}
-
-
-class Slot:
-    """One MCP session's job. Opened at the first tool call (a failed opening is tried again
-    at the next call), ended by ``propose``, by a call that ends the job, or by its wall
-    clock, and closed once. Thread-safe: the handlers call it from worker threads."""
-
-    def __init__(self, options: Options, progress: Progress) -> None:
-        self.options = options
-        self._progress = progress
-        self._scrub = Scrubber(str(options.repo.resolve()), paths=False)
-        self._lock = threading.Lock()
-        """Held while the job opens, and for every change of state."""
-        self._session: api.Session | None = None
-        self._client: docker.DockerClient | None = None
-        self._timer: threading.Timer | None = None
-        self._ended: str | None = None
-        """Why the session takes no more calls (None while it does)."""
-        self._proposing = False
-        self._answers: dict[str, Outcome] = {}
-        """``propose``'s answer by request id (the session keeps the other tools')."""
-        self._answered: set[str] = set()
-        """The request ids of the calls the session answered."""
-        self.opened = False
-        self.failure: PatchboxError | None = None
-        """The last opening that failed, until one succeeds."""
-
-    @property
-    def job_id(self) -> str | None:
-        session = self._session
-        return None if session is None else session.job_id
-
-    # -- calls ----------------------------------------------------------------------------
-
-    def call(self, tool: str, arguments: dict[str, Any], request_id: str | None) -> Outcome:
-        """One tool call (``propose`` included), as a model's; never raises a
-        :class:`PatchboxError`. A request id seen before gets the first answer again."""
-        if tool == PROPOSE:
-            return self.propose(arguments, request_id)
-        try:
-            session = self._open(request_id)
-            result = session.call(tool, arguments, request_id=request_id)
-            if request_id is not None:
-                self._answered.add(request_id)
-        except UsageError as exc:  # the job has ended: say why
-            ended = self._ended
-            return self._error(exc if ended is None else UsageError(ended))
-        except PatchboxError as exc:
-            return self._error(exc)
-        if result.ok:
-            return Outcome(dict(result.result or {}))
-        return Outcome({"error": dict(result.error or {})}, error=True)
-
-    def propose(self, arguments: dict[str, Any], request_id: str | None = None) -> Outcome:
-        """Ends the job's calls (:meth:`controller.api.Session.propose`); the view of
-        ``run --json``, ``apply`` and ``show``. Once per session."""
-        try:
-            args = ProposeArgs.model_validate(arguments)
-        except ValidationError as exc:
-            detail = describe_validation(exc, subject="arguments")
-            return failure(str(ErrorCode.TOOL_ARGUMENTS_INVALID), f"{PROPOSE}: {detail}")
-        session = self._claim_propose(request_id)
-        if isinstance(session, Outcome):
-            return session
-        try:
-            proposal = session.propose(args.message)
-        except PatchboxError as exc:
-            with self._lock:
-                self._proposing = False
-            return self._error(exc)
-        outcome = Outcome(proposal_view(proposal))
-        with self._lock:
-            if request_id is not None:
-                self._answers[request_id] = outcome
-        self._end(
-            f"the session's job {proposal.job_id} was proposed and has ended ({proposal.status});"
-            f" see `patchbox show {proposal.job_id} --diff`. A new job needs a new MCP session"
-        )
-        self._progress(f"job {proposal.job_id} proposed: {proposal.status}")
-        return outcome
-
-    def _claim_propose(self, request_id: str | None) -> api.Session | Outcome:
-        """The session to propose, now marked as proposing; or the answer instead (the
-        first answer to this request id, or a refusal)."""
-        with self._lock:
-            if request_id is not None and request_id in self._answers:
-                return self._answers[request_id]
-            if self._ended is not None:
-                return failure(str(ErrorCode.USAGE_ERROR), self._ended)
-            if self._session is None:
-                return failure(str(ErrorCode.USAGE_ERROR), NOTHING_TO_PROPOSE)
-            if self._proposing:
-                return failure(str(ErrorCode.USAGE_ERROR), "the session's job is being proposed")
-            self._proposing = True
-            return self._session
-
-    def _error(self, exc: PatchboxError) -> Outcome:
-        """A refused or failed call; when it ended the job, the job's id and state too."""
-        extra: dict[str, Any] = {}
-        session = self._session
-        if session is not None and not session.active:
-            state = session.record.state
-            extra["job"] = {"job_id": session.job_id, "status": state}
-            self._end(
-                f"the session's job {session.job_id} has ended ({state}); "
-                f"see `patchbox show {session.job_id}`"
-            )
-        return failure(str(exc.code), self._scrub.text(exc.message), exc.hint, **extra)
-
-    # -- the job's life -------------------------------------------------------------------
-
-    def _open(self, request_id: str | None) -> api.Session:
-        """The session's job, opened now if it is not yet. Once the session has ended, only
-        a request id it answered before gets it (to answer that again)."""
-        with self._lock:
-            if self._ended is not None and (
-                self._session is None or request_id not in self._answered
-            ):
-                raise UsageError(self._ended)
-            if self._session is not None:
-                return self._session
-            self._session = self._start()
-            return self._session
-
-    def _start(self) -> api.Session:
-        """Opens the job (health gate, baseline, environment, sandbox); under the lock."""
-        from controller.sandbox.dockerclient import connect
-
-        o = self.options
-        client: docker.DockerClient | None = None
-        try:
-            client = connect()
-            session = api.open_session(
-                o.repo,
-                task=o.task,
-                config=o.config,
-                include_local_changes=o.include_local_changes,
-                trust_repo_config=o.trust_repo_config,
-                runtime=o.runtime,
-                client=client,
-                progress=self._progress,
-            )
-        except PatchboxError as exc:
-            if client is not None:
-                client.close()
-            self.failure = exc
-            hint = hint_data(exc.hint)
-            words = f"; {hint['text']}" if hint is not None else ""
-            write_line(f"patchbox: error {exc.code}: {self._scrub.text(exc.message)}{words}")
-            raise
-        except BaseException:
-            if client is not None:
-                client.close()
-            raise
-        self._client, self.failure, self.opened = client, None, True
-        self._progress(f"session opened: job {session.job_id}")
-        timer = threading.Timer(o.task.limits.wall_seconds + WALL_CLOCK_GRACE_SECONDS, self._expire)
-        timer.daemon = True
-        timer.start()
-        self._timer = timer
-        return session
-
-    def _expire(self) -> None:
-        seconds = f"{self.options.task.limits.wall_seconds:g}"
-        self._end(
-            f"the session's job {self.job_id} was cancelled: its wall clock of {seconds} s "
-            "ran out (the task's limits.wall_seconds)"
-        )
-        self.close()
-
-    def _end(self, why: str) -> None:
-        """No more calls from now on (the first reason stays)."""
-        with self._lock:
-            if self._ended is None:
-                self._ended = why
-            timer, self._timer = self._timer, None
-        if timer is not None:
-            timer.cancel()
-
-    def close(self) -> None:
-        """Cancels the job unless it ended (its containers are removed) and waits for an
-        opening in progress first; nothing is left running. Idempotent."""
-        self._end("the MCP session was closed")
-        with self._lock:
-            session = self._session
-            client, self._client = self._client, None
-        if session is not None:
-            active = session.active
-            session.close()
-            if active:
-                self._progress(f"session closed: job {session.job_id} {session.record.state}")
-        if client is not None:
-            client.close()
-
-
-class Sessions:
-    """The slots of one server, by MCP session: one for stdio, one per session id over
-    HTTP. A slot whose MCP session ended is closed on a thread of its own."""
-
-    def __init__(self, make: Callable[[], Slot]) -> None:
-        self._make = make
-        self._lock = threading.Lock()
-        self._open: dict[str, Slot] = {}
-        self._all: list[Slot] = []
-        self._closing: list[threading.Thread] = []
-
-    def get(self, key: str) -> Slot:
-        with self._lock:
-            slot = self._open.get(key)
-            if slot is None:
-                slot = self._open[key] = self._make()
-                self._all.append(slot)
-            return slot
-
-    def end(self, key: str) -> None:
-        """The MCP session ``key`` is over: its job is cancelled (without blocking)."""
-        with self._lock:
-            slot = self._open.pop(key, None)
-            if slot is None:
-                return
-            thread = threading.Thread(target=slot.close, name=f"mcp-close-{key[:16]}")
-            self._closing.append(thread)
-        thread.start()
-
-    def close_all(self) -> None:
-        """Every session's job cancelled and its containers removed; returns when they are."""
-        with self._lock:
-            slots, self._open = list(self._open.values()), {}
-            closing = list(self._closing)
-        for slot in slots:
-            slot.close()
-        for thread in closing:
-            thread.join()
-
-    def exit_code(self) -> int:
-        """0, unless no session ever opened and the last opening failed: its exit status."""
-        from controller.errors import exit_code_for_error
-
-        with self._lock:
-            slots = list(self._all)
-        if any(s.opened for s in slots):
-            return 0
-        failures = [s.failure for s in slots if s.failure is not None]
-        return int(exit_code_for_error(str(failures[-1].code))) if failures else 0
+    return checks
 
 
 def _internal(exc: Exception, options: Options) -> Outcome:
     """An unexpected exception in a call: the error contract and a crash report."""
-    from controller.crash import internal_message, write_report
+    from controller.crash import internal_error
 
-    report = write_report(exc, context="mcp tool call", repo=str(options.repo.resolve()))
-    message = internal_message(exc, report)
-    write_line(f"patchbox: error INTERNAL_ERROR: {message}")
-    return failure(str(ErrorCode.INTERNAL_ERROR), message)
+    error = internal_error(exc, context="mcp tool call", repo=str(options.repo.resolve()))
+    write_line(f"patchbox: error INTERNAL_ERROR: {error.message}")
+    return error_outcome(error.info())
 
 
 class _Handlers:
@@ -519,12 +211,14 @@ class _Handlers:
             text, mime = self.options.task.prompt, "text/plain"
         elif params.uri == CHECKS_URI:
             try:
-                checks = await anyio.to_thread.run_sync(declared_checks, self.options)
+                declared = await anyio.to_thread.run_sync(declared_checks, self.options)
             except PatchboxError as exc:
                 raise MCPError(
                     code=types.INTERNAL_ERROR, message=f"{exc.code}: {exc.message}"
                 ) from exc
-            text = json.dumps(Scrubber("", paths=False).value(checks), indent=2, sort_keys=True)
+            checks = {cid: spec.model_dump(mode="json") for cid, spec in declared.items()}
+            shown = Scrubber("", paths=False).value({"checks": checks})
+            text = json.dumps(shown, indent=2, sort_keys=True)
             mime = "application/json"
         else:
             raise MCPError(code=types.INVALID_PARAMS, message=f"unknown resource {params.uri!r}")
@@ -544,14 +238,19 @@ class _Handlers:
         )
 
 
-def build_server(
-    options: Options, sessions: Sessions, *, http: bool = False
-) -> Server[dict[str, Any]]:
+@contextlib.asynccontextmanager
+async def _no_state(_server: Server[None]) -> AsyncIterator[None]:
+    """The server's lifespan: it keeps no state of its own (the sessions hold the jobs)."""
+    yield
+
+
+def build_server(options: Options, sessions: Sessions, *, http: bool = False) -> Server[None]:
     """The MCP server of one repository. Over stdio it has one session; over HTTP one per MCP
     session id, its job cancelled when that session ends (deleted, timed out, server stops)."""
     handlers = _Handlers(options, sessions, http=http)
-    server: Server[dict[str, Any]] = Server(
+    server: Server[None] = Server(
         "patchbox",
+        lifespan=_no_state,
         version=options.version,
         instructions=handlers.instructions,
         on_list_tools=handlers.list_tools,
@@ -563,19 +262,3 @@ def build_server(
         handlers.capabilities = server.get_capabilities()
         server.add_request_handler("server/discover", types.RequestParams, handlers.discover)
     return server
-
-
-PROPOSAL_KEYS = ("job_id", "status", "diff", "files", "checks", "error", "decision")
-"""What ``propose`` answers of the job's view (plus the commands that look at it and apply
-it on the host, and why an auto mode stopped for review)."""
-
-
-def proposal_view(proposal: Proposal) -> dict[str, Any]:
-    data = proposal.view.data()
-    view = {key: data[key] for key in PROPOSAL_KEYS}
-    job_id = proposal.job_id
-    view["apply"] = f"patchbox apply {job_id}" if proposal.status == "awaiting_review" else None
-    view["show"] = f"patchbox show {job_id} --diff"
-    if proposal.view.review_fallback is not None:
-        view["review_fallback"] = proposal.view.review_fallback
-    return view

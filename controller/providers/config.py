@@ -25,7 +25,8 @@ from pydantic import (
     field_validator,
 )
 
-from controller.errors import UsageError, describe_validation
+from controller.errormap import describe_validation
+from controller.errors import UsageError
 
 ProviderApi = Literal["chat", "responses"]
 """``chat``: ``POST {base}/chat/completions``; ``responses``: ``POST {base}/responses``."""

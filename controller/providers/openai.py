@@ -49,13 +49,8 @@ from tenacity import (
     wait_exponential,
 )
 
-from controller.errors import (
-    CancelledError,
-    PatchboxError,
-    ProviderError,
-    TransientProviderError,
-    map_error,
-)
+from controller.errormap import map_error
+from controller.errors import CancelledError, PatchboxError, ProviderError, TransientProviderError
 from controller.providers.base import (
     ModelTurn,
     ToolResult,
@@ -409,7 +404,7 @@ class OpenAIProvider(ABC):
         return request.reply
 
     def _translate(self, error: BaseException) -> PatchboxError:
-        """:func:`~controller.errors.map_error`, with this provider's name on a final error."""
+        """:func:`~controller.errormap.map_error`, with this provider's name on a final error."""
         if isinstance(error, PatchboxError):
             return error
         mapped = map_error(error, scrub=self._clean)

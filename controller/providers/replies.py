@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from controller.errors import ProviderError, describe_validation
+from controller.errormap import describe_validation
+from controller.errors import ProviderError
 from controller.providers.base import MAX_JSON_DEPTH
 from controller.strictjson import loads
 

@@ -16,7 +16,8 @@ from typing import Annotated, Any, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from controller.config.inputfile import read_input_file
-from controller.errors import CancelledError, ProviderError, UsageError, describe_validation
+from controller.errormap import describe_validation
+from controller.errors import CancelledError, ProviderError, UsageError
 from controller.providers.base import (
     MAX_JSON_DEPTH,
     CallId,

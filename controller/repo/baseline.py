@@ -31,7 +31,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from controller.errors import ErrorCode, GitError, Hint, PatchboxError, UsageError
+from controller.errorinfo import Hint
+from controller.errors import ErrorCode, GitError, PatchboxError, UsageError
 from controller.paths import owned_temp_dir
 from controller.repo.git import GIT_TIMEOUT, GitContext, git_argv, run_git
 from controller.repo.health import (

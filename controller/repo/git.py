@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from controller.errors import GitError, map_git_error
+from controller.errormap import map_git_error
+from controller.errors import GitError
 
 GIT_TIMEOUT = 600.0
 

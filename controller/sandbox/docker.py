@@ -22,13 +22,9 @@ import structlog
 from docker.types import LogConfig, Mount, Ulimit
 
 from controller.config.limits import SHM_MB
-from controller.errors import (
-    Hint,
-    LimitExceededError,
-    ProtocolError,
-    SandboxError,
-    map_error,
-)
+from controller.errorinfo import Hint
+from controller.errormap import map_error
+from controller.errors import LimitExceededError, ProtocolError, SandboxError
 from controller.sandbox.base import PRELOAD_TARGET, HelloResult, RunResult, SandboxSpec
 from controller.sandbox.calls import ARCHIVE_TIMEOUT, DEFAULT_CALL_TIMEOUT, AgentCalls
 from controller.sandbox.dockerclient import removal_in_progress

@@ -9,7 +9,8 @@ from typing import Any
 import docker
 import docker.errors
 
-from controller.errors import Hint, UsageError
+from controller.errorinfo import Hint
+from controller.errors import UsageError
 from controller.sandbox.environment import ENV_REPO, LABEL_BASE, LABEL_KEY, LABEL_SPEC
 from controller.sandbox.labels import KIND, OWNER, OWNER_VALUE
 

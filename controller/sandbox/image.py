@@ -24,7 +24,8 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from controller.errors import Hint, NotReadyError, PatchboxError
+from controller.errorinfo import Hint
+from controller.errors import NotReadyError, PatchboxError
 from controller.paths import owned_temp_dir, patchbox_home, sandbox_image_dir
 from controller.sandbox.labels import KIND, OWNER, OWNER_VALUE, RECIPE
 

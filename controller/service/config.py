@@ -45,7 +45,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from controller.config.environment import EnvironmentName, ImageRef
 from controller.config.host import HostConfig
-from controller.errors import UsageError, describe_validation
+from controller.errormap import describe_validation
+from controller.errors import UsageError
 from controller.paths import patchbox_home
 
 

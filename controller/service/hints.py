@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from controller.errors import Hint, HintAction, HintOption
+    from controller.errorinfo import Hint, HintAction, HintOption
 
 OPTIONS: dict[HintOption, str] = {
     "include_local_changes": 'send "include_local_changes": true with the job to include them',

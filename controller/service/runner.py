@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -33,8 +33,11 @@ from controller.service.policy import check_task
 from controller.service.store import (
     QUEUED,
     RUNNING_STATES,
+    CheckData,
+    ErrorData,
     JobRow,
     ServiceStore,
+    ToolCallData,
 )
 
 if TYPE_CHECKING:
@@ -94,14 +97,16 @@ def apply_denied(tenant: TenantConfig, row: JobRow) -> str | None:
     return None
 
 
-def tool_call_event(call: dict[str, Any]) -> dict[str, Any]:
-    keys = ("turn", "id", "name", "ok", "error_code")
-    return {k: call.get(k) for k in keys}
+def tool_call_event(call: ToolCallRecord) -> ToolCallData:
+    return ToolCallData(
+        turn=call.turn, id=call.id, name=call.name, ok=call.ok, error_code=call.error_code
+    )
 
 
-def check_event(check: dict[str, Any]) -> dict[str, Any]:
-    keys = ("id", "status", "exit_code", "duration_ms")
-    return {k: check.get(k) for k in keys}
+def check_event(check: CheckResult) -> CheckData:
+    return CheckData(
+        id=check.id, status=check.status, exit_code=check.exit_code, duration_ms=check.duration_ms
+    )
 
 
 class EventFeed:
@@ -143,9 +148,7 @@ class EventFeed:
         """Emits the calls of ``new`` (the record's calls from the first not emitted at the
         start of this sync) that are not emitted yet."""
         for call in new:
-            self._store.append_event(
-                self._job_id, "tool_call", tool_call_event(call.model_dump(mode="json"))
-            )
+            self._store.append_event(self._job_id, "tool_call", tool_call_event(call))
         self._calls += len(new)
         new.clear()
 
@@ -153,9 +156,7 @@ class EventFeed:
         if self._checks_done:
             return
         for check in checks:
-            self._store.append_event(
-                self._job_id, "check", check_event(check.model_dump(mode="json"))
-            )
+            self._store.append_event(self._job_id, "check", check_event(check))
         self._checks_done = True
 
 
@@ -333,7 +334,7 @@ class Runner:
             message = str(exc)
             if row.request.bundle:  # the clone's path is the service's, not the tenant's
                 message = Scrubber(row.repo).text(message)
-            error = {"code": str(code), "message": message[:1000]}
+            error = ErrorData(code=str(code), message=message[:1000])
             self.store.append_event(row.job_id, "state", {"state": state, "error": error})
             self.store.update_state(row.job_id, state)
         finally:

@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NotRequired, Protocol, TypedDict, final
 
 from pydantic import BaseModel, ConfigDict
 
@@ -74,12 +74,56 @@ class Bundle:
     created: float
 
 
+@final
+class ErrorData(TypedDict):
+    """Why a job could not start (the event of its end state)."""
+
+    code: str
+    message: str
+
+
+@final
+class StateData(TypedDict):
+    """A ``state`` event: the job's new state, why (``INTERRUPTED``), or its error."""
+
+    state: str
+    reason: NotRequired[str]
+    error: NotRequired[ErrorData]
+
+
+@final
+class ToolCallData(TypedDict):
+    """A ``tool_call`` event: one call of the job's tool loop."""
+
+    turn: int
+    id: str
+    name: str
+    ok: bool
+    error_code: str | None
+
+
+@final
+class CheckData(TypedDict):
+    """A ``check`` event: one required check's result."""
+
+    id: str
+    status: str
+    exit_code: int | None
+    duration_ms: int
+
+
 @dataclass(frozen=True)
 class Event:
     job_id: str
     seq: int
     type: str
-    data: dict[str, Any]
+    data: StateData | ToolCallData | CheckData
+
+    def error(self) -> ErrorData | None:
+        """The error of a ``state`` event that has one."""
+        data = self.data
+        # .get on a union of TypedDicts loses the type; ``in`` narrows it to StateData
+        return data["error"] if "error" in data else None  # noqa: SIM401
 
 
 class ServiceStore(Protocol):
@@ -101,7 +145,9 @@ class ServiceStore(Protocol):
         self, tenant: str, busy_repos: frozenset[str], *, bundles: bool = True
     ) -> JobRow | None: ...
 
-    def append_event(self, job_id: str, type_: str, data: dict[str, Any]) -> Event: ...
+    def append_event(
+        self, job_id: str, type_: str, data: StateData | ToolCallData | CheckData
+    ) -> Event: ...
 
     def events_after(self, job_id: str, seq: int) -> list[Event]: ...
 
@@ -241,7 +287,9 @@ class SqliteStore:
                 return row
         return None
 
-    def append_event(self, job_id: str, type_: str, data: dict[str, Any]) -> Event:
+    def append_event(
+        self, job_id: str, type_: str, data: StateData | ToolCallData | CheckData
+    ) -> Event:
         text = json.dumps(data, sort_keys=True)
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")

@@ -21,13 +21,8 @@ from pydantic import (
 )
 
 from controller.config.task import CheckId
-from controller.errors import (
-    ArgumentsNotAnObjectError,
-    ErrorCode,
-    ProtocolError,
-    ToolError,
-    describe_validation,
-)
+from controller.errormap import describe_validation
+from controller.errors import ArgumentsNotAnObjectError, ErrorCode, ProtocolError, ToolError
 from controller.sandbox.protocol import decode_json
 from patchbox_agent import diffs, globs, jail, ops
 

@@ -18,8 +18,9 @@ import httpx
 import uvicorn
 
 from controller.config.task import TaskSpec
-from controller.service.app import Service, build
+from controller.service.app import build
 from controller.service.server import server_config
+from controller.service.state import Service
 from controller.service.store import StoredRequest
 from tests.support.jobs import EDIT, GREET
 
