@@ -46,9 +46,12 @@ from controller.errors import (
 from controller.text import flag_text, visible
 
 if TYPE_CHECKING:
-    from controller.client import Event, ServiceClient
+    from collections.abc import Mapping
 
-Outcome = tuple[int, dict[str, Any] | None, str]
+    from controller.client import Event, ServiceClient
+    from controller.remoteviews import RemoteJob, Uploaded
+
+Outcome = tuple[int, "Mapping[str, object] | None", str]
 Progress = Callable[[str], None]
 
 TOKEN_VARIABLE = "PATCHBOX_TOKEN"  # noqa: S105 - the variable's name, not a token
@@ -220,7 +223,7 @@ def _submit(client: ServiceClient, args: argparse.Namespace, progress: Progress)
     return _job_outcome(view), view, _summary(view)
 
 
-def upload_head(client: ServiceClient, repo: Path, progress: Progress) -> dict[str, Any]:
+def upload_head(client: ServiceClient, repo: Path, progress: Progress) -> Uploaded:
     """``git bundle create FILE HEAD`` of ``repo`` (through the hardened git runner) and its
     upload: ``{"bundle_id", "head", "size"}``."""
     from controller.repo.git import GitContext, run_git
@@ -434,7 +437,7 @@ def _event_text(event: Event) -> str:
     return f"{event.type} {json.dumps(data, sort_keys=True)}"
 
 
-def _job_outcome(view: dict[str, Any]) -> int:
+def _job_outcome(view: RemoteJob) -> int:
     """The exit status of a job that ended, as ``patchbox run``'s."""
     if view.get("status") in ENDED_OK:
         return ExitCode.OK
@@ -442,7 +445,7 @@ def _job_outcome(view: dict[str, Any]) -> int:
     return exit_code_for_error(str(error.get("code", "")) if isinstance(error, dict) else "")
 
 
-def _summary(view: dict[str, Any]) -> str:
+def _summary(view: RemoteJob) -> str:
     lines = [f"job {view.get('job_id')}: {view.get('status')}"]
     error = view.get("error")
     if isinstance(error, dict):
