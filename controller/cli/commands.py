@@ -6,6 +6,7 @@ Each returns ``(exit code, JSON-able data, text)``; :mod:`controller.cli.main` p
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict, get_args
 
@@ -29,12 +30,12 @@ from controller.signals import cancel_on_signals
 
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable
 
     from controller.repo.baseline import Baseline
 
 
-Outcome = tuple[int, "Mapping[str, object]", str]
+Outcome = tuple[int, Mapping[str, object], str]
 
 
 class Artifacts(TypedDict):

@@ -6,6 +6,7 @@ Each returns ``(exit code, JSON-able data, text)``; :mod:`controller.cli.main` p
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,11 +14,11 @@ from controller.errors import ErrorCode, ExitCode, PatchboxError, UsageError
 
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable
 
     from controller.sandbox.envimages import EnvImage
 
-Outcome = tuple[int, "Mapping[str, object]", str]
+Outcome = tuple[int, Mapping[str, object], str]
 
 
 def cmd_env_build(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcome:

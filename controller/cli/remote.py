@@ -25,7 +25,7 @@ import re
 import shlex
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -46,12 +46,10 @@ from controller.errors import (
 from controller.text import flag_text, visible
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-
     from controller.client import Event, ServiceClient
     from controller.remoteviews import RemoteJob, Uploaded
 
-Outcome = tuple[int, "Mapping[str, object] | None", str]
+Outcome = tuple[int, Mapping[str, object] | None, str]
 Progress = Callable[[str], None]
 
 TOKEN_VARIABLE = "PATCHBOX_TOKEN"  # noqa: S105 - the variable's name, not a token

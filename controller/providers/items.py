@@ -80,12 +80,11 @@ class FunctionCallOutput(TypedDict):
 ResponsesItem = Message | FunctionCall | FunctionCallOutput
 
 
-class ResponsesTool(TypedDict):
+class ResponsesTool(ToolSchema):
+    """A tool's function definition, flat, after its ``type`` and ``strict``."""
+
     type: Literal["function"]
     strict: bool
-    name: str
-    description: str
-    parameters: dict[str, object]
 
 
 class ResponsesBody(TypedDict):

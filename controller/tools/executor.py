@@ -13,7 +13,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Required, TypedDict, cast
+from typing import Any, Literal, Required, TypedDict, cast
 
 from pydantic import BaseModel
 
@@ -24,7 +24,7 @@ from controller.errors import (
     ErrorCode,
     ToolError,
 )
-from controller.sandbox.base import RunResult, Sandbox
+from controller.sandbox.base import FileChanges, RunResult, Sandbox
 from controller.text import strip_control
 from controller.tools.policy import write_denial
 from controller.tools.schemas import (
@@ -59,6 +59,29 @@ class ChangesFields(TypedDict, total=False):
     added: list[str]
     modified: list[str]
     removed: list[str]
+
+
+class CheckChanges(TypedDict):
+    """The files a check changed (:class:`~controller.sandbox.base.FileChanges`)."""
+
+    added: list[str]
+    removed: list[str]
+    modified: list[str]
+    count: int
+
+
+class CheckOutput(TypedDict):
+    """A check run as the model (and the evidence) gets it."""
+
+    checkId: str
+    status: Literal["passed", "failed", "timed_out"]
+    exitCode: int | None
+    signal: int | None
+    durationMs: int
+    output: str
+    outputTruncated: bool
+    changes: CheckChanges | None
+    reused: bool
 
 
 class ResultFields(TypedDict, total=False):
@@ -209,13 +232,13 @@ class ToolExecutor:
                 f"check {check_id} changed {changes.count} file(s) it was not declared to change: "
                 + ", ".join(sample)
             )
-        result = check_result(check_id, run)
+        output = check_result(check_id, run)
         outcome = ToolOutcome(
             turn,
             call_id,
             "run_check",
             ok=True,
-            result=result,
+            result=dict(output),
             effect="write" if changed else "process",
         )
         if changed:
@@ -225,8 +248,9 @@ class ToolExecutor:
         return outcome
 
 
-def check_result(check_id: str, run: RunResult) -> dict[str, Any]:
+def check_result(check_id: str, run: RunResult) -> CheckOutput:
     """The model-facing (and evidence) view of a check run: status, exit, bounded output."""
+    status: Literal["passed", "failed", "timed_out"]
     if run.timed_out:
         status = "timed_out"
     elif run.exit_code == 0:
@@ -242,8 +266,17 @@ def check_result(check_id: str, run: RunResult) -> dict[str, Any]:
         "durationMs": run.duration_ms,
         "output": output,
         "outputTruncated": run.truncated or len(run.output) > OUTPUT_TAIL,
-        "changes": run.changes.model_dump() if run.changes else None,
+        "changes": _changes(run.changes) if run.changes else None,
         "reused": False,
+    }
+
+
+def _changes(changes: FileChanges) -> CheckChanges:
+    return {
+        "added": changes.added,
+        "removed": changes.removed,
+        "modified": changes.modified,
+        "count": changes.count,
     }
 
 
