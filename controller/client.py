@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Self
+from typing import IO, Any, Self, cast
 
 import httpx
 
@@ -44,6 +44,14 @@ from controller.errors import (
     UsageError,
 )
 from controller.jobs.records import ACTIVE
+from controller.remoteviews import (
+    Accepted,
+    Health,
+    JobRow,
+    RemoteJob,
+    SubmitBody,
+    Uploaded,
+)
 
 PENDING = ACTIVE | {"queued"}
 """A service job's states while it is queued or running."""
@@ -68,7 +76,8 @@ class Event:
 
     id: int
     type: str
-    data: dict[str, Any]
+    data: dict[str, object]
+    """The event's JSON object, its values as the service sent them."""
 
 
 def _token(token: str) -> str:
@@ -261,9 +270,9 @@ class ServiceClient:
 
     # -- the API --------------------------------------------------------------------------
 
-    def health(self) -> dict[str, Any]:
+    def health(self) -> Health:
         """``GET /healthz`` (no authentication needed)."""
-        return self._object("GET", "healthz", "checking the service")
+        return cast("Health", self._object("GET", "healthz", "checking the service"))
 
     def submit(
         self,
@@ -273,12 +282,12 @@ class ServiceClient:
         bundle: str | None = None,
         calls: Mapping[str, Any] | None = None,
         include_local_changes: bool = False,
-    ) -> dict[str, Any]:
+    ) -> Accepted:
         """Queues a job on ``repo`` (an absolute path on the service's host) or on an
         uploaded ``bundle`` (:meth:`upload_bundle`); ``{"job_id", "status"}``."""
         if (repo is None) == (bundle is None):
             raise UsageError("a job needs a repository path or a bundle id, not both")
-        body: dict[str, Any] = {"task": dict(task)}
+        body: SubmitBody = {"task": dict(task)}
         if repo is not None:
             body["repo"] = str(repo)
         if bundle is not None:
@@ -287,9 +296,9 @@ class ServiceClient:
             body["calls"] = dict(calls)
         if include_local_changes:
             body["include_local_changes"] = True
-        return self._object("POST", "v1/jobs", "submitting the job", json=body)
+        return cast("Accepted", self._object("POST", "v1/jobs", "submitting the job", json=body))
 
-    def upload_bundle(self, bundle: bytes | Path | IO[bytes]) -> dict[str, Any]:
+    def upload_bundle(self, bundle: bytes | Path | IO[bytes]) -> Uploaded:
         """Uploads a git bundle (bytes, a file's path or an open binary file):
         ``{"bundle_id", "head", "size"}``. ``BUNDLE_TOO_LARGE`` over the service's
         ``bundle_max_bytes``, ``BUNDLE_TREE_TOO_LARGE`` when its HEAD checks out more than
@@ -300,25 +309,27 @@ class ServiceClient:
         doing = "uploading the bundle"
         if isinstance(bundle, Path):
             with bundle.open("rb") as handle:
-                return self._object(
+                data = self._object(
                     "POST", "v1/bundles", doing, content=handle, headers=headers, timeout=timeout
                 )
-        return self._object(
-            "POST", "v1/bundles", doing, content=bundle, headers=headers, timeout=timeout
-        )
+        else:
+            data = self._object(
+                "POST", "v1/bundles", doing, content=bundle, headers=headers, timeout=timeout
+            )
+        return cast("Uploaded", data)
 
-    def jobs(self) -> list[dict[str, Any]]:
+    def jobs(self) -> list[JobRow]:
         """The tenant's jobs, oldest first: ``[{"job_id", "status", "repo", "created"}]``
         (``repo`` is ``bundle:ID`` for a bundle job, which also has ``bundle``)."""
         data = self._object("GET", "v1/jobs", "listing the jobs")
         jobs = data.get("jobs")
         if not isinstance(jobs, list):
             raise ServiceError("listing the jobs: the answer has no list of jobs")
-        return jobs
+        return cast("list[JobRow]", jobs)
 
-    def job(self, job_id: str) -> dict[str, Any]:
+    def job(self, job_id: str) -> RemoteJob:
         """The job as ``patchbox run --json`` prints it (plus ``bundle`` for a bundle job)."""
-        return self._object("GET", self._job_path(job_id), f"reading job {job_id}")
+        return self._view("GET", self._job_path(job_id), f"reading job {job_id}")
 
     def diff(
         self,
@@ -343,18 +354,21 @@ class ServiceClient:
         """The job's evidence bundle; ``JOB_NOT_FINISHED`` before the job wrote it."""
         return self._object("GET", self._job_path(job_id, "/evidence"), "reading the evidence")
 
-    def cancel(self, job_id: str) -> dict[str, Any]:
-        return self._object("POST", self._job_path(job_id, "/cancel"), f"cancelling {job_id}")
+    def cancel(self, job_id: str) -> RemoteJob:
+        return self._view("POST", self._job_path(job_id, "/cancel"), f"cancelling {job_id}")
 
-    def apply(self, job_id: str) -> dict[str, Any]:
+    def apply(self, job_id: str) -> RemoteJob:
         """Applies the job in the service's work tree (``NO_WORK_TREE`` for a bundle job)."""
-        return self._object("POST", self._job_path(job_id, "/apply"), f"applying {job_id}")
+        return self._view("POST", self._job_path(job_id, "/apply"), f"applying {job_id}")
 
-    def revert(self, job_id: str) -> dict[str, Any]:
-        return self._object("POST", self._job_path(job_id, "/revert"), f"reverting {job_id}")
+    def revert(self, job_id: str) -> RemoteJob:
+        return self._view("POST", self._job_path(job_id, "/revert"), f"reverting {job_id}")
 
-    def discard(self, job_id: str) -> dict[str, Any]:
-        return self._object("POST", self._job_path(job_id, "/discard"), f"discarding {job_id}")
+    def discard(self, job_id: str) -> RemoteJob:
+        return self._view("POST", self._job_path(job_id, "/discard"), f"discarding {job_id}")
+
+    def _view(self, method: str, path: str, doing: str) -> RemoteJob:
+        return cast("RemoteJob", self._object(method, path, doing))
 
     def status(self, job_id: str) -> str:
         """The job's state as the service's queue sees it (``GET /v1/jobs``): final only once
@@ -434,7 +448,7 @@ class ServiceClient:
         if pending:
             yield pending.removesuffix(b"\r").decode("utf-8", "replace")
 
-    def wait(self, job_id: str) -> dict[str, Any]:
+    def wait(self, job_id: str) -> RemoteJob:
         """Follows the job's events until it ends; then the job (:meth:`job`)."""
         for _event in self.events(job_id):
             pass

@@ -171,7 +171,7 @@ def test_scripted_provider_answers_a_nudge_with_its_final_text() -> None:
 class NoNudge:
     """A provider without :meth:`nudge` (a wrapper, say): the first text turn ends the job."""
 
-    def __init__(self, inner: OpenAIProvider) -> None:
+    def __init__(self, inner: OpenAIProvider[Any]) -> None:
         self.inner = inner
 
     def next_turn(self, results: list[ToolResult]) -> ModelTurn:

@@ -85,7 +85,7 @@ def make_config(
 
 def provider_for(
     server: LoopbackServer, api: str = "chat", stream: bool = False, **fields: Any
-) -> OpenAIProvider:
+) -> OpenAIProvider[Any]:
     return open_provider(make_config(server, api, stream, **fields), PROMPT)
 
 
@@ -846,7 +846,7 @@ def assert_workers_end(within: float = 1.0) -> None:
         time.sleep(0.01)
 
 
-def _cancel_after(provider: OpenAIProvider, delay: float) -> threading.Thread:
+def _cancel_after(provider: OpenAIProvider[Any], delay: float) -> threading.Thread:
     def later() -> None:
         time.sleep(delay)
         provider.cancel()

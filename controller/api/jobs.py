@@ -10,7 +10,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
@@ -236,7 +236,7 @@ def apply_remote_diff(  # noqa: PLR0913 - the diff, where it applies, keyword-on
     raw = diff.encode("utf-8", "surrogateescape") if isinstance(diff, str) else diff
     text = raw.decode("utf-8", "surrogateescape")
     store = JobStore()
-    task: dict[str, Any] = {} if allowed_paths is None else {"allowed_paths": allowed_paths}
+    task: dict[str, list[str]] = {} if allowed_paths is None else {"allowed_paths": allowed_paths}
     record = JobRecord(
         job_id=new_job_id(),
         repo=baseline.repo,

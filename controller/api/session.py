@@ -10,7 +10,7 @@ import itertools
 import json
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -24,6 +24,7 @@ from controller.errors import CancelledError, ErrorCode, PatchboxError, UsageErr
 from controller.jobs.engine import Job, JobRequest
 from controller.jobs.records import JobRecord
 from controller.providers.base import ModelTurn, ToolCall, ToolResult, check_results
+from controller.tools.executor import ToolErrorInfo
 
 if TYPE_CHECKING:
     import docker
@@ -49,7 +50,8 @@ class CallResult:
 
     ok: bool
     result: dict[str, Any] | None = None
-    error: dict[str, Any] | None = None
+    """The result's JSON object, as the model gets it."""
+    error: ToolErrorInfo | None = None
 
     @property
     def code(self) -> str | None:
@@ -172,7 +174,7 @@ class Session:
         return self._thread.is_alive()
 
     def call(
-        self, tool: str, arguments: dict[str, Any], request_id: str | None = None
+        self, tool: str, arguments: Mapping[str, object], request_id: str | None = None
     ) -> CallResult:
         """Runs one tool call in the sandbox. A repeated ``request_id`` returns the first
         call's result without running it again. Raises the job's error when the call ended

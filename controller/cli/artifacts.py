@@ -18,13 +18,15 @@ from __future__ import annotations
 import email.utils
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from controller.jobs.log import write_atomic
 from controller.jobs.report import failed_command_report, report
 from controller.logs import Scrubber
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from controller.jobs.records import JobRecord, JobStore
 
 AUTHOR = "patchbox <patchbox@localhost>"
@@ -68,7 +70,7 @@ def write_artifacts(  # noqa: PLR0913 - a finished job's parts, all keyword-only
     store: JobStore,
     secrets: tuple[str, ...],
     version: str,
-    view: dict[str, Any],
+    view: Mapping[str, object],
 ) -> list[str]:
     """Writes the artifacts of a finished job into ``folder``; returns their names."""
     from controller.jobs.summary import transcript_text

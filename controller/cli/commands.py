@@ -6,8 +6,9 @@ Each returns ``(exit code, JSON-able data, text)``; :mod:`controller.cli.main` p
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, TypedDict, get_args
 
 from controller.api.views import job_diff, job_row, job_view
 from controller.cli.hints import remedy
@@ -35,7 +36,29 @@ if TYPE_CHECKING:
     from controller.repo.baseline import Baseline
 
 
-Outcome = tuple[int, dict[str, Any], str]
+Outcome = tuple[int, Mapping[str, object], str]
+
+
+class Artifacts(TypedDict):
+    """``run --output-dir``: the folder and the files written in it."""
+
+    folder: str
+    files: list[str]
+
+
+class JobLine(TypedDict):
+    """A row of ``patchbox jobs``."""
+
+    job_id: str
+    status: str
+    repository: str
+    repo: str
+    created_at: float
+    created: str
+    duration_seconds: float | None
+    error_code: str | None
+    error: dict[str, object] | None
+    """The error's JSON object (code, message, hint)."""
 
 
 def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcome:
@@ -110,8 +133,8 @@ def _artifacts(
     record: JobRecord,
     diff: str | None,
     secrets: tuple[str, ...],
-    view: dict[str, Any],
-) -> dict[str, Any]:
+    view: Mapping[str, object],
+) -> Artifacts:
     from controller.cli.artifacts import write_artifacts
     from controller.version import version
 
@@ -180,7 +203,7 @@ def cmd_jobs(args: argparse.Namespace) -> Outcome:
     if args.since:
         since = parse_since(args.since)
         records = [r for r in records if r.created_at >= since]
-    jobs: list[dict[str, Any]] = []
+    jobs: list[JobLine] = []
     for record in records:
         row = job_row(record)
         jobs.append(

@@ -6,8 +6,9 @@ Each returns ``(exit code, JSON-able data, text)``; :mod:`controller.cli.main` p
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from controller.errors import ErrorCode, ExitCode, PatchboxError, UsageError
 
@@ -15,7 +16,9 @@ if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable
 
-Outcome = tuple[int, dict[str, Any], str]
+    from controller.sandbox.envimages import EnvImage
+
+Outcome = tuple[int, Mapping[str, object], str]
 
 
 def cmd_env_build(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcome:
@@ -65,7 +68,7 @@ def cmd_env_build(args: argparse.Namespace, progress: Callable[[str], None]) -> 
     return ExitCode.OK, data, f"{built.tag} {state} (base {built.base})"
 
 
-def _line(env: dict[str, Any]) -> str:
+def _line(env: EnvImage) -> str:
     size = env["size_bytes"] / 1e6
     setup = len(env["spec"].get("setup", []))
     when = env["created"][:19]

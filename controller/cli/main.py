@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -51,7 +51,7 @@ def _progress(message: str) -> None:
     write_line(visible(f"patchbox: [{time.monotonic() - _STARTED:6.1f}s] {message}"))
 
 
-def _emit(data: dict[str, Any], *, as_json: bool, text: str) -> None:
+def _emit(data: Mapping[str, object], *, as_json: bool, text: str) -> None:
     """Prints the result; a closed terminal (SIGHUP) or pipe (``| head``) loses it, nothing
     else: stdout then points at /dev/null, so the interpreter's last flush is quiet too.
 
@@ -282,7 +282,7 @@ def main(argv: Sequence[str] | None = None, doors: Mapping[str, Door] | None = N
             return handlers[args.command](args)
         return _job_command(args)
     except PatchboxError as exc:
-        extra: dict[str, Any] = {}
+        extra: dict[str, object] = {}
         if isinstance(exc, ConflictError):  # each file and why, never a merge's contents
             extra["conflicts"] = [c.model_dump(exclude={"detail"}) for c in exc.conflicts]
         from controller.cli.hints import remedy, with_remedy
@@ -332,7 +332,7 @@ def _report_error(
     args: argparse.Namespace | None,
     *,
     as_json: bool,
-    extra: dict[str, Any] | None = None,
+    extra: Mapping[str, object] | None = None,
 ) -> None:
     """The error contract: ``{"error": {code, message}}`` on stdout with ``--json``, one
     line on stderr always; messages scrubbed of secrets (the user's own paths stay)."""

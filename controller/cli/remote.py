@@ -24,7 +24,7 @@ import os
 import shlex
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -47,8 +47,9 @@ from controller.text import flag_text, visible
 
 if TYPE_CHECKING:
     from controller.client import Event, ServiceClient
+    from controller.remoteviews import RemoteJob, Uploaded
 
-Outcome = tuple[int, dict[str, Any] | None, str]
+Outcome = tuple[int, Mapping[str, object] | None, str]
 Progress = Callable[[str], None]
 
 MAX_INPUT_BYTES = 1024 * 1024
@@ -149,7 +150,7 @@ def _submit(client: ServiceClient, args: argparse.Namespace, progress: Progress)
     return _job_outcome(view), view, _summary(view)
 
 
-def upload_head(client: ServiceClient, repo: Path, progress: Progress) -> dict[str, Any]:
+def upload_head(client: ServiceClient, repo: Path, progress: Progress) -> Uploaded:
     """``git bundle create FILE HEAD`` of ``repo`` (through the hardened git runner) and its
     upload: ``{"bundle_id", "head", "size"}``."""
     from controller.repo.git import GitContext, run_git
@@ -361,7 +362,7 @@ def _event_text(event: Event) -> str:
     return f"{event.type} {json.dumps(data, sort_keys=True)}"
 
 
-def _job_outcome(view: dict[str, Any]) -> int:
+def _job_outcome(view: RemoteJob) -> int:
     """The exit status of a job that ended, as ``patchbox run``'s."""
     if view.get("status") in ENDED_OK:
         return ExitCode.OK
@@ -369,7 +370,7 @@ def _job_outcome(view: dict[str, Any]) -> int:
     return exit_code_for_error(str(error.get("code", "")) if isinstance(error, dict) else "")
 
 
-def _summary(view: dict[str, Any]) -> str:
+def _summary(view: RemoteJob) -> str:
     lines = [f"job {view.get('job_id')}: {view.get('status')}"]
     error = view.get("error")
     if isinstance(error, dict):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Literal, Protocol, cast
 
 from controller.errors import CancelledError, ErrorCode, LimitExceededError, PatchboxError
 from controller.jobs.records import (
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
     from controller.config.limits import Limits
     from controller.providers.base import ModelTurn, Provider, ToolCall
-    from controller.tools.executor import ToolOutcome
+    from controller.tools.executor import ResultFields, ToolOutcome
 
 MAX_RESULT_BYTES = 64 * 1024 * 1024
 """Tool-result bytes sent back to the model over a whole job."""
@@ -204,19 +204,19 @@ class ToolLoop:
             if call.name in INTENTS:
                 ledger.append(self._entry(turn, call, {}, "unknown"))
             raise
-        error = outcome.error or {}
+        error = outcome.error
         calls.append(
             _call_record(
                 turn,
                 call,
                 ok=outcome.ok,
-                error_code=error.get("code"),
-                error_message=str(error["message"])[:1000] if "message" in error else None,
+                error_code=error["code"] if error else None,
+                error_message=error["message"][:1000] if error else None,
             )
         )
         if outcome.effect != "none" or call.name in {"replace_text", "apply_patch"}:
-            ledger.append(self._entry(turn, call, outcome.result or {}, _done(outcome)))
-        result = outcome.result or {}
+            ledger.append(self._entry(turn, call, outcome.fields, _done(outcome)))
+        result = outcome.fields
         if isinstance(result.get("version"), int):
             self.version = result["version"]
         elif call.name == "run_check" and outcome.ok and not result.get("reused"):
@@ -227,7 +227,7 @@ class ToolLoop:
         self,
         turn: int,
         call: ToolCall,
-        result: dict[str, Any],
+        result: ResultFields,
         outcome: Literal["done", "rejected", "unknown"],
     ) -> LedgerEntry:
         return LedgerEntry(
@@ -276,7 +276,7 @@ def _call_record(
     )
 
 
-def ledger_files(tool: str, result: dict[str, Any]) -> list[LedgerFile]:
+def ledger_files(tool: str, result: ResultFields) -> list[LedgerFile]:
     """The files a call's result names, each with the content it left: the hash an edit or
     a patch reports (None for a path a patch removed or renamed away); a check says only
     which paths changed."""
@@ -285,11 +285,16 @@ def ledger_files(tool: str, result: dict[str, Any]) -> list[LedgerFile]:
     files: list[LedgerFile] = []
     if tool == "apply_patch":
         for f in result.get("files", []):
-            files.append(LedgerFile(path=f.get("path"), sha256=f.get("sha256After")))
-            if f.get("oldPath"):
-                files.append(LedgerFile(path=f["oldPath"]))
+            files.append(LedgerFile(path=f["path"], sha256=f.get("sha256After")))
+            old_path = f.get("oldPath")
+            if old_path:
+                files.append(LedgerFile(path=old_path))
     elif tool == "run_check":
         changes = result.get("changes") or {}
-        for key in ("added", "modified", "removed"):
-            files += [LedgerFile(path=p) for p in changes.get(key, [])]
+        for paths in (
+            changes.get("added", []),
+            changes.get("modified", []),
+            changes.get("removed", []),
+        ):
+            files += [LedgerFile(path=p) for p in paths]
     return files

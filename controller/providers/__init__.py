@@ -67,14 +67,16 @@ def configured_provider(table: Mapping[str, Any]) -> ProviderConfig:
 
 def open_provider(
     config: ProviderConfig, prompt: str, *, system_prompt: str | None = None
-) -> OpenAIProvider:
+) -> ChatCompletionsProvider | ResponsesProvider:
     """The adapter ``config.api`` names, ready for its first turn; the caller closes it."""
     from controller.providers.chat import ChatCompletionsProvider
     from controller.providers.openai import SYSTEM_PROMPT
     from controller.providers.responses import ResponsesProvider
 
-    kind = ChatCompletionsProvider if config.api == "chat" else ResponsesProvider
-    return kind(config, prompt, system_prompt=system_prompt or SYSTEM_PROMPT)
+    prompt_text = system_prompt or SYSTEM_PROMPT
+    if config.api == "chat":
+        return ChatCompletionsProvider(config, prompt, system_prompt=prompt_text)
+    return ResponsesProvider(config, prompt, system_prompt=prompt_text)
 
 
 __all__ = [

@@ -10,13 +10,14 @@ their deltas by ``index``.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from controller.errors import ProviderError, TransientProviderError
 from controller.providers.base import ModelTurn, ToolCall, ToolResult, new_turn
 from controller.providers.config import ProviderConfig
+from controller.providers.items import AssistantMessage, ChatBody, ChatItem, ChatTool, Message
 from controller.providers.openai import SYSTEM_PROMPT, OpenAIProvider
 from controller.providers.replies import (
     Reply,
@@ -101,7 +102,7 @@ def _call(call_id: str, name: str, arguments: str) -> ToolCall:
     return parse_with(ToolCall, {"id": call_id, "name": name, "arguments": arguments}, "tool call")
 
 
-class ChatCompletionsProvider(OpenAIProvider):
+class ChatCompletionsProvider(OpenAIProvider[ChatItem]):
     """A :class:`~controller.providers.base.Provider` over Chat Completions."""
 
     label = "chat completions"
@@ -111,18 +112,24 @@ class ChatCompletionsProvider(OpenAIProvider):
         self, config: ProviderConfig, prompt: str, *, system_prompt: str = SYSTEM_PROMPT
     ) -> None:
         super().__init__(config, prompt, system_prompt=system_prompt)
-        self._messages: list[dict[str, Any]] = [
+        self._messages: list[ChatItem] = [
             {"role": "system", "content": self._system_prompt},
             {"role": "user", "content": self._prompt},
         ]
-        self._tools = [{"type": "function", "function": schema} for schema in tool_schemas()]
+        self._tools: list[ChatTool] = [
+            {"type": "function", "function": schema} for schema in tool_schemas()
+        ]
 
     @staticmethod
-    def _result_items(results: list[ToolResult]) -> list[dict[str, Any]]:
+    def _result_items(results: list[ToolResult]) -> list[ChatItem]:
         return [{"role": "tool", "tool_call_id": r.call_id, "content": r.content} for r in results]
 
-    def _body(self, items: list[dict[str, Any]]) -> dict[str, Any]:
-        body: dict[str, Any] = {
+    @staticmethod
+    def _user_item(text: str) -> Message:
+        return {"role": "user", "content": text}
+
+    def _body(self, items: list[ChatItem]) -> ChatBody:
+        body: ChatBody = {
             "model": self._config.model,
             "messages": self._messages + items,
             "tools": self._tools,
@@ -132,17 +139,17 @@ class ChatCompletionsProvider(OpenAIProvider):
             body["stream_options"] = {"include_usage": True}
         return body
 
-    def _commit(self, items: list[dict[str, Any]], answer: list[dict[str, Any]]) -> None:
+    def _commit(self, items: list[ChatItem], answer: list[ChatItem]) -> None:
         self._messages.extend(items)
         self._messages.extend(answer)
 
-    def _parse(self, reply: Reply) -> tuple[ModelTurn, list[dict[str, Any]]]:
+    def _parse(self, reply: Reply) -> tuple[ModelTurn, list[ChatItem]]:
         if reply.content_type == "text/event-stream":
             calls, text, usage = self._parse_stream(reply.body)
         else:
             calls, text, usage = self._parse_json(reply.body)
         turn = new_turn(calls, text or None, usage_counts(usage, _USAGE_NAMES, len(reply.body)))
-        message: dict[str, Any] = {"role": "assistant", "content": turn.text}
+        message: AssistantMessage = {"role": "assistant", "content": turn.text}
         if turn.tool_calls:
             message["tool_calls"] = [
                 {

@@ -37,7 +37,8 @@ import ssl
 import threading
 import time
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from typing import ClassVar, Generic, Self, TypeVar
 
 import httpx
 import structlog
@@ -62,6 +63,9 @@ from controller.text import strip_control
 from controller.version import version
 
 log = structlog.get_logger(__name__)
+
+Item = TypeVar("Item")
+"""A conversation item of the API's wire format (:mod:`.items`)."""
 
 SYSTEM_PROMPT = (
     "You are the coding agent of patchbox. You work on a copy of a repository inside a "
@@ -94,7 +98,7 @@ class _Request:
         self.reply: tuple[int, httpx.Headers, bytes] | None = None
         self.error: BaseException | None = None
 
-    def trace(self, name: str, info: dict[str, Any]) -> None:
+    def trace(self, name: str, info: Mapping[str, object]) -> None:
         if name not in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
             return
         stream = info.get("return_value")
@@ -138,7 +142,7 @@ def tls_context(trust_env: bool) -> ssl.SSLContext:
     return _tls_context(trust_env, os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
 
 
-class OpenAIProvider(ABC):
+class OpenAIProvider(ABC, Generic[Item]):
     """The conversation and HTTP plumbing; subclasses define the wire format of one API.
 
     Thread-safety: :meth:`next_turn` and :meth:`close` belong to the loop's thread;
@@ -177,27 +181,27 @@ class OpenAIProvider(ABC):
         self._last: ModelTurn | None = None
 
     @abstractmethod
-    def _body(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+    def _body(self, items: list[Item]) -> Mapping[str, object]:
         """The request for the next turn: the conversation so far plus ``items`` (the
         results of the previous turn's calls, or a user message)."""
 
     @abstractmethod
-    def _parse(self, reply: Reply) -> tuple[ModelTurn, list[dict[str, Any]]]:
+    def _parse(self, reply: Reply) -> tuple[ModelTurn, list[Item]]:
         """The turn in ``reply`` and the items that record it in the conversation."""
 
     @abstractmethod
-    def _commit(self, items: list[dict[str, Any]], answer: list[dict[str, Any]]) -> None:
+    def _commit(self, items: list[Item], answer: list[Item]) -> None:
         """Adds ``items`` and the model's answer to the conversation."""
 
     @staticmethod
     @abstractmethod
-    def _result_items(results: list[ToolResult]) -> list[dict[str, Any]]:
+    def _result_items(results: list[ToolResult]) -> list[Item]:
         """``results`` as conversation items, in the order given."""
 
     @staticmethod
-    def _user_item(text: str) -> dict[str, Any]:
-        """A user message as a conversation item (the same in both APIs)."""
-        return {"role": "user", "content": text}
+    @abstractmethod
+    def _user_item(text: str) -> Item:
+        """A user message as a conversation item."""
 
     def next_turn(self, results: list[ToolResult]) -> ModelTurn:
         """Sends the conversation and returns the model's turn.
@@ -226,7 +230,7 @@ class OpenAIProvider(ABC):
         if self._closed:
             raise ProviderError(f"{self.label}: provider is closed")
 
-    def _send(self, items: list[dict[str, Any]]) -> ModelTurn:
+    def _send(self, items: list[Item]) -> ModelTurn:
         """One turn: ``items`` after the conversation so far; both join it only when a whole
         answer was read and parsed."""
         payload = json.dumps(self._body(items), ensure_ascii=False).encode("utf-8")
@@ -257,7 +261,7 @@ class OpenAIProvider(ABC):
             self._closed = True
             self._client.close()
 
-    def __enter__(self) -> OpenAIProvider:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *_exc: object) -> None:
@@ -278,7 +282,7 @@ class OpenAIProvider(ABC):
     def _fail(self, message: str) -> ProviderError:
         return ProviderError(self._clean(f"{self.label}: {message}"))
 
-    def _post(self, payload: bytes) -> tuple[ModelTurn, list[dict[str, Any]]]:
+    def _post(self, payload: bytes) -> tuple[ModelTurn, list[Item]]:
         retrying = Retrying(
             stop=stop_after_attempt(self._config.max_attempts),
             wait=self._wait,
@@ -327,7 +331,7 @@ class OpenAIProvider(ABC):
             headers["Authorization"] = f"Bearer {self._config.api_key.get_secret_value()}"
         return headers
 
-    def _attempt(self, payload: bytes) -> tuple[ModelTurn, list[dict[str, Any]]]:
+    def _attempt(self, payload: bytes) -> tuple[ModelTurn, list[Item]]:
         """One HTTP request, its answer read and parsed whole, or an error classified for
         the retry policy: an answer cut short is a :class:`TransientProviderError`."""
         reply = self._reply(payload)

@@ -12,11 +12,18 @@ server leaves its ``output`` empty.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from controller.errors import ProviderError, TransientProviderError
 from controller.providers.base import ModelTurn, ToolCall, ToolResult, new_turn
 from controller.providers.config import ProviderConfig
+from controller.providers.items import (
+    FunctionCall,
+    Message,
+    ResponsesBody,
+    ResponsesItem,
+    ResponsesTool,
+)
 from controller.providers.openai import SYSTEM_PROMPT, OpenAIProvider
 from controller.providers.replies import (
     Reply,
@@ -63,25 +70,25 @@ class _FunctionCallItem(Wire):
 
 class _Response(Wire):
     status: str | None = None
-    output: list[dict[str, Any]]
+    output: list[dict[str, object]]
     usage: _Usage | None = None
-    error: dict[str, Any] | None = None
+    error: dict[str, object] | None = None
 
 
 class _StreamEvent(Wire):
     type: str
-    response: dict[str, Any] | None = None
-    item: dict[str, Any] | None = None
+    response: dict[str, object] | None = None
+    item: dict[str, object] | None = None
     code: str | None = None
-    error: dict[str, Any] | None = None
+    error: dict[str, object] | None = None
 
 
-def _code_of(error: dict[str, Any] | None) -> str:
+def _code_of(error: dict[str, object] | None) -> str:
     code = token(error.get("code")) if error is not None else None
     return f" ({code})" if code else ""
 
 
-class ResponsesProvider(OpenAIProvider):
+class ResponsesProvider(OpenAIProvider[ResponsesItem]):
     """A :class:`~controller.providers.base.Provider` over the Responses API."""
 
     label = "responses"
@@ -91,17 +98,30 @@ class ResponsesProvider(OpenAIProvider):
         self, config: ProviderConfig, prompt: str, *, system_prompt: str = SYSTEM_PROMPT
     ) -> None:
         super().__init__(config, prompt, system_prompt=system_prompt)
-        self._input: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
-        self._tools = [{"type": "function", "strict": False} | schema for schema in tool_schemas()]
+        self._input: list[ResponsesItem] = [{"role": "user", "content": prompt}]
+        self._tools: list[ResponsesTool] = [
+            {
+                "type": "function",
+                "strict": False,
+                "name": schema["name"],
+                "description": schema["description"],
+                "parameters": schema["parameters"],
+            }
+            for schema in tool_schemas()
+        ]
 
     @staticmethod
-    def _result_items(results: list[ToolResult]) -> list[dict[str, Any]]:
+    def _user_item(text: str) -> Message:
+        return {"role": "user", "content": text}
+
+    @staticmethod
+    def _result_items(results: list[ToolResult]) -> list[ResponsesItem]:
         return [
             {"type": "function_call_output", "call_id": r.call_id, "output": r.content}
             for r in results
         ]
 
-    def _body(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+    def _body(self, items: list[ResponsesItem]) -> ResponsesBody:
         return {
             "model": self._config.model,
             "instructions": self._system_prompt,
@@ -111,11 +131,11 @@ class ResponsesProvider(OpenAIProvider):
             "store": False,
         }
 
-    def _commit(self, items: list[dict[str, Any]], answer: list[dict[str, Any]]) -> None:
+    def _commit(self, items: list[ResponsesItem], answer: list[ResponsesItem]) -> None:
         self._input.extend(items)
         self._input.extend(answer)
 
-    def _parse(self, reply: Reply) -> tuple[ModelTurn, list[dict[str, Any]]]:
+    def _parse(self, reply: Reply) -> tuple[ModelTurn, list[ResponsesItem]]:
         if reply.content_type == "text/event-stream":
             response, items = self._parse_stream(reply.body)
         else:
@@ -150,18 +170,15 @@ class ResponsesProvider(OpenAIProvider):
         turn = new_turn(
             calls, "".join(text) or None, usage_counts(parsed.usage, _USAGE_NAMES, len(reply.body))
         )
-        answer: list[dict[str, Any]] = []
+        answer: list[ResponsesItem] = []
         if turn.text is not None:
             answer.append({"role": "assistant", "content": turn.text})
-        answer.extend(
-            {"type": "function_call", "call_id": c.id, "name": c.name, "arguments": c.arguments}
-            for c in turn.tool_calls
-        )
+        answer.extend(_function_call(c) for c in turn.tool_calls)
         return turn, answer
 
     @staticmethod
-    def _parse_stream(body: bytes) -> tuple[Any, list[dict[str, Any]]]:
-        items: list[dict[str, Any]] = []
+    def _parse_stream(body: bytes) -> tuple[object, list[dict[str, object]]]:
+        items: list[dict[str, object]] = []
         for _, data in sse_events(body):
             event = parse_with(
                 _StreamEvent, decode_json(data.encode("utf-8"), "stream event"), "stream event"
@@ -183,3 +200,12 @@ class ResponsesProvider(OpenAIProvider):
         raise TransientProviderError(
             "the server disconnected mid-stream (the event stream ended before response.completed)"
         )
+
+
+def _function_call(call: ToolCall) -> FunctionCall:
+    return {
+        "type": "function_call",
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": call.arguments,
+    }

@@ -7,7 +7,7 @@ before anyone uses them.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Self, TypeVar
+from typing import Self, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -24,6 +24,7 @@ from controller.sandbox.base import (
     RunResult,
     SearchTextResult,
 )
+from controller.sandbox.protocol import ArgValue, CallArgs
 from patchbox_agent import ops
 
 M = TypeVar("M", bound=BaseModel)
@@ -43,10 +44,10 @@ class AgentCalls:
     def _call(
         self,
         op: str,
-        args: dict[str, Any],
+        args: CallArgs,
         timeout: float = DEFAULT_CALL_TIMEOUT,
         binary: bytes | Iterable[bytes] | None = None,
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -70,7 +71,7 @@ class AgentCalls:
         """Called with a run's result before the caller sees it; may raise instead."""
         return result
 
-    def _validate(self, model: type[M], data: dict[str, Any]) -> M:
+    def _validate(self, model: type[M], data: dict[str, object]) -> M:
         try:
             return model.model_validate(data)
         except ValidationError as exc:
@@ -80,7 +81,7 @@ class AgentCalls:
     def list_files(
         self, glob: str | None = None, max_results: int | None = None
     ) -> ListFilesResult:
-        args: dict[str, Any] = {}
+        args: dict[str, ArgValue] = {}
         if glob is not None:
             args["glob"] = glob
         if max_results is not None:
@@ -95,7 +96,7 @@ class AgentCalls:
         max_results: int | None = None,
         regex: bool = False,
     ) -> SearchTextResult:
-        args: dict[str, Any] = {"query": query, "regex": regex}
+        args: dict[str, ArgValue] = {"query": query, "regex": regex}
         if glob is not None:
             args["glob"] = glob
         if max_results is not None:
@@ -105,7 +106,7 @@ class AgentCalls:
     def read_file(
         self, path: str, start: int | None = None, end: int | None = None
     ) -> ReadFileResult:
-        args: dict[str, Any] = {"path": path}
+        args: dict[str, ArgValue] = {"path": path}
         if start is not None:
             args["startLine"] = start
         if end is not None:
@@ -127,7 +128,7 @@ class AgentCalls:
 
     def read_raw(self, path: str, offset: int = 0, length: int = RAW_CHUNK) -> RawChunk:
         """One chunk of a file's bytes (or a symlink's target), nothing followed."""
-        args = {"path": path, "offset": offset, "length": length}
+        args: CallArgs = {"path": path, "offset": offset, "length": length}
         return self._validate(RawChunk, self._call("read_raw", args))
 
     def put_archive(self, data: bytes) -> PutArchiveResult:
@@ -153,7 +154,7 @@ class AgentCalls:
 
         With ``track_changes`` the result lists the visible files the process changed."""
         self._before_run()
-        args = {
+        args: CallArgs = {
             "argv": argv,
             "env": env or {},
             "timeoutSeconds": timeout,

@@ -29,7 +29,7 @@ from controller.sandbox.base import PRELOAD_TARGET, HelloResult, RunResult, Sand
 from controller.sandbox.calls import ARCHIVE_TIMEOUT, DEFAULT_CALL_TIMEOUT, AgentCalls
 from controller.sandbox.dockerclient import removal_in_progress
 from controller.sandbox.labels import ControllerIdentity
-from controller.sandbox.protocol import MAX_RESPONSE_FRAME
+from controller.sandbox.protocol import MAX_RESPONSE_FRAME, CallArgs
 from controller.sandbox.session import AgentSession
 
 if TYPE_CHECKING:
@@ -359,10 +359,10 @@ class DockerSandbox(AgentCalls):
     def _call(
         self,
         op: str,
-        args: dict[str, Any],
+        args: CallArgs,
         timeout: float = DEFAULT_CALL_TIMEOUT,
         binary: bytes | Iterable[bytes] | None = None,
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         budget = self._budget(timeout)
         try:
             return self.session.call(op, args, budget, binary)

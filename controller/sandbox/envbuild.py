@@ -11,7 +11,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import docker
 import docker.errors
@@ -40,6 +40,13 @@ from controller.sandbox.image import ImageBuilder, Progress, build_lock, context
 from controller.sandbox.labels import KIND, OWNER, OWNER_VALUE
 
 
+class StepTime(TypedDict):
+    """A build step and the seconds it took."""
+
+    name: str
+    seconds: float
+
+
 @dataclass(frozen=True)
 class EnvironmentImage:
     tag: str
@@ -49,7 +56,7 @@ class EnvironmentImage:
     built: bool
     """False when the image was already there."""
     seconds: float
-    steps: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[StepTime] = field(default_factory=list)
     """Per build step: its name and seconds (empty when nothing was built)."""
 
 
@@ -207,7 +214,7 @@ class _BuildRun:
         self.tail: list[str] = []
         self.error: str | None = None
         self.exit_code: int | None = None
-        self.steps: list[dict[str, Any]] = []
+        self.steps: list[StepTime] = []
         self._last_note = time.monotonic()
 
     def feed(self, chunk: dict[str, Any]) -> None:

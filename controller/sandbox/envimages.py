@@ -4,18 +4,37 @@ read from the labels :mod:`controller.sandbox.envbuild` writes."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import docker
 import docker.errors
 
 from controller.errorinfo import Hint
 from controller.errors import UsageError
-from controller.sandbox.environment import ENV_REPO, LABEL_BASE, LABEL_KEY, LABEL_SPEC
+from controller.sandbox.environment import (
+    ENV_REPO,
+    LABEL_BASE,
+    LABEL_KEY,
+    LABEL_SPEC,
+    SpecLabel,
+)
 from controller.sandbox.labels import KIND, OWNER, OWNER_VALUE
 
 
-def list_environments(client: docker.DockerClient) -> list[dict[str, Any]]:
+class EnvImage(TypedDict):
+    """An environment image as ``env list`` and ``env show`` give it."""
+
+    id: str
+    tag: str | None
+    image_id: str | None
+    base: str | None
+    key: str | None
+    created: str
+    size_bytes: int
+    spec: SpecLabel
+
+
+def list_environments(client: docker.DockerClient) -> list[EnvImage]:
     """Every environment image on the Docker host, newest first."""
     images = client.images.list(
         filters={"label": [f"{OWNER}={OWNER_VALUE}", f"{KIND}=environment"]}
@@ -24,7 +43,7 @@ def list_environments(client: docker.DockerClient) -> list[dict[str, Any]]:
     return sorted(out, key=lambda e: e["created"], reverse=True)
 
 
-def describe(image: Any) -> dict[str, Any]:
+def describe(image: Any) -> EnvImage:
     attrs = image.attrs
     labels = (attrs.get("Config") or {}).get("Labels") or {}
     tags = [t for t in image.tags if t.startswith(ENV_REPO + ":")]
@@ -44,11 +63,11 @@ def describe(image: Any) -> dict[str, Any]:
         "key": labels.get(LABEL_KEY),
         "created": attrs.get("Created", ""),
         "size_bytes": attrs.get("Size", 0),
-        "spec": spec,
+        "spec": cast("SpecLabel", spec),
     }
 
 
-def find_environment(client: docker.DockerClient, wanted: str) -> dict[str, Any]:
+def find_environment(client: docker.DockerClient, wanted: str) -> EnvImage:
     """The environment whose id, tag or key (or a unique prefix of the key, 8 characters
     at least) is ``wanted`` (``UsageError`` when none or several match)."""
     found = list_environments(client)

@@ -21,7 +21,7 @@ import tarfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, cast
 
 from controller.config.environment import MAX_INPUT_BYTES, MAX_INPUT_FILES, EnvironmentSpec
 from controller.errors import EnvironmentBuildError, EnvironmentInputError
@@ -236,13 +236,25 @@ def environment_key(
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
-def label_spec(spec: EnvironmentSpec) -> dict[str, Any]:
+class SpecLabel(TypedDict, total=False):
+    """An environment image's spec label (an image built before labels held names only
+    has ``env`` as a mapping, which :mod:`.envimages` reads as its names)."""
+
+    base: str | None
+    setup: list[list[str]]
+    inputs: list[str]
+    env: list[str]
+    setup_timeout_seconds: float
+    setup_memory_mb: int
+
+
+def label_spec(spec: EnvironmentSpec) -> SpecLabel:
     """The environment's block as its image's label holds it: ``env`` is its variables'
     names only (a label is shown to anyone who lists the images; the key, a digest, covers
     the values)."""
     shown = spec.model_dump(mode="json")
     shown["env"] = sorted(spec.env)
-    return shown
+    return cast("SpecLabel", shown)
 
 
 def dockerfile(

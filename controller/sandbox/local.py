@@ -15,12 +15,12 @@ import sys
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from controller.errors import SandboxError
 from controller.paths import sandbox_image_dir
 from controller.sandbox.base import HelloResult
 from controller.sandbox.calls import DEFAULT_CALL_TIMEOUT, AgentCalls
+from controller.sandbox.protocol import CallArgs
 from controller.sandbox.session import AgentSession
 
 
@@ -100,10 +100,10 @@ class LocalSandbox(AgentCalls):
     def _call(
         self,
         op: str,
-        args: dict[str, Any],
+        args: CallArgs,
         timeout: float = DEFAULT_CALL_TIMEOUT,
         binary: bytes | Iterable[bytes] | None = None,
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         return self.session.call(op, args, timeout, binary)
 
     def close(self) -> None:

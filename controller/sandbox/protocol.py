@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from controller import strictjson
@@ -59,7 +60,13 @@ def encode(kind: bytes, payload: bytes) -> bytes:
     return HEADER.pack(MAGIC, kind, len(payload)) + payload
 
 
-def encode_request(rid: int, op: str, args: dict[str, Any]) -> bytes:
+ArgValue = str | int | float | bool | list[str] | dict[str, str]
+"""A value of a request's arguments (strings, numbers, flags, argv lists, variables)."""
+CallArgs = Mapping[str, ArgValue]
+"""A request's ``args`` object."""
+
+
+def encode_request(rid: int, op: str, args: CallArgs) -> bytes:
     body = json.dumps(
         {"id": rid, "op": op, "args": args},
         ensure_ascii=False,

@@ -6,7 +6,6 @@ import secrets
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
 
 from pydantic import ValidationError
 
@@ -19,6 +18,7 @@ from controller.sandbox.protocol import (
     KIND_SIGNED,
     MAX_RESPONSE_FRAME,
     PROTOCOL_VERSION,
+    CallArgs,
     FrameVerifier,
     decode_json,
     encode,
@@ -89,7 +89,7 @@ class AgentSession:
                 raise SandboxError("the sandbox closed the channel")
             self._buf += chunk
 
-    def _read_frame(self, deadline: float) -> dict[str, Any]:
+    def _read_frame(self, deadline: float) -> dict[str, object]:
         self._fill(HEADER_SIZE, deadline)
         kind, length = parse_header(bytes(self._buf[:HEADER_SIZE]), self._max_frame)
         if kind != KIND_SIGNED:
@@ -109,11 +109,12 @@ class AgentSession:
     def call(
         self,
         op: str,
-        args: dict[str, Any],
+        args: CallArgs,
         timeout: float,
         binary: bytes | Iterable[bytes] | None = None,
-    ) -> dict[str, Any]:
-        """Sends one request and returns its result object.
+    ) -> dict[str, object]:
+        """Sends one request and returns its result object, as the agent sent it (the
+        caller validates it).
 
         Raises ToolError for an error the agent reports (data, retryable or not), and
         ProtocolError / SandboxError when the channel itself fails.
@@ -131,10 +132,10 @@ class AgentSession:
     def _call(
         self,
         op: str,
-        args: dict[str, Any],
+        args: CallArgs,
         deadline: float,
         binary: bytes | Iterable[bytes] | None,
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         rid = self._take_id()
         data = encode_request(rid, op, args)
         if isinstance(binary, bytes):
@@ -188,7 +189,11 @@ class AgentSession:
         return self._next_id
 
     def hello(self, timeout: float, protected: tuple[str, ...] = ()) -> HelloResult:
-        args = {"protocol": PROTOCOL_VERSION, "key": self._key.hex(), "protected": list(protected)}
+        args: CallArgs = {
+            "protocol": PROTOCOL_VERSION,
+            "key": self._key.hex(),
+            "protected": list(protected),
+        }
         result = self.call("hello", args, timeout)
         try:
             hello = HelloResult.model_validate(result)
@@ -200,10 +205,10 @@ class AgentSession:
         return hello
 
 
-def _unwrap(frame: dict[str, Any]) -> dict[str, Any]:
+def _unwrap(frame: dict[str, object]) -> dict[str, object]:
     ok = frame.get("ok")
-    if ok is True and set(frame) == {"id", "ok", "result"} and isinstance(frame["result"], dict):
-        result: dict[str, Any] = frame["result"]
+    result = frame.get("result")
+    if ok is True and set(frame) == {"id", "ok", "result"} and isinstance(result, dict):
         return result
     if ok is False and set(frame) == {"id", "ok", "error"}:
         error = frame["error"]

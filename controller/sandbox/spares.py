@@ -8,7 +8,7 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import docker
 import docker.errors
@@ -75,7 +75,7 @@ class SparePool:
         labels = [f"{KIND}={SPARE}", f"{HOME}={self.home}"]
         if key:
             labels.append(f"{POOL_KEY}={key}")
-        filters: dict[str, Any] = {"label": labels}
+        filters: dict[str, str | list[str] | bool] = {"label": labels}
         if running:
             filters["status"] = "running"
         try:

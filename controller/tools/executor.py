@@ -13,7 +13,9 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, Required, TypedDict, cast
+
+from pydantic import BaseModel
 
 from controller.config.task import CheckSpec
 from controller.errors import (
@@ -22,7 +24,7 @@ from controller.errors import (
     ErrorCode,
     ToolError,
 )
-from controller.sandbox.base import RunResult, Sandbox
+from controller.sandbox.base import FileChanges, RunResult, Sandbox
 from controller.text import strip_control
 from controller.tools.policy import write_denial
 from controller.tools.schemas import (
@@ -39,6 +41,60 @@ from patchbox_agent import diffs
 OUTPUT_TAIL = 8 * 1024
 
 
+class ToolErrorInfo(TypedDict):
+    """A call the executor refused, as the model gets it."""
+
+    code: str
+    message: str
+    retryable: bool
+
+
+class PatchedFileFields(TypedDict, total=False):
+    path: Required[str]
+    oldPath: str | None
+    sha256After: str | None
+
+
+class ChangesFields(TypedDict, total=False):
+    added: list[str]
+    modified: list[str]
+    removed: list[str]
+
+
+class CheckChanges(TypedDict):
+    """The files a check changed (:class:`~controller.sandbox.base.FileChanges`)."""
+
+    added: list[str]
+    removed: list[str]
+    modified: list[str]
+    count: int
+
+
+class CheckOutput(TypedDict):
+    """A check run as the model (and the evidence) gets it."""
+
+    checkId: str
+    status: Literal["passed", "failed", "timed_out"]
+    exitCode: int | None
+    signal: int | None
+    durationMs: int
+    output: str
+    outputTruncated: bool
+    changes: CheckChanges | None
+    reused: bool
+
+
+class ResultFields(TypedDict, total=False):
+    """What the job's ledger reads of a result (each tool's result has some of these)."""
+
+    path: str
+    sha256After: str
+    files: list[PatchedFileFields]
+    changes: ChangesFields | None
+    version: int
+    reused: bool
+
+
 @dataclass(frozen=True)
 class ToolOutcome:
     """What the model gets back for one call, plus what the ledger needs."""
@@ -48,14 +104,20 @@ class ToolOutcome:
     tool: str
     ok: bool
     result: dict[str, Any] | None = None
-    error: dict[str, Any] | None = None
+    """The result's JSON object, as the model gets it (the agent's camelCase keys)."""
+    error: ToolErrorInfo | None = None
     effect: str = "none"
     """``none``, ``write`` (workspace changed) or ``process`` (a check ran)."""
 
-    def for_model(self) -> dict[str, Any]:
+    def for_model(self) -> Mapping[str, object]:
         if self.ok:
             return {"ok": True, "result": self.result}
         return {"ok": False, "error": self.error}
+
+    @property
+    def fields(self) -> ResultFields:
+        """The fields of the result the ledger reads (none for a refused call)."""
+        return cast("ResultFields", self.result or {})
 
 
 @dataclass
@@ -67,7 +129,9 @@ class ToolExecutor:
     _done: dict[tuple[int, str], tuple[str, ToolOutcome]] = field(default_factory=dict)
     _check_cache: dict[str, ToolOutcome] = field(default_factory=dict)
 
-    def execute(self, turn: int, call_id: str, tool: str, raw: str | dict[str, Any]) -> ToolOutcome:
+    def execute(
+        self, turn: int, call_id: str, tool: str, raw: str | Mapping[str, object]
+    ) -> ToolOutcome:
         """Runs one tool call. Raises only for job-ending conditions (arguments that are not
         an object, a broken sandbox, a check that changed files it should not have)."""
         key = (turn, call_id)
@@ -99,7 +163,7 @@ class ToolExecutor:
         )
 
     def _execute(
-        self, turn: int, call_id: str, tool: str, raw: str | dict[str, Any]
+        self, turn: int, call_id: str, tool: str, raw: str | Mapping[str, object]
     ) -> ToolOutcome:
         try:
             args = parse_arguments(tool, raw)
@@ -110,31 +174,29 @@ class ToolExecutor:
             if not _retryable(exc):
                 raise
             return self._refuse(turn, call_id, tool, exc.code, exc.message)
-        return ToolOutcome(turn, call_id, tool, ok=True, result=result, effect=effect)
+        return ToolOutcome(turn, call_id, tool, ok=True, result=result.model_dump(), effect=effect)
 
-    def _dispatch(self, args: object) -> tuple[dict[str, Any], str]:
+    def _dispatch(self, args: object) -> tuple[BaseModel, str]:
         if isinstance(args, ListFilesArgs):
-            return self.sandbox.list_files(args.glob, args.max_results).model_dump(), "none"
+            return self.sandbox.list_files(args.glob, args.max_results), "none"
         if isinstance(args, SearchTextArgs):
             found = self.sandbox.search_text(
                 args.query, glob=args.glob, max_results=args.max_results, regex=args.regex
             )
-            return found.model_dump(), "none"
+            return found, "none"
         if isinstance(args, ReadFileArgs):
-            return self.sandbox.read_file(
-                args.path, args.start_line, args.end_line
-            ).model_dump(), "none"
+            return self.sandbox.read_file(args.path, args.start_line, args.end_line), "none"
         if isinstance(args, ApplyPatchArgs):
             for path in _patch_paths(args.patch):
                 self._check_write(path)
             done_patch = self.sandbox.apply_patch(args.patch)
             self._check_cache.clear()
-            return done_patch.model_dump(), "write"
+            return done_patch, "write"
         if isinstance(args, ReplaceTextArgs):
             self._check_write(args.path)
             done = self.sandbox.replace_text(args.path, args.old_text, args.new_text)
             self._check_cache.clear()
-            return done.model_dump(), "write"
+            return done, "write"
         raise ToolError("this tool is not available", code=ErrorCode.TOOL_ARGUMENTS_INVALID)
 
     def _check_write(self, path: str) -> None:
@@ -170,13 +232,13 @@ class ToolExecutor:
                 f"check {check_id} changed {changes.count} file(s) it was not declared to change: "
                 + ", ".join(sample)
             )
-        result = check_result(check_id, run)
+        output = check_result(check_id, run)
         outcome = ToolOutcome(
             turn,
             call_id,
             "run_check",
             ok=True,
-            result=result,
+            result=dict(output),
             effect="write" if changed else "process",
         )
         if changed:
@@ -186,8 +248,9 @@ class ToolExecutor:
         return outcome
 
 
-def check_result(check_id: str, run: RunResult) -> dict[str, Any]:
+def check_result(check_id: str, run: RunResult) -> CheckOutput:
     """The model-facing (and evidence) view of a check run: status, exit, bounded output."""
+    status: Literal["passed", "failed", "timed_out"]
     if run.timed_out:
         status = "timed_out"
     elif run.exit_code == 0:
@@ -203,8 +266,17 @@ def check_result(check_id: str, run: RunResult) -> dict[str, Any]:
         "durationMs": run.duration_ms,
         "output": output,
         "outputTruncated": run.truncated or len(run.output) > OUTPUT_TAIL,
-        "changes": run.changes.model_dump() if run.changes else None,
+        "changes": _changes(run.changes) if run.changes else None,
         "reused": False,
+    }
+
+
+def _changes(changes: FileChanges) -> CheckChanges:
+    return {
+        "added": changes.added,
+        "removed": changes.removed,
+        "modified": changes.modified,
+        "count": changes.count,
     }
 
 
@@ -218,7 +290,7 @@ def _patch_paths(text: str) -> list[str]:
     return sorted({p for patch in patches for p in (patch.old_path, patch.new_path) if p})
 
 
-def _digest(tool: str, raw: str | dict[str, Any]) -> str:
+def _digest(tool: str, raw: str | Mapping[str, object]) -> str:
     """Identity of a call: the tool and its arguments as decoded (so the same call sent as a
     JSON text or as an object is the same call)."""
     value: Any = raw

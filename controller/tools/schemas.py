@@ -9,7 +9,8 @@ or are larger than :data:`MAX_ARGUMENT_BYTES`, end the job.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Self
+from collections.abc import Mapping
+from typing import Annotated, Any, Self, TypedDict
 
 from pydantic import (
     BaseModel,
@@ -137,7 +138,7 @@ ARGUMENT_MODELS: dict[str, type[_Args]] = {
 }
 
 
-def parse_arguments(tool: str, raw: str | dict[str, Any]) -> _Args:
+def parse_arguments(tool: str, raw: str | Mapping[str, object]) -> _Args:
     """Validates one tool call's arguments (a JSON text or an already decoded object)."""
     model = ARGUMENT_MODELS.get(tool)
     if model is None:
@@ -174,9 +175,18 @@ def parse_arguments(tool: str, raw: str | dict[str, Any]) -> _Args:
         raise ToolError(f"{tool}: {detail}", code=ErrorCode.TOOL_ARGUMENTS_INVALID) from exc
 
 
-def tool_schemas() -> list[dict[str, Any]]:
+class ToolSchema(TypedDict):
+    """A tool as a function definition for a model."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    """The arguments' JSON Schema document."""
+
+
+def tool_schemas() -> list[ToolSchema]:
     """The tools as function definitions for a model: name, description, JSON Schema."""
-    out = []
+    out: list[ToolSchema] = []
     for name, model in ARGUMENT_MODELS.items():
         schema = model.model_json_schema(by_alias=True)
         schema.pop("title", None)

@@ -13,7 +13,7 @@ import json
 import shutil
 import tarfile
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from controller import api
 from controller.config.host import HostConfig
@@ -93,7 +93,23 @@ def make_demo_repo(root: Path) -> Path:
     return root
 
 
-def run_demo(progress: Progress, runtime: Runtime = "runc") -> dict[str, Any]:
+class DemoResult(TypedDict):
+    """The demo job, as ``patchbox demo`` shows it; the records are their JSON objects."""
+
+    job_id: str
+    status: str
+    error: dict[str, object] | None
+    repo: str
+    runtime: str
+    diff: str
+    tool_calls: list[dict[str, object]]
+    checks: list[dict[str, object]]
+    timings_ms: dict[str, int]
+    evidence: str
+    next: list[str]
+
+
+def run_demo(progress: Progress, runtime: Runtime = "runc") -> DemoResult:
     """Runs the demo job through the engine's surface, as any front door does."""
     client = connect()
     api.settle(client)
