@@ -4,7 +4,7 @@ applying, building and listing happen on the host."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from controller.errorinfo import Hint, HintAction, HintOption
@@ -23,7 +23,7 @@ ACTIONS: dict[HintAction, str] = {
 """Each operation's words."""
 
 
-def hint_data(hint: Hint | None) -> dict[str, Any] | None:
+def hint_data(hint: Hint | None) -> dict[str, str] | None:
     """The ``hint`` of a tool error: the engine's names and the words (None without one)."""
     if hint is None:
         return None
@@ -33,4 +33,5 @@ def hint_data(hint: Hint | None) -> dict[str, Any] | None:
         text = ACTIONS[hint.action]
     else:
         return None
-    return {**hint.model_dump(mode="json", exclude_none=True), "text": text}
+    names = {"option": hint.option, "action": hint.action, "job_id": hint.job_id}
+    return {**{k: v for k, v in names.items() if v is not None}, "text": text}

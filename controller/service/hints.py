@@ -3,7 +3,7 @@ send; what only the service's operator can do is said to be the operator's."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from controller.errorinfo import Hint, HintAction, HintOption
@@ -25,7 +25,7 @@ ACTIONS: dict[HintAction, str] = {
 """Each operation's words."""
 
 
-def hint_data(hint: Hint | None) -> dict[str, Any] | None:
+def hint_data(hint: Hint | None) -> dict[str, str] | None:
     """The ``hint`` of an error answer: the engine's names and the words (None without one)."""
     if hint is None:
         return None
@@ -35,4 +35,5 @@ def hint_data(hint: Hint | None) -> dict[str, Any] | None:
         text = ACTIONS[hint.action]
     else:
         return None
-    return {**hint.model_dump(mode="json", exclude_none=True), "text": text}
+    names = {"option": hint.option, "action": hint.action, "job_id": hint.job_id}
+    return {**{k: v for k, v in names.items() if v is not None}, "text": text}
