@@ -4,7 +4,6 @@ user writes, every environment variable patchbox reads, and is linked from the R
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
@@ -14,8 +13,9 @@ from controller.config.limits import Limits
 from controller.config.task import CheckSpec, TaskSpec
 from controller.errors import ErrorCode
 from controller.providers.config import ENV_NAMES, ProviderConfig
+from tests.support.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 REFERENCE = (ROOT / "docs" / "reference.md").read_text()
 
 

@@ -6,11 +6,12 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import REPO_ROOT
+
+ROOT = REPO_ROOT
 
 
 @pytest.mark.parametrize(

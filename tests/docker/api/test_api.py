@@ -21,8 +21,9 @@ from controller.config.task import TaskSpec
 from controller.errors import ErrorCode, PatchboxError, UsageError
 from controller.jobs.records import JobStore
 from tests.support.jobs import APP, APP_AFTER, GREET, containers_of, make_repo
+from tests.support.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 TASK = TaskSpec.model_validate(
     {
         "prompt": "Capitalize the greeting.",
@@ -144,16 +145,3 @@ def test_the_documented_example_runs(
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "awaiting_review" in proc.stdout
     assert (repo / "app.py").read_text() == APP_AFTER
-
-
-def test_a_stored_diff_is_read_back_byte_for_byte(tmp_path: Path) -> None:
-    """A carriage return in a diff (a CR LF file, or a CR the model wrote) stays one: a
-    text-mode read turned it into a newline, and apply then refused the diff."""
-    store = JobStore(tmp_path)
-    (tmp_path / "j1").mkdir()
-    raw = b"+crlf line\r\n+a\rb\n+not utf-8 \x9b\n"
-    (tmp_path / "j1" / "diff.patch").write_bytes(raw)
-    diff = api.job_diff(store, "j1")
-    assert diff is not None
-    assert diff.encode("utf-8", "surrogateescape") == raw
-    assert api.job_diff(store, "j2") is None

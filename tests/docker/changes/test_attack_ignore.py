@@ -10,7 +10,6 @@ from the changes fails the job by name.
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +19,6 @@ import pytest
 from controller.config.task import CHECK_ENV
 from controller.sandbox.base import Runtime
 from patchbox_agent import ignore
-from tests.conftest import SandboxFactory
-from tests.support.git import git, git_env
 from tests.support.harness import AgentWorkspace
 from tests.support.jobs import (
     APP_AFTER,
@@ -37,6 +34,7 @@ from tests.support.jobs import (
     scripted,
     sha256,
 )
+from tests.support.sandbox import SandboxFactory
 
 # Every place a git that runs with HOME=/tmp (the check's and, before, the agent's) would
 # read an excludes rule from, each written with `*`.
@@ -80,59 +78,6 @@ OUTSIDE_ONLY = _PUT + "".join(
 
 def _attack(vector: str, new_file: str) -> str:
     return _PUT + VECTORS[vector] + f"put({new_file!r}, 'print(1)\\n')\n"
-
-
-# -- the exclude file the agent hands git equals git's own reading of .gitignore files -----
-
-_DIRS = ["", "a", "a/b", "c", "a/b/d", "sp ace", "br[ack]et", "st*r", "a/fo", "c/build", "x/b"]
-_NAMES = ["x.log", "keep.log", "bar.o", "keep.txt", "z", "#hash", "trailing ", "foo"]
-_PATTERNS = [
-    "*.log", "!keep.log", "/foo", "foo/", "b/", "**/bar.o", "a/**", "*.o", "build/",
-    "!*.txt", "x*", "\\#hash", "trailing\\ ", "trailing  ", "d/foo", "/b/", "**/d", "# c",
-    "", "\r", "[fk]oo", "*", "!foo", "b/**/z", "!b/", "d", "/*", "!/a", "**", "z\r",
-    "*/foo", "foo/**", "!**/keep*", "\\!x", "a/b/", "!d/", "/", "b/d/**", "!b/d/x.log",
-    "**/b/", "!**/b/", "?.log", "[!k]*.log", "c/*", "!c/build/", "*/", "x.lo[g]", "\\*",
-    "/sp ace/", "st\\*r/",
-]  # fmt: skip
-_GIT_ENV = git_env() | {"GIT_LITERAL_PATHSPECS": "1"}
-
-
-def _ignored(git_dir: Path, work: Path, *args: str) -> set[str]:
-    listing = ("ls-files", "-z", "-o", "-i", *args)
-    out = git(Path("/"), f"--git-dir={git_dir}", f"--work-tree={work}", *listing, env=_GIT_ENV)
-    return {p for p in out.split("\0") if p}
-
-
-@pytest.mark.parametrize("seed", range(40))
-def test_rewritten_patterns_ignore_exactly_what_git_ignores(tmp_path: Path, seed: int) -> None:
-    """Random trees and .gitignore files (BOM, CR, comments, escapes, negations, anchors,
-    folder-only rules, odd folder names): the one exclude file ignores the same files as
-    git reading the .gitignore files itself, over the whole tree and by pathspec."""
-    rnd = random.Random(seed)  # noqa: S311 - reproducible test data, not a secret
-    work, git_dir = tmp_path / "w", tmp_path / "g"
-    git(Path("/"), "init", "-q", "--bare", "--template=", str(git_dir), env=_GIT_ENV)
-    rules: dict[str, bytes] = {}
-    for d in _DIRS:
-        (work / d).mkdir(parents=True, exist_ok=True)
-        for name in rnd.sample(_NAMES, 5):
-            (work / d / name).touch()
-    for d in _DIRS:
-        if rnd.random() < 0.5:
-            lines = rnd.sample(_PATTERNS, rnd.randint(1, 5))
-            data = ("\n".join(lines) + ("\n" if rnd.random() < 0.7 else "")).encode()
-            data = b"\xef\xbb\xbf" + data if rnd.random() < 0.2 else data
-            (work / d / ".gitignore").write_bytes(data)
-            rules[d] = data
-    native = _ignored(git_dir, work, "--exclude-standard")
-    excludes = tmp_path / "excludes"
-    excludes.write_bytes(ignore.patterns(rules))
-    ours = _ignored(git_dir, work, f"--exclude-from={excludes}") if rules else set()
-    assert ours == native
-    if rules:  # the same asked of a few paths, as a refresh does
-        every = sorted(_ignored(git_dir, work, "--exclude=*"))
-        sample = rnd.sample(every, min(8, len(every)))
-        by_path = _ignored(git_dir, work, f"--exclude-from={excludes}", "--", *sample)
-        assert by_path == native & set(sample)
 
 
 # -- one check run on the real agent, each hiding place alone ----------------------------

@@ -9,100 +9,30 @@ not choose the task, and the GitHub job's token can only read."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
-import sys
 import uuid
-import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
 import docker
 import pytest
-import yaml
 
-from tests.support.git import git, init
-from tests.support.jobs import APP_AFTER, FILES
+from tests.support.ci import (
+    KEY,
+    PYTEST_CHECK,
+    github_steps,
+    gitlab_script,
+    junit_root,
+    project,
+    run_step,
+    runner_env,
+)
+from tests.support.git import git
+from tests.support.jobs import APP_AFTER
 from tests.support.loopback import LoopbackServer, json_reply
 
-ROOT = Path(__file__).resolve().parent.parent
-DOC = (ROOT / "docs" / "ci.md").read_text()
-TESTS = (
-    "from app import greet\n\n\ndef test_capital():\n    assert greet('x') == 'Hello x'\n\n\n"
-    "def test_name():\n    assert greet('x').endswith('x')\n"
-)
 EDIT_ARGS = json.dumps({"path": "app.py", "oldText": '"hello "', "newText": '"Hello "'})
-
-
-def junit_root(path: Path) -> ET.Element:
-    """The report patchbox wrote (its own output, not untrusted input)."""
-    return ET.fromstring(path.read_bytes())  # noqa: S314
-
-
-def the_command() -> str:
-    """The command of docs/ci.md's step: the block after the ``ci-script`` marker."""
-    found = re.search(r"<!-- ci-script -->\n```sh\n(.*?)```", DOC, re.DOTALL)
-    assert found is not None
-    return found.group(1).strip()
-
-
-def workflow(section: str) -> dict[Any, Any]:
-    """The YAML example under docs/ci.md's ``## section`` heading, parsed."""
-    found = re.search(
-        rf"^## {re.escape(section)}\n.*?```yaml\n(.*?)```", DOC, re.DOTALL | re.MULTILINE
-    )
-    assert found is not None, section
-    data: dict[Any, Any] = yaml.safe_load(found.group(1))
-    return data
-
-
-def github_steps() -> list[dict[str, Any]]:
-    steps: list[dict[str, Any]] = workflow("GitHub Actions")["jobs"]["patchbox"]["steps"]
-    return steps
-
-
-def gitlab_script() -> list[str]:
-    script: list[str] = workflow("GitLab CI")["patchbox"]["script"]
-    return script
-
-
-def test_both_ci_examples_run_the_documented_command() -> None:
-    command = the_command()
-    assert command.startswith("patchbox run ")
-    assert '--task "$TASK_FILE"' in command
-    assert [s["run"] for s in github_steps() if s.get("name") == "Run patchbox"] == [command]
-    assert gitlab_script()[-1] == command
-    reports = workflow("GitLab CI")["patchbox"]["artifacts"]["reports"]
-    assert reports == {"junit": "patchbox-out/junit.xml"}
-
-
-def test_the_github_job_can_only_read_and_never_takes_the_task_from_the_checkout() -> None:
-    """The job's token reads contents and nothing else, none is left in the checkout, the
-    event is ``pull_request`` (never ``pull_request_target``), and every script reads the
-    task file only from a commit (``git show REV:.patchbox/task.json``), never from the
-    work tree; the task path is under the runner's temporary folder."""
-    flow = workflow("GitHub Actions")
-    events = flow.get("on", flow.get(True))  # YAML 1.1 reads a bare on as true
-    assert events == {"pull_request": None}
-    job = flow["jobs"]["patchbox"]
-    assert job["permissions"] == {"contents": "read"}
-    assert "permissions" not in flow or flow["permissions"] == {"contents": "read"}
-    steps = github_steps()
-    checkout = next(s for s in steps if str(s.get("uses", "")).startswith("actions/checkout"))
-    assert checkout["with"] == {"fetch-depth": 2, "persist-credentials": False}
-    scripts = [s["run"] for s in steps if "run" in s]
-    for where, script in [
-        *(("github", s) for s in scripts),
-        ("gitlab", "\n".join(gitlab_script())),
-    ]:
-        bare = re.findall(r"(?<![:\w])\.patchbox/task\.json", script)
-        assert bare == [], (where, script)
-        assert "--trust-repo-config" not in script
-    for step in steps:
-        if "TASK_FILE" in step.get("env", {}):
-            assert step["env"]["TASK_FILE"].startswith("${{ runner.temp }}/")
 
 
 def chat(calls: list[tuple[str, str, str]], text: str | None = None) -> dict[str, Any]:
@@ -119,59 +49,6 @@ def chat(calls: list[tuple[str, str, str]], text: str | None = None) -> dict[str
         "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
         "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
     }
-
-
-def project(root: Path, checks: dict[str, Any], prompt: str) -> Path:
-    task = {
-        "prompt": prompt,
-        "checks": checks,
-        "limits": {"memory_mb": 512, "workspace_mb": 64, "tmp_mb": 32, "wall_seconds": 300},
-    }
-    files = {**FILES, "test_app.py": TESTS, ".patchbox/task.json": json.dumps(task)}
-    return init(root, files, message="start").path
-
-
-KEY = "sk-ci-test-key-123456"
-
-
-def runner_env(server: LoopbackServer, bin_dir: Path) -> dict[str, str]:
-    """The runner's environment: ``patchbox`` on PATH as installed, the test provider."""
-    bin_dir.mkdir(exist_ok=True)
-    shim = bin_dir / "patchbox"
-    shim.write_text(f'#!/bin/sh\nPYTHONPATH="{ROOT}" exec "{sys.executable}" -m controller "$@"\n')
-    shim.chmod(0o755)
-    return {
-        **os.environ,
-        "PATH": f"{bin_dir}:{os.environ['PATH']}",
-        "OPENAI_BASE_URL": f"{server.url}/v1",
-        "OPENAI_API_KEY": KEY,
-        "PATCHBOX_MODEL": "m",
-        "PATCHBOX_PROVIDER_API": "chat",
-        "PATCHBOX_PROVIDER_STREAM": "false",
-    }
-
-
-def run_step(repo: Path, server: LoopbackServer, bin_dir: Path) -> subprocess.CompletedProcess[str]:
-    """The documented command, through the shell, with the repository's task copied outside
-    the checkout as the step before it leaves it."""
-    task_file = bin_dir.parent / "runner-temp" / "patchbox-task.json"
-    task_file.parent.mkdir(exist_ok=True)
-    task_file.write_bytes((repo / ".patchbox" / "task.json").read_bytes())
-    return subprocess.run(
-        ["sh", "-c", the_command()],
-        cwd=repo,
-        env={**runner_env(server, bin_dir), "TASK_FILE": str(task_file)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
-PYTEST_CHECK = {
-    "argv": ["python3", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml=/tmp/j.xml"],
-    "junit": "/tmp/j.xml",
-}
 
 
 def test_the_documented_step_publishes_a_patch_git_am_applies_and_the_checks_own_cases(
@@ -389,43 +266,3 @@ def test_a_merge_request_that_rewrites_the_task_does_not_choose_it_on_gitlab(
             check=False,
         )
         assert_the_base_task_ran(checkout, [out], server, docker_client, marker)
-
-
-def test_a_command_that_fails_before_any_job_writes_a_failing_report(tmp_path: Path) -> None:
-    repo = project(tmp_path / "repo", {"tests": PYTEST_CHECK}, "p")
-    (repo / ".patchbox" / "task.json").write_text('{"prompt": "p", "unknown": 1}')
-    with LoopbackServer() as server:
-        done = run_step(repo, server, tmp_path / "bin")
-    assert done.returncode == 2
-    out = repo / "patchbox-out"
-    assert sorted(p.name for p in out.iterdir()) == ["error.json", "junit.xml"]
-    root = junit_root(out / "junit.xml")
-    [case] = list(root.iter("testcase"))
-    failure = case.find("failure")
-    assert failure is not None
-    assert (failure.get("message") or "").startswith("USAGE_ERROR: ")
-    assert root.get("failures") == "1"
-    assert json.loads((out / "error.json").read_text())["error"]["code"] == "USAGE_ERROR"
-    shutil.rmtree(out)
-
-
-def test_a_hostile_junit_file_is_refused_not_parsed(tmp_path: Path) -> None:
-    from controller.jobs.junit import JunitError, parse_cases
-
-    bomb = b'<?xml version="1.0"?><!DOCTYPE x [<!ENTITY a "aaaa">]><testsuite>&a;</testsuite>'
-    with pytest.raises(JunitError, match="DOCTYPE"):
-        parse_cases(bomb)
-    with pytest.raises(JunitError, match="larger than"):
-        parse_cases(b"<testsuite>" + b" " * (4 * 1024 * 1024) + b"</testsuite>")
-    with pytest.raises(JunitError, match="not well-formed"):
-        parse_cases(b"<testsuite><testcase name='a'></testsuite>")
-    cases = parse_cases(
-        b'<testsuites><testsuite><testcase name="a" time="x"/>'
-        b'<testcase name="b"><error message="boom">trace</error></testcase>'
-        b'<testcase name="c"><skipped/></testcase></testsuite></testsuites>'
-    )
-    assert [(c.name, c.status, c.time) for c in cases] == [
-        ("a", "passed", 0.0),
-        ("b", "error", 0.0),
-        ("c", "skipped", 0.0),
-    ]

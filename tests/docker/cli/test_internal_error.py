@@ -6,30 +6,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import docker
 import pytest
 
 from controller.cli import main as cli
 from controller.jobs.records import JobStore
-from controller.paths import patchbox_home
 from controller.sandbox.labels import JOB
 from tests.support.cli import job_files
+from tests.support.faults import SECRET, boom, crash_report
 from tests.support.jobs import EDIT, GREET, call, check_call, make_repo
-
-SECRET = "sk-crash-9f8e7d6c5b4a3210"  # noqa: S105 - a planted fake key
-"""Planted in the environment and in the injected exception's message."""
-
-
-class BoomError(RuntimeError):
-    pass
-
-
-def boom(*_args: Any, **_kwargs: Any) -> Any:
-    msg = f"injected fault with key {SECRET}"
-    raise BoomError(msg)
-
 
 STAGES = {
     "preparing": "controller.jobs.engine.prepare",
@@ -51,12 +37,6 @@ def job_args(tmp_path: Path) -> list[str]:
     }
     calls = {"turns": [[call("c1", EDIT)], [check_call("c2", "greet")]], "final": "done"}
     return ["run", "--repo", str(repo), *job_files(tmp_path, task, calls), "--json"]
-
-
-def crash_report(message: str) -> str:
-    name = message.split("crash report is ", 1)[1].split(" ", 1)[0]
-    assert name.startswith("crash/")
-    return (patchbox_home() / name).read_text()
 
 
 @pytest.mark.docker
@@ -102,42 +82,3 @@ def test_a_fault_while_writing_the_evidence_gives_internal_error(
     data = json.loads(capsys.readouterr().out)
     assert data["error"]["code"] == "INTERNAL_ERROR"
     assert "BoomError" in crash_report(data["error"]["message"])
-
-
-def test_a_fault_in_any_command_gives_internal_error(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Outside a job (here ``jobs``, with no daemon needed): the error object, exit 70."""
-    monkeypatch.setenv("PATCHBOX_TEST_API_KEY", SECRET)
-    monkeypatch.setattr("controller.cli.main.settle_leftovers", lambda: None)
-    monkeypatch.setattr("controller.cli.commands.JobStore.all", boom)
-    code = cli.main(["jobs", "--json"])
-    out, err = capsys.readouterr()
-    assert code == 70
-    error = json.loads(out)["error"]
-    assert error["code"] == "INTERNAL_ERROR"
-    assert "Traceback" not in out + err
-    assert SECRET not in out + err
-    report = crash_report(error["message"])
-    assert "BoomError" in report
-    assert SECRET not in report
-    # and without --json: one line on stderr, nothing else
-    assert cli.main(["jobs"]) == 70
-    out, err = capsys.readouterr()
-    assert out == ""
-    assert err.startswith("patchbox: error INTERNAL_ERROR: an unexpected error (BoomError)")
-
-
-def test_crash_reports_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    from controller import crash
-
-    monkeypatch.setattr(crash, "MAX_REPORTS", 3)
-    names = []
-    for _ in range(5):
-        try:
-            boom()
-        except BoomError as exc:
-            names.append(crash.write_report(exc, context="test", repo=""))
-    kept = sorted(p.name for p in (patchbox_home() / "crash").iterdir())
-    assert [n.removeprefix("crash/") for n in names[-3:]] == kept[-3:]
-    assert len(kept) <= 3

@@ -26,10 +26,11 @@ from tests.support.jobs import (
     make_repo,
     snapshot,
 )
+from tests.support.paths import REPO_ROOT
 
 pytestmark = pytest.mark.docker
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 RUN_KEYS = {
     "job_id",
     "status",

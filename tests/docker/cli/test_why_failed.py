@@ -12,8 +12,6 @@ from typing import Any
 
 import docker
 
-from controller.jobs.records import JobRecord, TranscriptCall, TranscriptTurn
-from controller.jobs.summary import summary_text, transcript_text
 from tests.support.cli import job_files, patchbox
 from tests.support.jobs import EDIT, GREET, call, check_call, make_repo
 
@@ -116,26 +114,3 @@ def test_the_transcript_holds_the_conversation(
     home = Path(__import__("os").environ["PATCHBOX_HOME"])
     stored = json.loads((home / evidence).read_text())
     assert stored["transcript"] == turns_seen
-
-
-def test_transcript_text_cuts_long_values_and_keeps_lines_single() -> None:
-    record = JobRecord(job_id="j", repo="/r")
-    record.transcript.append(
-        TranscriptTurn(
-            turn=1,
-            text="a\nb",
-            usage={"input_tokens": 5, "output_tokens": 2},
-            model_ms=3,
-            calls=[
-                TranscriptCall(id="c", name="read_file", arguments="{}", ok=True, result="x" * 1000)
-            ],
-        )
-    )
-    text = transcript_text(record, width=50)
-    assert "turn 1 (model 3 ms; input_tokens 5, output_tokens 2)" in text
-    assert "model: a\\nb" in text
-    assert "x" * 47 + "..." in text
-    assert "x" * 48 not in text
-    empty = JobRecord(job_id="k", repo="/r")
-    assert transcript_text(empty) == "no transcript (the job made no model turn)"
-    assert summary_text(empty) == "job k: created"

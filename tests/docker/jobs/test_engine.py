@@ -58,6 +58,7 @@ from tests.support.jobs import (
     stored,
 )
 from tests.support.loopback import LoopbackServer, hang, json_reply, serve
+from tests.support.paths import REPO_ROOT
 
 pytestmark = pytest.mark.docker
 
@@ -289,7 +290,7 @@ def test_second_job_on_a_locked_repository_is_refused(
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=REPO_ROOT,
     )
     try:
         assert holder.stdout is not None

@@ -27,6 +27,7 @@ from tests.support.jobs import (
     new_job,
     scripted,
 )
+from tests.support.paths import REPO_ROOT
 
 pytestmark = pytest.mark.docker
 
@@ -38,7 +39,7 @@ LEAK = {
     "env": {"GREETING": KEY},
 }
 """A check that prints the key (given to it under a harmless name) and fails."""
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 
 
 @pytest.fixture

@@ -24,10 +24,11 @@ import pytest
 from controller.sandbox.labels import HOME, JOB, KIND, home_id
 from tests.support.cli import job_files
 from tests.support.jobs import EDIT, GREET, call, check_call, make_repo
+from tests.support.paths import REPO_ROOT
 
 pytestmark = pytest.mark.docker
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 DISTINCT_A = 6
 DISTINCT_B = 3
 SHARED = 3

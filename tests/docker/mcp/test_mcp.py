@@ -34,39 +34,22 @@ import pytest
 from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters
 
-from controller import api
-from controller.api.session import SESSION_PROMPT
-from controller.config.host import HostConfig
-from controller.config.task import TaskSpec
 from controller.jobs.records import JobRecord, JobStore
 from controller.mcp.server import (
-    CHECKS_URI,
-    PROMPT_URI,
     PROPOSE,
-    SESSIONLESS,
     WALL_CLOCK_GRACE_SECONDS,
-    Options,
-    Sessions,
-    Slot,
-    build_server,
-    tools,
 )
 from controller.sandbox.base import Runtime
 from controller.sandbox.docker import ORPHAN_STOP_SECONDS
 from controller.sandbox.labels import CONTROLLER, KIND, OWNER_FILTER
 from controller.tools.schemas import tool_schemas
 from tests.support.cli import patchbox
-from tests.support.jobs import APP, APP_AFTER, GREET, containers_of, make_repo
+from tests.support.jobs import APP, APP_AFTER, containers_of, make_repo
+from tests.support.mcp import LIMITS, LOOP_TOOLS, TASK, code, data
+from tests.support.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
-LIMITS = {"memory_mb": 512, "workspace_mb": 64, "tmp_mb": 32, "wall_seconds": 300}
-TASK: dict[str, Any] = {
-    "prompt": "Capitalize the greeting.",
-    "checks": {"greet": GREET},
-    "limits": LIMITS,
-}
+ROOT = REPO_ROOT
 EDIT = {"path": "app.py", "oldText": '"hello "', "newText": '"Hello "'}
-LOOP_TOOLS = [t["name"] for t in tool_schemas()]
 DENIED, INVALID = "TOOL_PATH_DENIED", "TOOL_ARGUMENTS_INVALID"
 INITIALIZE = {
     "protocolVersion": "2025-11-25",
@@ -95,19 +78,6 @@ def stdio(args: list[str]) -> StdioServerParameters:
     return StdioServerParameters(
         command=sys.executable, args=args, env=dict(os.environ), cwd=str(ROOT)
     )
-
-
-def data(result: Any) -> dict[str, Any]:
-    """A tool result's structured content, checked to be the JSON of its text too."""
-    assert result.structured_content is not None
-    assert json.loads(result.content[0].text) == result.structured_content
-    content: dict[str, Any] = result.structured_content
-    return content
-
-
-def code(result: Any) -> str:
-    assert result.is_error
-    return str(data(result)["error"]["code"])
 
 
 def the_job(repo: Path) -> JobRecord:
@@ -216,116 +186,6 @@ def raw_code(result: dict[str, Any]) -> str:
     assert result["isError"] is True
     assert json.loads(result["content"][0]["text"]) == result["structuredContent"]
     return str(result["structuredContent"]["error"]["code"])
-
-
-# -- the server in-process: no daemon needed ----------------------------------------------
-
-
-def options(tmp_path: Path, **fields: Any) -> Options:
-    repo = make_repo(tmp_path / "repo")
-    return Options(
-        repo=repo,
-        task=TaskSpec.model_validate(TASK),
-        config=HostConfig(spare_sandboxes=0, **fields),
-        task_given=True,
-    )
-
-
-def test_the_tools_are_the_loops_and_propose_and_never_an_apply_tool(tmp_path: Path) -> None:
-    listed = tools()
-    assert [t.name for t in listed] == [*LOOP_TOOLS, PROPOSE]
-    for tool, loop in zip(listed, tool_schemas(), strict=False):
-        assert (tool.description, tool.input_schema) == (loop["description"], loop["parameters"])
-    propose = listed[-1].input_schema
-    assert propose["properties"]["message"]["type"] == "string"
-    assert (propose["additionalProperties"], propose.get("required")) == (False, None)
-    opts = options(tmp_path, allow_auto=True)
-    server = build_server(opts, Sessions(lambda: Slot(opts, print)))
-
-    async def listing() -> list[str]:
-        async with Client(server) as client:
-            return [t.name for t in (await client.list_tools()).tools]
-
-    assert "apply" not in anyio.run(listing)
-
-
-def test_resources_and_a_propose_before_any_call_need_no_sandbox(tmp_path: Path) -> None:
-    opts = options(tmp_path)
-    made: list[Slot] = []
-
-    def slot() -> Slot:
-        made.append(Slot(opts, lambda _m: None))
-        return made[-1]
-
-    server = build_server(opts, Sessions(slot))
-
-    async def scenario() -> None:
-        async with Client(server) as client:
-            uris = [r.uri for r in (await client.list_resources()).resources]
-            assert uris == [PROMPT_URI, CHECKS_URI]
-            prompt = await client.read_resource(PROMPT_URI)
-            assert prompt.contents[0].text == TASK["prompt"]  # type: ignore[union-attr]
-            checks = json.loads((await client.read_resource(CHECKS_URI)).contents[0].text)  # type: ignore[union-attr]
-            assert checks["checks"]["greet"]["argv"] == GREET["argv"]
-            early = await client.call_tool(PROPOSE, {})
-            assert code(early) == "USAGE_ERROR"
-            assert "nothing to propose" in data(early)["error"]["message"]
-            bad = await client.call_tool(PROPOSE, {"message": 5})
-            assert code(bad) == "TOOL_ARGUMENTS_INVALID"
-
-    anyio.run(scenario)
-    assert [s.opened for s in made] == [False]
-    assert [r for r in JobStore().all() if r.repo == str(opts.repo.resolve())] == []
-
-
-def test_without_a_task_the_session_has_the_default_prompt_and_the_configured_checks(
-    tmp_path: Path,
-) -> None:
-    repo = make_repo(tmp_path / "repo")
-    (repo / ".patchbox").mkdir()
-    suggested = {"lint": {"argv": ["true"]}}
-    (repo / ".patchbox" / "checks.json").write_text(json.dumps(suggested))
-    config = HostConfig.model_validate({"spare_sandboxes": 0, "checks": {"greet": GREET}})
-    opts = Options(repo=repo, task=api.default_task(config), config=config)
-    trusting = Options(repo=repo, task=opts.task, config=config, trust_repo_config=True)
-
-    async def read(options: Options) -> tuple[str, dict[str, Any], str]:
-        server = build_server(options, Sessions(lambda: Slot(options, print)))
-        async with Client(server) as client:
-            prompt = (await client.read_resource(PROMPT_URI)).contents[0]
-            checks = (await client.read_resource(CHECKS_URI)).contents[0]
-            return prompt.text, json.loads(checks.text)["checks"], client.instructions or ""  # type: ignore[union-attr]
-
-    prompt, checks, instructions = anyio.run(read, opts)
-    assert (prompt, list(checks)) == (SESSION_PROMPT, ["greet"])
-    assert SESSION_PROMPT not in instructions
-    assert "propose" in instructions
-    _, checks, _ = anyio.run(read, trusting)
-    assert sorted(checks) == ["greet", "lint"]
-
-
-def test_an_http_request_without_a_session_is_refused(tmp_path: Path) -> None:
-    opts = options(tmp_path)
-    server = build_server(opts, Sessions(lambda: Slot(opts, print)), http=True)
-
-    async def scenario() -> None:
-        async with Client(server, mode="2026-07-28") as client:  # in-process, sessionless
-            refused = await client.call_tool("list_files", {})
-            assert code(refused) == "USAGE_ERROR"
-            assert data(refused)["error"]["message"] == SESSIONLESS
-
-    anyio.run(scenario)
-
-
-def test_bad_command_lines_fail_before_serving(tmp_path: Path) -> None:
-    (tmp_path / "plain").mkdir()
-    res = patchbox("mcp", "--repo", str(tmp_path / "plain"))
-    assert (res.returncode, res.stdout) == (2, "")
-    assert "patchbox: error NOT_A_REPOSITORY" in res.stderr
-    repo = make_repo(tmp_path / "repo")
-    res = patchbox("mcp", "--repo", str(repo), "--http", "70000")
-    assert (res.returncode, res.stdout) == (2, "")
-    assert "USAGE_ERROR" in res.stderr
 
 
 # -- stdio, end to end --------------------------------------------------------------------

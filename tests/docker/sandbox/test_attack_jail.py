@@ -24,8 +24,8 @@ import pytest
 
 from controller.errors import ErrorCode, ToolError
 from controller.sandbox.local import LocalSandbox
-from tests.conftest import _require_runsc
 from tests.support.harness import AgentWorkspace
+from tests.support.sandbox import _require_runsc
 
 KINDS = [
     "local",

@@ -22,8 +22,8 @@ from controller.errors import ErrorCode, PatchboxError, ProtocolError, SandboxEr
 from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.docker import DockerSandbox
 from controller.sandbox.labels import OWNER_FILTER, current_identity, new_job_id
-from tests.conftest import SandboxFactory
 from tests.support.proxy import TcpProxy
+from tests.support.sandbox import SandboxFactory
 
 pytestmark = pytest.mark.docker
 

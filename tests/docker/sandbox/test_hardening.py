@@ -32,7 +32,7 @@ from controller.sandbox import docker as sandbox_docker
 from controller.sandbox.base import RunResult, Runtime, SandboxSpec
 from controller.sandbox.docker import SANDBOX_UID, DockerSandbox, container_config, pids_limit
 from controller.sandbox.labels import OWNER, OWNER_FILTER, OWNER_VALUE, current_identity, new_job_id
-from tests.conftest import SandboxFactory
+from tests.support.sandbox import SandboxFactory
 
 pytestmark = pytest.mark.docker
 

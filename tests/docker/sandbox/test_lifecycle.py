@@ -49,10 +49,11 @@ from controller.sandbox.reaper import reap
 from controller.sandbox.spares import SparePool, pool_key
 from tests.support.cli import job_files, patchbox
 from tests.support.jobs import EDIT, GREET, call, check_call, make_repo
+from tests.support.paths import REPO_ROOT
 
 pytestmark = pytest.mark.docker
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 HOLD_CHECK = {"argv": ["sh", "-c", "echo holding; sleep 120"], "timeout_seconds": 300}
 
 

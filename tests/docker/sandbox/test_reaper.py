@@ -14,7 +14,7 @@ import pytest
 from controller.paths import patchbox_home
 from controller.sandbox.labels import JOB
 from controller.sandbox.reaper import reap
-from tests.conftest import SandboxFactory
+from tests.support.sandbox import SandboxFactory
 
 pytestmark = pytest.mark.docker
 

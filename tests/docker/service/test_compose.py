@@ -19,6 +19,7 @@ import pytest
 from controller.sandbox.labels import HOST, JOB, OWNER_FILTER
 from tests.support.compose import HOSTNAME, Site, compose_command, site
 from tests.support.jobs import APP, APP_AFTER, make_repo
+from tests.support.paths import REPO_ROOT
 from tests.support.service import (
     CALLS,
     LIMITS,
@@ -32,7 +33,7 @@ from tests.support.service import (
 
 pytestmark = pytest.mark.docker
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 SLOW_TASK = slow_task(60)
 
 

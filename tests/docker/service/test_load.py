@@ -13,7 +13,9 @@ import docker
 import httpx
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+from tests.support.paths import BENCH
+
+sys.path.insert(0, str(BENCH))
 
 from bench_concurrency import CALLS, TASK, make_repo
 from bench_service import batch, leaked, serving, tenants_in, write_config

@@ -18,26 +18,11 @@ import pytest
 
 import controller.sandbox.prepare as prepare_module
 from controller.repo.baseline import build_baseline as real_build
-from tests.support.git import git
-from tests.support.jobs import APP, APP_AFTER, FILES, containers_of, make_repo, snapshot
-from tests.support.service import CALLS, TASK, events, serving, wait_status, write_config
+from tests.support.jobs import APP, APP_AFTER, containers_of, make_repo, snapshot
+from tests.support.service import events, serving, wait_status, write_config
+from tests.support.service_pin import BETA_FILES, beta_marks, error_of, submit
 
-BETA_FILES = FILES | {
-    "app.py": APP.replace("name\n", "name  # beta-only\n"),
-    "secret.txt": "beta's secret\n",
-}
-"""Beta's repository: the greeting project (alpha's task would edit it), marked as beta's."""
 ENDED = {"awaiting_review", "failed", "cancelled"}
-
-
-def submit(client: httpx.Client, repo: Path) -> httpx.Response:
-    return client.post("/v1/jobs", json={"repo": str(repo), "task": TASK, "calls": CALLS})
-
-
-def error_of(response: httpx.Response) -> tuple[int, str, str]:
-    body = response.json()
-    assert set(body) == {"error"}, body
-    return response.status_code, body["error"]["code"], body["error"]["message"]
 
 
 def swap(folder: Path, target: Path) -> Path:
@@ -51,11 +36,6 @@ def swap(folder: Path, target: Path) -> Path:
 def restore(folder: Path, aside: Path) -> None:
     folder.unlink()
     aside.rename(folder)
-
-
-def beta_marks(beta: Path) -> list[str]:
-    """What of beta's repository must never reach alpha."""
-    return [git(beta, "rev-parse", "HEAD").strip(), "beta-only", "beta's secret", "secret.txt"]
 
 
 def seen_by(client: httpx.Client, job_id: str) -> str:
@@ -89,55 +69,6 @@ def assert_refused_job(
     for mark in beta_marks(beta):
         assert mark not in text, mark
     assert containers_of(docker_client, job_id) == []
-
-
-# -- at submit: no Docker ----------------------------------------------------------------
-
-
-def test_submit_refuses_links_below_the_root_and_git_data_in_another_root(
-    tmp_path: Path,
-) -> None:
-    beta = make_repo(tmp_path / "beta" / "repo", BETA_FILES)
-    alpha_root = tmp_path / "alpha"
-    own = make_repo(alpha_root / "own")
-    with serving(write_config(tmp_path, workers=0)) as running:
-        alpha = running.client("alpha")
-        (alpha_root / "to-beta").symlink_to(beta, target_is_directory=True)
-        (alpha_root / "to-own").symlink_to(own, target_is_directory=True)
-        (alpha_root / "beta-root").symlink_to(beta.parent, target_is_directory=True)
-        for path, part in (
-            (alpha_root / "to-beta", "(to-beta)"),
-            (alpha_root / "to-own", "(to-own)"),
-            (alpha_root / "beta-root" / "repo", "(beta-root)"),
-        ):
-            status, code, message = error_of(submit(alpha, path))
-            assert (status, code) == (403, "REPO_NOT_ALLOWED"), path
-            assert f"goes through a symbolic link below its repository root {part}" in message
-        # git data in beta's root: a .git file, a linked worktree's commondir, alternates
-        gitfile = alpha_root / "gitfile"
-        gitfile.mkdir()
-        (gitfile / "app.py").write_text(APP)
-        (gitfile / ".git").write_text(f"gitdir: {beta / '.git'}\n")
-        linked = make_repo(alpha_root / "linked")
-        (linked / ".git" / "commondir").write_text(f"{beta / '.git'}\n")
-        borrowing = make_repo(alpha_root / "borrowing")
-        alternates = borrowing / ".git" / "objects" / "info" / "alternates"
-        alternates.write_text(f"{beta / '.git' / 'objects'}\n")
-        for path, what in (
-            (gitfile, "the git dir its .git file names"),
-            (linked, "the common git dir its commondir names"),
-            (borrowing, "objects/info/alternates"),
-        ):
-            response = submit(alpha, path)
-            status, code, message = error_of(response)
-            assert (status, code) == (403, "REPO_NOT_ALLOWED"), path
-            assert f"keeps git data outside the repo_roots of tenant 'alpha' ({what})" in message
-            for mark in beta_marks(beta):
-                assert mark not in response.text
-        missing = error_of(submit(alpha, alpha_root / "gone"))
-        assert missing[:2] == (400, "NOT_A_REPOSITORY")
-        assert alpha.get("/v1/jobs").json() == {"jobs": []}
-        assert submit(alpha, own).status_code == 202  # the roots themselves still work
 
 
 # -- at the job's start and while it reads: Docker, both runtimes -------------------------

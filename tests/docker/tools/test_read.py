@@ -13,8 +13,8 @@ from controller.errors import ErrorCode, ToolError
 from controller.sandbox.docker import DockerSandbox
 from controller.sandbox.local import LocalSandbox
 from controller.tools.executor import ToolExecutor
-from tests.conftest import SandboxFactory
 from tests.support.harness import AgentWorkspace
+from tests.support.sandbox import SandboxFactory
 
 MARKER = "TOP-MARKER-OUTSIDE"
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+from tests.support.paths import BENCH
+
+sys.path.insert(0, str(BENCH))
 
 from bench_floor import PHASES, phases_of
 from bench_peers import mixed_sequence, repo_files

@@ -13,52 +13,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import docker
 import pytest
 
 from controller.changes.rules import check_diff
 from controller.changes.tree import MemoryTree
 from controller.errors import ChangesetInvalidError, ErrorCode, ToolError
-from controller.sandbox.base import Runtime
 from controller.sandbox.local import LocalSandbox
 from controller.tools.executor import ToolExecutor
 from patchbox_agent import jail
 from tests.support.git import git, init, write_files
-from tests.support.jobs import (
-    check_call,
-    code_of,
-    make_repo,
-    make_task,
-    new_job,
-    scripted,
-)
-
-# -- 9b: names that are not UTF-8 ----------------------------------------------------------
-
-BAD_NAME = "import os; open(os.fsencode('bad') + b'\\xff', 'w').write('x\\n')"
-
-
-@pytest.mark.docker
-def test_a_name_that_is_not_utf8_fails_the_job_changeset_invalid(
-    client: docker.DockerClient,
-    tmp_path: Path,
-    runtime: Runtime,
-) -> None:
-    repo = make_repo(tmp_path / "repo")
-    gen = {"argv": ["python3", "-c", BAD_NAME], "mutates": True, "required": False}
-    task = make_task(checks={"gen": gen})
-    provider = scripted(
-        [{"id": "c0", "name": "list_files", "arguments": {}}],
-        [check_call("c1", "gen")],
-        [{"id": "c2", "name": "list_files", "arguments": {}}],
-        [{"id": "c3", "name": "search_text", "arguments": {"query": "x"}}],
-    )
-    record = new_job(client, repo, task, provider, runtime=runtime).run()
-    assert record.state == "failed"
-    assert code_of(record) == "CHANGESET_INVALID", record.error
-    assert record.error is not None
-    assert "bad\\xff" in record.error.message
-    assert [c.ok for c in record.tool_calls] == [True, True, True, True]
+from tests.support.names import BAD_NAME
 
 
 def test_the_agent_answers_about_a_name_that_is_not_utf8(tmp_path: Path) -> None:

@@ -39,9 +39,10 @@ from controller.errors import (
 )
 from controller.repo.baseline import build_baseline
 from tests.support.git import git, init, make_diff, status
+from tests.support.paths import REPO_ROOT
 from tests.support.worktree import Snapshot, snapshot
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 
 CHILD = """
 import json, sys

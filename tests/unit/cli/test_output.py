@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import json
-import re
 import sys
 import threading
 import time
@@ -20,10 +19,7 @@ from controller.config.task import TaskSpec
 from controller.jobs.engine import Job, JobRequest
 from controller.logs import configure, write_line
 from controller.providers import ScriptedProvider, parse_calls
-from tests.support.cli import job_files, patchbox
-from tests.support.jobs import EDIT, GREET, call, make_repo
-
-PROGRESS = re.compile(r"^patchbox: \[ *\d+\.\d+s\] \S")
+from tests.support.cli import patchbox
 
 
 @pytest.fixture
@@ -46,30 +42,6 @@ def test_verbose_json_logs_and_the_log_file(home: Path) -> None:
     assert [json.loads(line)["command"] for line in logged] == ["jobs", "jobs"]
     both = patchbox("jobs", "--quiet", "--verbose", "--json", home=home)
     assert (both.returncode, json.loads(both.stdout)["error"]["code"]) == (2, "USAGE_ERROR")
-
-
-def test_a_job_shows_timed_progress_and_quiet_shows_none(
-    docker_client: object, sandbox_image: str, tmp_path: Path
-) -> None:
-    del docker_client, sandbox_image
-    repo = make_repo(tmp_path / "repo")
-    task = {
-        "prompt": "Capitalize the greeting.",
-        "checks": {"greet": GREET},
-        "limits": {"memory_mb": 512, "workspace_mb": 64, "tmp_mb": 32},
-    }
-    args = job_files(tmp_path / "job", task, {"turns": [[call("c1", EDIT)]], "final": "done"})
-    loud = patchbox("run", "--repo", str(repo), *args, "--json")
-    assert loud.returncode == 0, loud.stderr
-    lines = loud.stderr.splitlines()
-    assert lines
-    assert all(PROGRESS.match(line) for line in lines), lines
-    assert [line.split("] ", 1)[1] for line in lines][:2] == ["preparing", "running"]
-    args = job_files(tmp_path / "job2", task, {"turns": [[call("c1", EDIT)]], "final": "done"})
-    quiet = patchbox("run", "--repo", str(repo), *args, "--json", "--quiet")
-    assert quiet.returncode == 0
-    assert quiet.stderr == ""
-    assert json.loads(quiet.stdout)["status"] == "awaiting_review"
 
 
 def test_the_heartbeat_names_the_step_that_lasts(tmp_path: Path) -> None:

@@ -15,8 +15,9 @@ from controller.config import inputfile
 from controller.config import task as task_file
 from controller.errors import ErrorCode, UsageError
 from controller.providers import scripted
+from tests.support.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 TASK = {"prompt": "Capitalize the greeting.", "checks": {}}
 
 

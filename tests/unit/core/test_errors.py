@@ -6,7 +6,6 @@ import ast
 import importlib
 import inspect
 import subprocess
-from pathlib import Path
 
 import docker.errors
 import httpx
@@ -30,8 +29,9 @@ from controller.errors import (
     map_git_error,
     mapped_class,
 )
+from tests.support.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 THIRD_PARTY = ("docker", "httpx", "requests")
 
 

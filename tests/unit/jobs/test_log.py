@@ -30,8 +30,9 @@ from controller.jobs.records import (
     TranscriptTurn,
     mark_interrupted,
 )
+from tests.support.paths import DATA
 
-RECORDS_V1 = sorted((Path(__file__).parent / "data" / "records_v1").glob("*.json"))
+RECORDS_V1 = sorted((DATA / "records_v1").glob("*.json"))
 RESULT = json.dumps({"ok": True, "result": {"content": "x = 1\n" * 2000}})
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from controller.jobs.records import JobRecord
+from tests.support.paths import DATA
 
-RECORDS = sorted((Path(__file__).parent / "data" / "records_v1").glob("*.json"))
+RECORDS = sorted((DATA / "records_v1").glob("*.json"))
 
 
 def test_there_are_records_to_read() -> None:

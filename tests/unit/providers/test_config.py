@@ -11,7 +11,7 @@ import pytest
 from controller.config.host import load_config
 from controller.errors import UsageError
 from controller.providers.config import ENV_NAMES, ProviderConfig
-from tests.test_providers_openai import KEY, key_free
+from tests.support.openai import KEY, key_free
 
 TABLE: dict[str, Any] = {
     "api": "chat",

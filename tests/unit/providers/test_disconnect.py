@@ -28,7 +28,7 @@ from tests.support.loopback import (
     serve,
     write_chunk,
 )
-from tests.test_providers_openai import (
+from tests.support.openai import (
     APIS,
     KEY,
     MODES,

@@ -25,9 +25,9 @@ from controller.providers import (
     parse_calls,
 )
 from controller.tools.schemas import tool_schemas
+from tests.support.loop import FakeTools
 from tests.support.loopback import LoopbackServer, serve
-from tests.test_loop import FakeTools
-from tests.test_providers_openai import MODES, PROMPT, READ, answer, provider_for
+from tests.support.openai import MODES, PROMPT, READ, answer, provider_for
 
 
 @pytest.fixture

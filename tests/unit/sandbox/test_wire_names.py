@@ -31,8 +31,9 @@ from controller.tools.schemas import (
     tool_schemas,
 )
 from patchbox_agent import diffs, frames, globs, jail, ops, search
+from tests.support.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 GOLDEN = json.loads((ROOT / "tests" / "data" / "wire_names.json").read_text())
 
 HASH = "0" * 64

@@ -15,7 +15,6 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-import docker
 import httpx
 
 from controller.service.bundles import bundle_path, checkout, clone_path
@@ -24,18 +23,17 @@ from controller.service.runner import Runner
 from controller.service.runner import Running as RunningJob
 from controller.service.store import JobRow, SqliteStore
 from tests.support.git import Repo, git_env, init
-from tests.support.jobs import APP, FILES, containers_of, make_repo
+from tests.support.jobs import FILES, make_repo
 from tests.support.service import (
     CALLS,
-    SLOW_CALLS,
     TASK,
     events,
     serving,
-    slow_task,
     stored,
     wait_status,
     write_config,
 )
+from tests.support.service_bundles import bundle_of, data_dir, submit_bundle, upload
 
 MiB = 1024 * 1024
 SMALL = {"bundle_max_tree_bytes": MiB, "bundle_max_tree_entries": 1000}
@@ -46,25 +44,6 @@ def error_of(response: httpx.Response) -> tuple[int, str, str]:
     body = response.json()
     assert set(body) == {"error"}, body
     return response.status_code, body["error"]["code"], body["error"]["message"]
-
-
-def bundle_of(repo: Repo, *config: str) -> bytes:
-    proc = repo.run(*config, "bundle", "create", "-", "HEAD")
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
-
-
-def upload(client: httpx.Client, raw: bytes) -> httpx.Response:
-    headers = {"Content-Type": "application/octet-stream"}
-    return client.post("/v1/bundles", content=raw, headers=headers)
-
-
-def submit_bundle(client: httpx.Client, bundle_id: str, **extra: Any) -> httpx.Response:
-    return client.post("/v1/jobs", json={"bundle": bundle_id, "task": TASK, **extra})
-
-
-def data_dir(running: Any) -> Path:
-    return Path(running.service.config.data_path())
 
 
 def disk_use(folder: Path) -> int:
@@ -365,50 +344,3 @@ def test_a_bundle_is_kept_while_a_queued_job_needs_it(tmp_path: Path) -> None:
         assert f"{first}.bundle" not in {p.name for p in bundles.iterdir()}
         gone = submit_bundle(alpha, first, calls=CALLS)
         assert error_of(gone)[:2] == (404, "NOT_FOUND")
-
-
-# -- with Docker -------------------------------------------------------------------------------
-
-
-def test_bundle_jobs_check_out_at_start_one_clone_at_a_time_and_leak_no_path(
-    tmp_path: Path, client: docker.DockerClient, runtime: str
-) -> None:
-    """``max_clones = 1``: the second bundle job stays queued, holding no clone, while the
-    first runs; once the first is cancelled the second runs to review. No answer about
-    either names the service's folder."""
-    laptop = init(tmp_path / "laptop" / "greet", FILES, message="greet")
-    config = write_config(tmp_path, workers=2, tenant={"max_clones": 1}, runtime=runtime)
-    with serving(config) as running:
-        alpha = running.client("alpha")
-        bundle_id = upload(alpha, bundle_of(laptop)).json()["bundle_id"]
-        slow = alpha.post(
-            "/v1/jobs", json={"bundle": bundle_id, "task": slow_task(60), "calls": SLOW_CALLS}
-        ).json()["job_id"]
-        assert wait_status(alpha, slow, {"running"}, timeout=120)["status"] == "running"
-        quick = submit_bundle(alpha, bundle_id, calls=CALLS).json()["job_id"]
-        time.sleep(2)
-        clones = data_dir(running) / "alpha" / "clones"
-        assert alpha.get(f"/v1/jobs/{quick}").json()["status"] == "queued"
-        assert [p.name for p in clones.iterdir()] == [slow]
-        assert (clones / slow / "app.py").read_text() == APP
-        assert alpha.post(f"/v1/jobs/{slow}/cancel").status_code == 202
-        # each stream ends once its worker is done with the job: clone and containers gone
-        assert events(alpha, quick)[-1]["data"] == {"state": "awaiting_review"}
-        assert events(alpha, slow)[-1]["data"] == {"state": "cancelled"}
-        view = alpha.get(f"/v1/jobs/{quick}").json()
-        assert view["status"] == "awaiting_review", view["error"]
-        assert '+    return "Hello " + name' in view["diff"]
-        assert containers_of(client, slow) == []
-        assert containers_of(client, quick) == []
-        assert not clones.exists() or list(clones.iterdir()) == []
-        root = data_dir(running)
-        texts = [alpha.get("/v1/jobs").text]
-        for job_id in (slow, quick):
-            texts += [alpha.get(f"/v1/jobs/{job_id}{p}").text for p in ("", "/evidence", "/diff")]
-            texts.append(json.dumps(events(alpha, job_id)))
-        for text in texts:
-            assert str(root) not in text
-            assert os.path.realpath(root) not in text
-            assert "/clones/" not in text
-        listed = alpha.get("/v1/jobs").json()["jobs"]
-        assert {j["repo"] for j in listed} == {f"bundle:{bundle_id}"}
