@@ -17,7 +17,8 @@ from tests.support.paths import BENCH
 
 sys.path.insert(0, str(BENCH))
 
-from bench_concurrency import CALLS, TASK, make_repo
+from bench_concurrency import CALLS, TASK
+from bench_concurrency import greet_repo as make_repo
 from bench_service import batch, leaked, serving, tenants_in, write_config
 from common import percentile
 
