@@ -18,6 +18,7 @@ from typing import Any
 
 import docker
 import pytest
+import structlog
 
 from tests.support.paths import REPO_ROOT
 
@@ -48,6 +49,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         params = callspec.params if callspec is not None else {}
         if names & DOCKER_FIXTURES or params.get("agent") == "docker":
             item.add_marker(pytest.mark.docker)
+
+
+@pytest.fixture(autouse=True)
+def _logging_config() -> Iterator[None]:
+    """Each test leaves structlog's configuration as it found it: a test that configures the
+    CLI's logging in-process (its level filter) must not hide the events a later test
+    captures."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 @pytest.fixture(scope="session", autouse=True)
