@@ -24,8 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import loadavg, percentile, print_table
-from common import make_repo as common_make_repo
+from common import loadavg, make_repo, percentile, print_table
 from controller.sandbox.dockerclient import connect
 from controller.sandbox.image import ImageBuilder
 
@@ -53,9 +52,10 @@ CALLS = {
 }
 
 
-def make_repo(root: Path, n: int) -> Path:
+def greet_repo(root: Path, n: int) -> Path:
+    """Repository ``n`` of the greeting project (its README names it)."""
     files = {"app.py": APP, "check.py": CHECK, "README.md": f"# repository {n}\n"}
-    return common_make_repo(root, files, "greet")
+    return make_repo(root, files, "greet")
 
 
 def busy_seconds() -> float:
@@ -73,7 +73,7 @@ def children_cpu() -> float:
 def batch_jobs(work: Path, n: int, home: Path) -> tuple[float, list[float], int]:
     """Starts ``n`` jobs at once; returns the wall time, each job's latency, failures."""
     inputs = work / "inputs"
-    repos = [make_repo(work / f"repo{i}", i) for i in range(n)]
+    repos = [greet_repo(work / f"repo{i}", i) for i in range(n)]
     env = {**os.environ, "PATCHBOX_HOME": str(home)}
     argv = [sys.executable, "-m", "controller", "run", "--json"]
     argv += ["--task", str(inputs / "task.json"), "--calls", str(inputs / "calls.json")]

@@ -46,8 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import docker.errors
 
-from common import fmt_ms, loadavg, print_table
-from common import make_repo as common_make_repo
+from common import fmt_ms, loadavg, make_repo, print_table
 from controller.config.environment import EnvironmentSpec
 from controller.config.limits import Limits
 from controller.errors import EnvironmentBuildError
@@ -103,13 +102,12 @@ def progress(message: str) -> None:
     print(f"  {message}", file=sys.stderr, flush=True)
 
 
-def make_repo(root: Path) -> Path:
-    files = {
-        "app.py": 'def greet(name):\n    return "hello " + name\n',
-        "requirements.txt": "iniconfig==2.0.0\n",
-        "README.md": "# bench\n",
-    }
-    return common_make_repo(root, files)
+REPO_FILES = {
+    "app.py": 'def greet(name):\n    return "hello " + name\n',
+    "requirements.txt": "iniconfig==2.0.0\n",
+    "README.md": "# bench\n",
+}
+"""The benchmark's repository: a module and a requirement the environment installs."""
 
 
 @dataclass
@@ -458,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     try:
-        repo = make_repo(scratch / "repo")
+        repo = make_repo(scratch / "repo", REPO_FILES)
         baseline, _report = build_baseline(repo)
         # The environment of part 2, made first: its build also warms the base's layers.
         env_spec = spec_for(setup_steps, f"ready-{whole_run.job_id}")

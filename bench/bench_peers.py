@@ -66,12 +66,12 @@ from common import (
     cgroup_memory,
     fmt_ms,
     loadavg,
+    make_repo,
     percentile,
     print_table,
     remove_labelled,
     sample_archive,
 )
-from common import make_repo as common_make_repo
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -161,10 +161,6 @@ def time_calls(owner: type, name: str, into: list[float]) -> Callable[[], None]:
 
     setattr(owner, name, wrapped)
     return lambda: setattr(owner, name, original)
-
-
-def make_repo(root: Path) -> Path:
-    return common_make_repo(root, repo_files(), "bench files")
 
 
 def check(ok: bool, what: str) -> None:
@@ -637,7 +633,10 @@ class Bench:
         boxes: list[Box] = []
         peers: list[PeerBox] = []
         for i in range(args.idle):
-            box, peer = Box(make_repo(self.repo.parent / f"idle{i}")), self.new_peer()
+            box, peer = (
+                Box(make_repo(self.repo.parent / f"idle{i}", repo_files(), "bench files")),
+                self.new_peer(),
+            )
             self.open_boxes.append(box)
             box.start()
             check(box.read(SAMPLE_PATH) == SAMPLE, "patchbox read_file")
@@ -753,7 +752,7 @@ async def run(args: argparse.Namespace, peer: Peer) -> int:
     image = ensure_peer_image(client, peer.version)
     job_id = new_job_id()
     labels = current_identity().labels(job_id, "bench")
-    repo = make_repo(scratch / "repo")
+    repo = make_repo(scratch / "repo", repo_files(), "bench files")
     bench = Bench(peer, image, repo, labels)
     first = bench.new_box(spares=1)  # leaves the spare the first timed round claims
     first.start()

@@ -36,7 +36,7 @@ from pathlib import Path
 import docker
 import httpx
 
-from bench_concurrency import CALLS, TASK, batch_bare, make_repo
+from bench_concurrency import CALLS, TASK, batch_bare, greet_repo
 from common import loadavg, percentile, print_table
 from controller.sandbox.dockerclient import connect
 from controller.sandbox.image import ImageBuilder
@@ -210,7 +210,7 @@ def batch(work: Path, tenants: int, jobs: int, workers: int, max_concurrent: int
     group = tenants_in(work / "roots", tenants, max_concurrent)
     config = write_config(work, group, workers)
     repos = {
-        t.name: (t, [make_repo(t.root / f"repo{i}", i) for i in range(i0, jobs, tenants)])
+        t.name: (t, [greet_repo(t.root / f"repo{i}", i) for i in range(i0, jobs, tenants)])
         for i0, t in enumerate(group)
     }
     with serving(config, work / "home") as url:

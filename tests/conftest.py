@@ -12,24 +12,27 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import docker
 import pytest
+import structlog
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "sandbox-image"))
+from tests.support.paths import REPO_ROOT
 
-from controller.config.limits import Limits  # noqa: E402
-from controller.sandbox.base import Runtime, SandboxSpec  # noqa: E402
-from controller.sandbox.docker import DockerSandbox  # noqa: E402
-from controller.sandbox.dockerclient import connect  # noqa: E402
-from controller.sandbox.image import ImageBuilder  # noqa: E402
-from controller.sandbox.labels import CONTROLLER, OWNER_FILTER, current_identity, new_job_id  # noqa: E402
-from controller.sandbox.local import LocalSandbox  # noqa: E402
-from tests.support.harness import AgentWorkspace  # noqa: E402
+sys.path.insert(0, str(REPO_ROOT / "sandbox-image"))
+
+from controller.config.limits import Limits
+from controller.sandbox.base import Runtime, SandboxSpec
+from controller.sandbox.docker import DockerSandbox
+from controller.sandbox.dockerclient import connect
+from controller.sandbox.image import ImageBuilder
+from controller.sandbox.labels import CONTROLLER, OWNER_FILTER, current_identity, new_job_id
+from controller.sandbox.local import LocalSandbox
+from tests.support.harness import AgentWorkspace
+from tests.support.sandbox import SandboxFactory, _require_runsc
 
 RUNTIMES: list[Runtime] = ["runc", "runsc"]
 DOCKER_FIXTURES = frozenset(
@@ -48,11 +51,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.docker)
 
 
-def _require_runsc() -> bool:
-    return (
-        os.environ.get("CI", "").lower() == "true"
-        or os.environ.get("PATCHBOX_REQUIRE_RUNSC") == "1"
-    )
+@pytest.fixture(autouse=True)
+def _logging_config() -> Iterator[None]:
+    """Each test leaves structlog's configuration as it found it: a test that configures the
+    CLI's logging in-process (its level filter) must not hide the events a later test
+    captures."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -126,9 +132,6 @@ def runtime(request: pytest.FixtureRequest, runsc_available: bool) -> Runtime:
             pytest.fail("runsc is not registered with the Docker daemon (required under CI)")
         pytest.skip("runsc is not registered with the Docker daemon")
     return value
-
-
-SandboxFactory = Callable[..., DockerSandbox]
 
 
 @pytest.fixture

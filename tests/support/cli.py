@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+from tests.support.paths import REPO_ROOT
+
+ROOT = REPO_ROOT
 
 
 def patchbox(

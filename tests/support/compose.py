@@ -26,9 +26,10 @@ import docker
 import docker.errors
 
 from controller.sandbox.image import DEFAULT_BASE, LOCAL_BASE_REPO, recipe_hash
+from tests.support.paths import REPO_ROOT
 from tests.support.service import TOKENS
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+ROOT = REPO_ROOT
 HOSTNAME = "patchbox-controller-test"
 CONTAINER_UID = 10002
 

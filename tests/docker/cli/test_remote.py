@@ -1,0 +1,151 @@
+"""The service's client over real HTTP: :class:`controller.client.ServiceClient` and
+``patchbox remote`` (as subprocesses) against ``patchbox serve`` on loopback; git bundle
+uploads, their tenancy and size cap; bundle jobs applied to a local repository; events
+resumed after a dropped connection; a bad token and an unreachable service."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+
+from controller.errors import (
+    ErrorCode,
+    ExitCode,
+    ServiceError,
+)
+from controller.jobs.records import repo_key
+from controller.paths import patchbox_home
+from tests.support.cli import patchbox
+from tests.support.git import init
+from tests.support.jobs import (
+    APP,
+    APP_AFTER,
+    FILES,
+    containers_of,
+    make_repo,
+)
+from tests.support.remote import data_dir, error_of, files_for, remote, service_client
+from tests.support.service import TOKENS, serving, write_config
+
+# -- with Docker: whole jobs (two) ---------------------------------------------------------------
+
+
+@pytest.fixture
+def live(tmp_path: Path, client: docker.DockerClient) -> Any:
+    del client
+    with serving(write_config(tmp_path, workers=2)) as running:
+        yield running
+
+
+def test_remote_submit_wait_show_events_apply_and_revert(
+    live: Any, tmp_path: Path, client: docker.DockerClient
+) -> None:
+    repo = make_repo(tmp_path / "alpha" / "greet")
+    args = files_for(tmp_path / "files")
+    submitted = remote(live, "submit", "--repo", str(repo), *args, "--wait", "--json")
+    assert submitted.returncode == 0, submitted.stderr
+    view = json.loads(submitted.stdout)
+    job_id = view["job_id"]
+    assert view["status"] == "awaiting_review"
+    assert "state running" in submitted.stderr  # progress: the events as they came
+    assert containers_of(client, job_id) == []
+    shown = remote(live, "show", job_id, "--json")
+    assert shown.returncode == 0
+    with service_client(live) as alpha:
+        assert json.loads(shown.stdout) == alpha.job(job_id) == view
+    assert set(view) >= {"job_id", "status", "error", "diff", "files", "checks", "tool_calls"}
+    assert '+    return "Hello " + name' in view["diff"]
+    text = remote(live, "show", job_id)
+    assert f"job {job_id}: awaiting_review" in text.stdout
+    assert "check greet: passed" in text.stdout
+    listed = remote(live, "jobs")
+    assert job_id in listed.stdout
+    streamed = remote(live, "events", job_id, "--json")
+    assert streamed.returncode == 0, streamed.stderr
+    events = [json.loads(line) for line in streamed.stdout.splitlines()]
+    assert [e["id"] for e in events] == list(range(1, len(events) + 1))
+    assert [e["data"].get("state") for e in events if e["type"] == "state"] == [
+        "queued",
+        "preparing",
+        "running",
+        "validating",
+        "checking",
+        "awaiting_review",
+    ]
+    resumed = remote(live, "events", job_id, "--json", "--last-event-id", "4")
+    assert [json.loads(line) for line in resumed.stdout.splitlines()] == events[4:]
+    plain = remote(live, "events", job_id)
+    assert plain.stdout.splitlines()[0] == "1 state queued"
+    applied = remote(live, "apply", job_id, "--json")
+    assert applied.returncode == 0, applied.stderr
+    assert json.loads(applied.stdout)["status"] == "applied"
+    assert (repo / "app.py").read_text() == APP_AFTER
+    again = remote(live, "apply", job_id, "--json")
+    assert again.returncode == ExitCode.USAGE
+    assert error_of(again)["code"] == "USAGE_ERROR"
+    reverted = remote(live, "revert", job_id)
+    assert reverted.returncode == 0, reverted.stderr
+    assert (repo / "app.py").read_text() == APP
+
+
+def test_a_bundle_job_end_to_end_applied_to_a_local_repository(
+    live: Any, tmp_path: Path, client: docker.DockerClient
+) -> None:
+    laptop = init(tmp_path / "laptop" / "greet", FILES, message="greet")
+    args = files_for(tmp_path / "files")
+    submitted = remote(
+        live, "submit", "--repo", str(laptop.path), "--bundle", *args, "--wait", "--json"
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    view = json.loads(submitted.stdout)
+    job_id = view["job_id"]
+    assert view["status"] == "awaiting_review", view["error"]
+    assert view["bundle"]["head"] == laptop.head()
+    assert '+    return "Hello " + name' in view["diff"]
+    assert containers_of(client, job_id) == []
+    clone = data_dir(live) / "alpha" / "clones" / job_id
+    assert not clone.exists()  # gone with the job, and the engine's private git dir for it
+    key = hashlib.sha256(str(clone.resolve() / ".git").encode()).hexdigest()[:24]
+    assert (patchbox_home() / "repos").is_dir()
+    assert not (patchbox_home() / "repos" / key).exists()
+    assert not (patchbox_home() / "locks" / f"{repo_key(str(clone.resolve()))}.lock").exists()
+    with service_client(live) as alpha:
+        assert alpha.evidence(job_id)
+        with pytest.raises(ServiceError) as no_tree:
+            alpha.apply(job_id)
+        assert no_tree.value.code is ErrorCode.NO_WORK_TREE
+    # a clone where the touched file changed since the bundle: refused, nothing written
+    changed = init(tmp_path / "changed", None)
+    changed.git("pull", "-q", str(laptop.path), "HEAD")
+    changed.write("app.py", APP + "# mine\n")
+    changed.commit("mine")
+    refused = remote(live, "apply", job_id, "--repo", str(changed.path), "--json")
+    assert refused.returncode == ExitCode.FAILED, refused.stderr
+    assert error_of(refused)["code"] == "APPLY_CONFLICT"
+    assert "app.py" in error_of(refused)["message"]
+    assert (changed.path / "app.py").read_text() == APP + "# mine\n"
+    # a clone that moved on elsewhere: the touched paths are unchanged, so it applies
+    moved = init(tmp_path / "moved", None)
+    moved.git("pull", "-q", str(laptop.path), "HEAD")
+    moved.write("other.txt", "x\n")
+    moved.commit("other")
+    applied = remote(live, "apply", job_id, "--repo", str(moved.path), "--json")
+    assert applied.returncode == 0, applied.stderr
+    assert json.loads(applied.stdout)["files"][0]["path"] == "app.py"
+    assert (moved.path / "app.py").read_text() == APP_AFTER
+    # the repository itself (same HEAD), from its own folder
+    env = {"PATCHBOX_TOKEN": TOKENS["alpha"], "PATCHBOX_SERVER": live.url}
+    here = patchbox("remote", "apply", job_id, "--repo", str(laptop.path), env=env)
+    assert here.returncode == 0, here.stderr
+    assert (laptop.path / "app.py").read_text() == APP_AFTER
+    assert laptop.git("status", "--porcelain") == "M app.py"
+    twice = patchbox("remote", "apply", job_id, "--repo", str(laptop.path), env=env)
+    assert twice.returncode == ExitCode.FAILED
+    assert "APPLY_CONFLICT" in twice.stderr
+    discarded = patchbox("remote", "discard", job_id, "--json", env=env)
+    assert json.loads(discarded.stdout)["status"] == "discarded"

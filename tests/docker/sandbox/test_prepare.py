@@ -1,0 +1,348 @@
+"""From a repository to a ready sandbox: every way the baseline gets in, on the real daemon.
+
+The workspace must equal what the user sees (HEAD plus, with consent, local changes), and
+the user's repository must be byte-identical afterwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import docker.errors
+import pytest
+
+from controller.config.limits import Limits
+from controller.errors import ErrorCode, PatchboxError, SandboxError
+from controller.repo.health import SnapshotLimits
+from controller.sandbox.base import Runtime, SandboxSpec
+from controller.sandbox.cache import BaselineCache
+from controller.sandbox.docker import DockerSandbox
+from controller.sandbox.labels import KIND, ControllerIdentity, current_identity, new_job_id
+from controller.sandbox.prepare import prepare
+from controller.sandbox.reaper import reap
+from controller.sandbox.spares import POOL_KEY, SparePool, pool_key
+from tests.support.git import git
+from tests.support.proxy import TcpProxy
+
+
+def snapshot(repo: Path) -> dict[str, tuple[int, str]]:
+    """Every entry of the work tree and .git: mode and content hash (or link target)."""
+    out: dict[str, tuple[int, str]] = {}
+    for dirpath, dirnames, filenames in os.walk(repo):
+        for name in [*dirnames, *filenames]:
+            path = Path(dirpath) / name
+            st = path.lstat()
+            if path.is_symlink():
+                digest = str(path.readlink())
+            elif path.is_file():
+                digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            else:
+                digest = "dir"
+            out[str(path.relative_to(repo))] = (st.st_mode, digest)
+    return out
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """Committed files (one executable, one CRLF, a non-ASCII name), then local changes of
+    every kind."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    git(root, "init", "-q")
+    (root / "src").mkdir()
+    (root / "src" / "app.py").write_text("def f():\n    return 1\n")
+    (root / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (root / "run.sh").chmod(0o755)
+    (root / "win.txt").write_bytes(b"a\r\nb\r\n")
+    (root / "caf\u00e9.md").write_text("caf\u00e9\n")
+    (root / "gone.txt").write_text("to be deleted\n")
+    (root / ".gitignore").write_text("*.log\n")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "init")
+    (root / "src" / "app.py").write_text("def f():\n    return 2\n")  # unstaged
+    (root / "staged.txt").write_text("staged\n")
+    git(root, "add", "staged.txt")
+    (root / "new.txt").write_text("untracked\n")
+    (root / "empty.txt").write_bytes(b"")
+    (root / "debug.log").write_text("ignored\n")
+    (root / "gone.txt").unlink()
+    return root
+
+
+def expected_files(root: Path) -> dict[str, str]:
+    """What the user sees: tracked and untracked-not-ignored regular files."""
+    listed = git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+    out = {}
+    for rel in sorted(set(listed.split("\0")) - {""}):
+        path = root / rel
+        if path.is_file():
+            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def workspace_files(box: DockerSandbox) -> dict[str, str]:
+    res = box.run(["sh", "-c", "find . -type f -print0 | xargs -0 sha256sum"], timeout=60)
+    assert res.exit_code == 0, res.output
+    out = {}
+    for line in res.output.splitlines():
+        digest, _, rel = line.partition("  ")
+        out[rel.removeprefix("./")] = digest
+    return out
+
+
+@pytest.fixture
+def spec(sandbox_image: str) -> SandboxSpec:
+    return SandboxSpec(
+        image=sandbox_image, job_id=new_job_id(), limits=Limits(memory_mb=512, workspace_mb=128)
+    )
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> BaselineCache:
+    """A cache of this test only (trees of equal content have equal ids across tests)."""
+    return BaselineCache(tmp_path / "cache")
+
+
+@pytest.fixture
+def pool(docker_client: docker.DockerClient) -> Iterator[SparePool]:
+    """A pool whose spares are removed after the test, whatever happened."""
+    spares = SparePool(docker_client, max_spares=1, idle_seconds=300)
+    yield spares
+    for c in docker_client.containers.list(all=True, filters={"label": f"{KIND}=spare"}):
+        if c.labels.get("io.patchbox.controller") == current_identity().token:
+            c.remove(force=True)
+
+
+def test_every_source_gives_the_work_tree_the_user_sees(
+    docker_client: docker.DockerClient,
+    repo: Path,
+    spec: SandboxSpec,
+    pool: SparePool,
+    cache: BaselineCache,
+) -> None:
+    before = snapshot(repo)
+    want = expected_files(repo)
+    assert "debug.log" not in want
+    assert "gone.txt" not in want
+    assert "new.txt" in want
+    assert "staged.txt" in want
+    sources = []
+    for use_pool in (True, True, False):
+        job = spec.model_copy(update={"job_id": new_job_id()})
+        prepared = prepare(
+            docker_client,
+            repo,
+            job,
+            current_identity(),
+            mode="include-local-changes",
+            pool=pool if use_pool else None,
+            cache=cache,
+        )
+        with prepared.sandbox as box:
+            sources.append(prepared.source)
+            assert workspace_files(box) == want
+            mode = box.run(["stat", "-c", "%a", "run.sh"], timeout=20).output.strip()
+            assert mode == "755"
+            assert box.run(["ls", "-a"], timeout=20).output.split().count(".git") == 0
+        offered = prepared.finish()
+        assert (offered is not None) == use_pool  # a claimed spare is not offered again
+        # The sandbox started while the baseline was built (dirty tree: not HEAD's, so
+        # the spare served instead) is gone too.
+        left = docker_client.containers.list(
+            all=True, filters={"label": f"io.patchbox.job={job.job_id}"}
+        )
+        assert left == []
+    # first: nothing cached (FIFO); second: the spare the first one offered; third: the cache.
+    assert sources == ["fifo", "spare", "cache"]
+    assert snapshot(repo) == before
+
+
+def test_clean_repo_needs_no_consent_and_dirty_repo_does(
+    docker_client: docker.DockerClient, repo: Path, spec: SandboxSpec, cache: BaselineCache
+) -> None:
+    with pytest.raises(PatchboxError) as info:
+        prepare(docker_client, repo, spec, current_identity(), cache=cache)
+    assert info.value.code is ErrorCode.CONSENT_REQUIRED
+    assert (
+        docker_client.containers.list(all=True, filters={"label": f"io.patchbox.job={spec.job_id}"})
+        == []
+    )
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "all")
+    prepared = prepare(docker_client, repo, spec, current_identity(), cache=cache)
+    with prepared.sandbox as box:
+        assert prepared.baseline.commit == prepared.baseline.head
+        assert workspace_files(box) == expected_files(repo)
+
+
+def test_blocked_repo_starts_no_container(
+    docker_client: docker.DockerClient, repo: Path, spec: SandboxSpec, cache: BaselineCache
+) -> None:
+    with pytest.raises(PatchboxError) as info:
+        prepare(
+            docker_client,
+            repo,
+            spec,
+            current_identity(),
+            mode="include-local-changes",
+            snapshot=SnapshotLimits(max_files=2),
+            cache=cache,
+        )
+    assert info.value.code is ErrorCode.REPO_BLOCKED
+    assert (
+        docker_client.containers.list(all=True, filters={"label": f"io.patchbox.job={spec.job_id}"})
+        == []
+    )
+
+
+@pytest.mark.runsc
+def test_gvisor_loads_from_the_cache(
+    docker_client: docker.DockerClient,
+    repo: Path,
+    spec: SandboxSpec,
+    runtime: Runtime,
+    cache: BaselineCache,
+) -> None:
+    """runsc cannot mount a FIFO: the archive is cached first, then mounted as a file."""
+    job = spec.model_copy(update={"runtime": runtime})
+    prepared = prepare(
+        docker_client, repo, job, current_identity(), mode="include-local-changes", cache=cache
+    )
+    with prepared.sandbox as box:
+        assert prepared.source == ("fifo" if runtime == "runc" else "cache")
+        assert workspace_files(box) == expected_files(repo)
+
+
+def test_remote_daemon_gets_the_baseline_through_the_channel(
+    repo: Path, spec: SandboxSpec, monkeypatch: pytest.MonkeyPatch, cache: BaselineCache
+) -> None:
+    proxy = TcpProxy()
+    monkeypatch.setenv("DOCKER_HOST", f"tcp://127.0.0.1:{proxy.port}")
+    from controller.sandbox.dockerclient import connect
+
+    client = connect()
+    try:
+        prepared = prepare(
+            client, repo, spec, current_identity(), mode="include-local-changes", cache=cache
+        )
+        with prepared.sandbox as box:
+            assert prepared.source == "channel"
+            assert workspace_files(box) == expected_files(repo)
+    finally:
+        client.close()
+        proxy.close()
+
+
+def test_a_spare_is_claimed_once(
+    docker_client: docker.DockerClient, spec: SandboxSpec, pool: SparePool, tmp_path: Path
+) -> None:
+    archive = tmp_path / "empty.tar"
+    archive.write_bytes(b"\0" * 1024)
+    key = pool_key("0" * 40, spec)
+    loaded = spec.model_copy(update={"preload": str(archive)})
+    cid = pool.offer(key, loaded, current_identity())
+    assert cid is not None
+    assert pool.offer(key, loaded, current_identity()) is None  # one is already waiting
+    other = ControllerIdentity(nonce="othernon")
+    first = pool.claim(key, current_identity())
+    assert first is not None
+    assert first.id == cid
+    assert pool.claim(key, other) is None
+    with DockerSandbox.claim(docker_client, loaded, first) as box:
+        assert box.hello.preload is not None
+        assert box.hello.preload.error is None
+        assert box.list_files().files == []
+    assert (pool.root / cid).exists()  # claimed while in use, and after
+    with pytest.raises(docker.errors.NotFound):
+        docker_client.containers.get(cid)
+    assert pool.sweep() >= 1
+    assert not (pool.root / cid).exists()
+
+
+def test_an_unclaimed_spare_ends_by_itself(
+    docker_client: docker.DockerClient, spec: SandboxSpec, tmp_path: Path
+) -> None:
+    archive = tmp_path / "empty.tar"
+    archive.write_bytes(b"\0" * 1024)
+    pool = SparePool(docker_client, idle_seconds=1.0)
+    cid = pool.offer(
+        "k" * 32, spec.model_copy(update={"preload": str(archive)}), current_identity()
+    )
+    assert cid is not None
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            docker_client.containers.get(cid)
+        except docker.errors.NotFound:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the idle spare is still there")
+
+
+def test_reaper_keeps_waiting_spares_and_removes_abandoned_claims(
+    docker_client: docker.DockerClient, spec: SandboxSpec, pool: SparePool, tmp_path: Path
+) -> None:
+    archive = tmp_path / "empty.tar"
+    archive.write_bytes(b"\0" * 1024)
+    loaded = spec.model_copy(update={"preload": str(archive)})
+    cid = pool.offer("a" * 32, loaded, current_identity())
+    assert cid is not None
+    reap(docker_client)
+    assert docker_client.containers.get(cid).status == "running"  # waiting: kept
+    dead = ControllerIdentity(pid=2**22 + 7, nonce="deadbeef")
+    (pool.root / cid).write_text(f"{dead.token}\n{dead.host}\n")
+    report = reap(docker_client)
+    assert cid[:12] in report.containers
+    assert not (pool.root / cid).exists()
+    with pytest.raises(docker.errors.NotFound):
+        docker_client.containers.get(cid)
+
+
+def test_missing_archive_fails_cleanly(
+    docker_client: docker.DockerClient, spec: SandboxSpec, tmp_path: Path
+) -> None:
+    archive = tmp_path / "not-a-tar"
+    archive.write_bytes(b"garbage" * 200)
+    job = spec.model_copy(update={"preload": str(archive)})
+    with pytest.raises(SandboxError, match="baseline did not load"):
+        DockerSandbox.start(docker_client, job, current_identity())
+    assert (
+        docker_client.containers.list(all=True, filters={"label": f"io.patchbox.job={spec.job_id}"})
+        == []
+    )
+
+
+def test_pool_key_separates_what_must_not_be_shared(spec: SandboxSpec) -> None:
+    base = pool_key("a" * 40, spec)
+    assert pool_key("a" * 40, spec) == base
+    assert pool_key("b" * 40, spec) != base
+    assert pool_key("a" * 40, spec.model_copy(update={"runtime": "runsc"})) != base
+    bigger = spec.model_copy(update={"limits": Limits(memory_mb=1024, workspace_mb=128)})
+    assert pool_key("a" * 40, bigger) != base
+    assert POOL_KEY.startswith("io.patchbox.")
+
+
+def test_a_baseline_larger_than_the_workspace_is_a_limit(
+    docker_client: docker.DockerClient, spec: SandboxSpec, tmp_path: Path, cache: BaselineCache
+) -> None:
+    root = tmp_path / "big"
+    root.mkdir()
+    git(root, "init", "-q")
+    (root / "blob.bin").write_bytes(os.urandom(3 * 1024 * 1024))
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "big")
+    small = spec.model_copy(update={"limits": Limits(memory_mb=256, workspace_mb=1)})
+    with pytest.raises(PatchboxError) as info:
+        prepare(docker_client, root, small, current_identity(), cache=cache)
+    assert info.value.code is ErrorCode.LIMIT_EXCEEDED
+    assert "workspace_mb=1" in info.value.message
+    assert (
+        docker_client.containers.list(all=True, filters={"label": f"io.patchbox.job={spec.job_id}"})
+        == []
+    )

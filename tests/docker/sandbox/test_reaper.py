@@ -1,0 +1,67 @@
+"""A controller killed with SIGKILL leaves a sandbox and a temp folder; the next start reaps them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import docker
+import pytest
+
+from controller.paths import patchbox_home
+from controller.sandbox.labels import JOB
+from controller.sandbox.reaper import reap
+from tests.support.sandbox import SandboxFactory
+
+pytestmark = pytest.mark.docker
+
+CRASHING_CONTROLLER = """
+import sys
+from controller.sandbox.dockerclient import connect
+from controller.sandbox.labels import current_identity
+from controller.config.limits import Limits
+from controller.paths import owned_temp_dir
+from controller.sandbox.base import SandboxSpec
+from controller.sandbox.docker import DockerSandbox
+spec = SandboxSpec(image=sys.argv[1], job_id=sys.argv[2], limits=Limits(memory_mb=512, workspace_mb=128))
+box = DockerSandbox.start(connect(), spec, current_identity())
+folder = owned_temp_dir("job-")
+print(box.container.id, folder, flush=True)
+import time
+time.sleep(600)
+"""
+
+
+def test_reaper_removes_what_a_killed_controller_left(
+    docker_client: docker.DockerClient, sandbox_image: str, make_sandbox: SandboxFactory
+) -> None:
+    alive = make_sandbox()  # ours, still running: must survive the reap
+    job = "crash-" + str(os.getpid())
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_CONTROLLER, sandbox_image, job],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().split()
+    assert len(line) == 2, "the child controller did not start its sandbox"
+    cid, folder = line[0], Path(line[1])
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert docker_client.containers.get(cid).status == "running"
+    assert folder.is_dir()
+
+    report = reap(docker_client, patchbox_home() / "tmp")
+
+    assert cid[:12] in report.containers
+    assert folder.name in report.folders
+    assert not folder.exists()
+    assert docker_client.containers.list(all=True, filters={"label": f"{JOB}={job}"}) == []
+    assert alive.container.id is not None
+    assert docker_client.containers.get(alive.container.id).status == "running"
+    assert alive.list_files().files == []
+    assert report.failures == 0

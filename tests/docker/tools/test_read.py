@@ -1,0 +1,207 @@
+"""read_file attacked on the real agent (over pipes and in a container): every denial is the
+same TOOL_PATH_DENIED, nothing blocks, nothing outside the workspace is ever returned."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from controller.errors import ErrorCode, ToolError
+from controller.sandbox.docker import DockerSandbox
+from controller.sandbox.local import LocalSandbox
+from controller.tools.executor import ToolExecutor
+from tests.support.harness import AgentWorkspace
+from tests.support.sandbox import SandboxFactory
+
+MARKER = "TOP-MARKER-OUTSIDE"
+
+
+@pytest.fixture
+def ws(agent: AgentWorkspace) -> AgentWorkspace:
+    agent.setup(
+        {
+            "a.txt": "hello\n",
+            "sub/b.txt": "b\n",
+            ".git/config": "[core]\n",
+            ".GIT/config": "[core]\n",
+            "sub/.Git/HEAD": "ref\n",
+            ".env": "TOKEN=x\n",
+            ".env.local": "TOKEN=y\n",
+            "key.pem": "-----BEGIN-----\n",
+            "id_rsa": "key\n",
+            "bin.dat": b"\xff\xfe\x00\x01",
+            "latin1.txt": b"caf\xe9\n",
+            "nul.txt": b"text\x00more\n",
+        },
+        links={
+            "link.txt": "a.txt",
+            "escape": "{outside}/secret.txt",
+            "procroot": "/proc/self/root/etc/passwd",
+            "agentsrc": "/opt/patchbox/agent.py",
+            "zero": "/dev/zero",
+            "linkdir": "{outside}",
+        },
+        fifos=["fifo"],
+        outside={"secret.txt": MARKER + "\n"},
+    )
+    return agent
+
+
+DENIED = [
+    "../outside/secret.txt",
+    "../../etc/passwd",
+    "/etc/passwd",
+    "a/../../etc/passwd",
+    "sub/../a.txt",
+    "./a.txt",
+    "sub//b.txt",
+    "sub\\..\\a.txt",
+    "%2e%2e/etc/passwd",
+    "..%2fetc%2fpasswd",
+    "a.txt\x00",
+    "\uff0e\uff0e/etc/passwd",  # fullwidth dots
+    "\u2024\u2024/etc/passwd",  # one-dot leaders
+    "",
+    ".",
+    "sub",
+    "missing.txt",
+    "link.txt",
+    "escape",
+    "procroot",
+    "agentsrc",
+    "zero",
+    "linkdir/secret.txt",
+    "fifo",
+    ".git/config",
+    ".GIT/config",
+    "sub/.Git/HEAD",
+    ".env",
+    ".env.local",
+    "key.pem",
+    "id_rsa",
+    "bin.dat",
+    "latin1.txt",
+    "nul.txt",
+    "a.txt\n",
+    "a.txt\r",
+    "\x1b[31ma.txt",
+    "x" * 5000,
+]
+
+
+@pytest.mark.parametrize("path", DENIED, ids=[repr(p)[:40] for p in DENIED])
+def test_every_denial_looks_the_same(ws: AgentWorkspace, path: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(ToolError) as info:
+        ws.box.read_file(path)
+    assert info.value.code is ErrorCode.TOOL_PATH_DENIED
+    assert info.value.message == "path denied"
+    assert time.monotonic() - started < 3, "nothing may block the agent"
+    assert ws.box.read_file("a.txt").content == "hello\n"
+
+
+def test_line_ranges(ws: AgentWorkspace) -> None:
+    ws.setup({"lines.txt": "".join(f"line {i}\n" for i in range(1, 101))})
+    part = ws.box.read_file("lines.txt", start=10, end=12)
+    assert part.content == "line 10\nline 11\nline 12\n"
+    assert (part.start_line, part.end_line, part.total_lines) == (10, 12, 100)
+    assert part.truncated is False
+    tail = ws.box.read_file("lines.txt", start=99)
+    assert (tail.content, tail.end_line, tail.truncated) == ("line 99\nline 100\n", 100, False)
+    past = ws.box.read_file("lines.txt", start=500)
+    assert (past.content, past.end_line) == ("", 499)
+
+
+def test_huge_sparse_file_is_refused_quickly(ws: AgentWorkspace) -> None:
+    cmd = "import os; f = open('sparse.bin', 'wb'); f.truncate(2 * 1024**3); f.close()"
+    py = "python3" if ws.kind == "docker" else sys.executable
+    assert ws.box.run([py, "-c", cmd], timeout=30).exit_code == 0
+    started = time.monotonic()
+    with pytest.raises(ToolError) as info:
+        ws.box.read_file("sparse.bin")
+    assert info.value.code is ErrorCode.TOOL_PATH_DENIED
+    assert time.monotonic() - started < 2
+    assert "sparse.bin" not in ws.box.search_text("x").model_dump_json()
+
+
+def _read_or_denied(ws: AgentWorkspace, path: str) -> str | None:
+    """The content, or None for TOOL_PATH_DENIED (any other error fails the test)."""
+    try:
+        return ws.box.read_file(path).content
+    except ToolError as exc:
+        if exc.code is not ErrorCode.TOOL_PATH_DENIED:
+            raise
+        return None
+
+
+SWAPPER = """
+import os, sys, time
+end = time.monotonic() + float(sys.argv[2])
+os.symlink(sys.argv[1], "link.tmp")
+open("file.tmp", "w").write("plain\\n")
+while time.monotonic() < end:
+    os.symlink(sys.argv[1], "l2.tmp"); os.replace("l2.tmp", "victim")
+    open("f2.tmp", "w").write("plain\\n"); os.replace("f2.tmp", "victim")
+"""
+
+
+def test_symlink_swapped_in_during_reads_never_escapes(ws: AgentWorkspace) -> None:
+    """A process flips ``victim`` between a file and a link to a secret as fast as it can
+    while the agent reads it: every answer is the file's content or a denial."""
+    py = "python3" if ws.kind == "docker" else sys.executable
+    target = f"{ws.outside_dir}/secret.txt"
+    # The session serialises calls, so the swapper runs detached (its own session).
+    detach = 'setsid "$0" -c "$1" "$2" 4 >/dev/null 2>&1 & sleep 0.5'  # until setsid ran
+    res = ws.box.run(["sh", "-c", detach, py, SWAPPER, target], timeout=30)
+    assert res.exit_code == 0
+    time.sleep(0.3)
+    seen = {"plain": 0, "denied": 0}
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        content = _read_or_denied(ws, "victim")
+        if content is None:
+            seen["denied"] += 1
+            continue
+        assert MARKER not in content
+        assert content == "plain\n"
+        seen["plain"] += 1
+    assert seen["plain"] > 10, seen
+    assert seen["denied"] > 10, seen  # the link was really there during reads
+
+
+@pytest.mark.parametrize("kind", ["local", "docker"])
+def test_operator_protected_paths_are_invisible(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    protected = ("secrets/**", "*.secret")
+    files: dict[str, bytes | str] = {
+        "a.txt": "needle\n",
+        "secrets/db.yaml": "needle\n",
+        "conf/prod.SECRET": "needle\n",
+    }
+    if kind == "local":
+        root = tmp_path / "ws"
+        for name, text in files.items():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / name).write_text(str(text))
+        box: LocalSandbox | DockerSandbox = LocalSandbox(root, protected=protected)
+        request.addfinalizer(box.close)
+    else:
+        make: SandboxFactory = request.getfixturevalue("make_sandbox")
+        box = make(protected=protected)
+        AgentWorkspace("docker", box, Path("/workspace"), "/tmp/outside").setup(files)
+    assert box.list_files().files == ["a.txt"]
+    assert [h.path for h in box.search_text("needle").hits] == ["a.txt"]
+    for path in ("secrets/db.yaml", "conf/prod.SECRET"):
+        with pytest.raises(ToolError) as info:
+            box.read_file(path)
+        assert info.value.code is ErrorCode.TOOL_PATH_DENIED
+    ex = ToolExecutor(box, extra_protected=protected)
+    out = ex.execute(
+        1, "w", "replace_text", {"path": "secrets/db.yaml", "oldText": "needle", "newText": "x"}
+    )
+    assert out.error is not None
+    assert out.error["code"] == "TOOL_PATH_DENIED"

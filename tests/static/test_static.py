@@ -1,0 +1,70 @@
+"""Lint, format and strict typing are part of the test suite."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.paths import REPO_ROOT
+
+ROOT = REPO_ROOT
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [sys.executable, "-m", "ruff", "check", "."],
+        [sys.executable, "-m", "ruff", "format", "--check", "."],
+        [sys.executable, "-m", "mypy"],
+    ],
+    ids=["ruff-check", "ruff-format", "mypy-strict"],
+)
+def test_static_checks_pass(argv: list[str]) -> None:
+    assert shutil.which("git")  # the repo is checked from its root
+    res = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+
+
+def test_the_import_layers_hold() -> None:
+    """The contracts of ``[tool.importlinter]`` in pyproject.toml: the controller's layers
+    (every import counted, at module level, in a function or for type checking alone) and an
+    agent that imports nothing of the controller. A new cycle breaks the layers."""
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'sandbox-image'}"}
+    argv = [sys.executable, "-c", "from importlinter.cli import lint_imports_command as c; c()"]
+    res = subprocess.run(
+        argv, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False, env=env
+    )
+    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
+    assert "Contracts: 3 kept, 0 broken." in res.stdout
+
+
+def _module_map() -> set[str]:
+    """The paths the architecture page's module map names (``a.py``, ``pkg/``)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    table = text.split("## Module map", 1)[1].split("\n## ", 1)[0]
+    names: set[str] = set()
+    for line in table.splitlines():
+        if line.startswith("| `"):
+            first = line.split("|")[1]
+            names |= {part.strip().strip("`") for part in first.split(",")}
+    return names
+
+
+def test_the_architecture_page_and_the_tree_agree() -> None:
+    """Every module of ``controller/`` is in the module map, and every entry there exists."""
+    root = ROOT / "controller"
+    named = _module_map()
+    folders = {n for n in named if n.endswith("/")}
+    modules = {
+        p.relative_to(root).as_posix()
+        for p in root.rglob("*.py")
+        if p.name not in {"__init__.py", "__main__.py"}
+        and not any(p.relative_to(root).as_posix().startswith(f) for f in folders)
+    }
+    assert modules - named == set(), "modules missing from docs/architecture.md"
+    missing = {n for n in named if not (root / n).exists()}
+    assert missing == set(), "the module map names what is not in the tree"
