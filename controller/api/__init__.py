@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     )
     from controller.api.session import (
         CallResult,
+        IdleEnd,
         Proposal,
         Session,
         default_task,
@@ -95,6 +96,7 @@ _WHERE = {
     "settle": "controller.api.jobs",
     "settle_leftovers": "controller.api.jobs",
     "CallResult": "controller.api.session",
+    "IdleEnd": "controller.api.session",
     "Proposal": "controller.api.session",
     "Session": "controller.api.session",
     "default_task": "controller.api.session",
@@ -134,6 +136,7 @@ __all__ = [
     "CheckView",
     "DiscardView",
     "FileView",
+    "IdleEnd",
     "Job",
     "JobRequest",
     "JobRow",

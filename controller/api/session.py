@@ -2,7 +2,14 @@
 gate, baseline, a sandbox), then each :meth:`Session.call` is one tool call in the sandbox,
 with the same tools, argument rules, limits, ledger and transcript as a model's;
 :meth:`Session.propose` collects the diff, validates it, runs the required checks in a fresh
-sandbox and decides, exactly as a job does."""
+sandbox and decides, exactly as a job does.
+
+The job's wall clock (``limits.wall_seconds``) counts working time: the time of the calls,
+not the caller's time between them. A session opened with ``idle_seconds`` ends by itself
+when no call came for that long: a job that changed something is proposed as it is (its
+diff validated, checked and decided, as :meth:`Session.propose` does), one that changed
+nothing is cancelled; either way its sandbox is removed and the repository's lock released
+(:attr:`Session.idle_end` says which)."""
 
 from __future__ import annotations
 
@@ -10,6 +17,7 @@ import itertools
 import json
 import queue
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +91,22 @@ class Proposal:
         return self.view.error
 
 
+@dataclass(frozen=True)
+class IdleEnd:
+    """How a session ended that had no call for ``seconds``: ``proposal`` when its job had
+    changed something and was proposed as it was, None when it was cancelled (no change)."""
+
+    seconds: float
+    proposal: Proposal | None
+
+    @property
+    def job_id(self) -> str | None:
+        return None if self.proposal is None else self.proposal.job_id
+
+
+IDLE_MESSAGE = "proposed as it was after {seconds:g} s without a call (the idle timeout)"
+"""The job's final message when an idle session proposed it."""
+
 _END = object()
 
 
@@ -136,20 +160,40 @@ class Session:
     """One job driven by its caller (see the module docstring). Use :func:`open_session`;
     always :meth:`close` it (or use ``with``): an open session holds a sandbox."""
 
-    def __init__(self, job: Job, provider: _CallerProvider) -> None:
+    def __init__(
+        self,
+        job: Job,
+        provider: _CallerProvider,
+        *,
+        idle_seconds: float | None = None,
+        progress: Progress | None = None,
+    ) -> None:
         self._job = job
         self._provider = provider
+        self._progress = progress or (lambda _m: None)
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._seen: dict[str, CallResult] = {}
         self._calls = 0
         self._end: JobRecord | None = None
         self._failure: BaseException | None = None
+        self._idle_seconds = idle_seconds
+        self._idle_since = time.monotonic()
+        self._stop = threading.Event()
+        self.idle_end: IdleEnd | None = None
+        """Set when the session ended itself after ``idle_seconds`` without a call."""
         self._thread = threading.Thread(target=self._run, name=f"session-{job.record.job_id}")
         self._thread.start()
         while not provider.waiting.wait(0.05):
             if not self._thread.is_alive():
                 self._raise_ended()
+        self._idle_since = time.monotonic()
+        self._watcher: threading.Thread | None = None
+        if idle_seconds is not None:
+            self._watcher = threading.Thread(
+                target=self._watch_idle, name=f"session-idle-{job.record.job_id}", daemon=True
+            )
+            self._watcher.start()
 
     def _run(self) -> None:
         try:
@@ -188,8 +232,13 @@ class Session:
             call_id = f"s{next(self._ids)}"
             text = json.dumps(arguments, ensure_ascii=False)
             call = ToolCall(id=call_id, name=tool, arguments=text)
-            self._provider.ask(ModelTurn(tool_calls=[call]))
-            answer = self._provider.answer(timeout=self._job.request.task.limits.wall_seconds + 60)
+            try:
+                self._provider.ask(ModelTurn(tool_calls=[call]))
+                answer = self._provider.answer(
+                    timeout=self._job.request.task.limits.wall_seconds + 60
+                )
+            finally:
+                self._idle_since = time.monotonic()
             if not isinstance(answer, list):
                 self._thread.join()
                 self._raise_ended()
@@ -209,19 +258,68 @@ class Session:
             if self.active and self._calls == 0:
                 msg = "nothing to propose: no tool call has been made in this session"
                 raise UsageError(msg)
-            if self.active:
-                self._provider.ask(ModelTurn(text=message or "proposed"))
-            self._thread.join()
-            if self._failure is not None and not isinstance(self._failure, PatchboxError):
-                raise self._failure
-            record = self._job.record
-            return Proposal(view=job_view(record, self._job.diff, ""), record=record)
+            return self._propose(message or "proposed")
+
+    def _propose(self, message: str) -> Proposal:
+        """Under the lock: the job's end (proposed now with ``message`` if it is active)."""
+        if self.active:
+            self._provider.ask(ModelTurn(text=message))
+        self._thread.join()
+        if self._failure is not None and not isinstance(self._failure, PatchboxError):
+            raise self._failure
+        record = self._job.record
+        return Proposal(view=job_view(record, self._job.diff, ""), record=record)
+
+    @property
+    def changed(self) -> bool:
+        """Whether a call changed (or may have changed) the workspace: an edit, a patch or a
+        check that reported files, or a call that failed midway."""
+        return any(e.files or e.outcome == "unknown" for e in self.record.ledger)
+
+    def _watch_idle(self) -> None:
+        """Ends the session after ``idle_seconds`` without a call (see the module)."""
+        limit = self._idle_seconds
+        assert limit is not None  # noqa: S101 - started only with a limit
+        wait = limit
+        while not self._stop.wait(max(wait, 0.01)):
+            with self._lock:
+                if not self.active or self._stop.is_set():
+                    return
+                wait = limit - (time.monotonic() - self._idle_since)
+                if wait > 0:
+                    continue
+                self._end_idle(limit)
+                return
+
+    def _end_idle(self, seconds: float) -> None:
+        """Under the lock: the idle job proposed as it is, or cancelled when it changed
+        nothing; its sandbox removed and the repository's lock released."""
+        job_id = self.job_id
+        if self._calls and self.changed:
+            self._progress(f"job {job_id}: {seconds:g} s without a call, proposing it as it is")
+            try:
+                proposal: Proposal | None = self._propose(IDLE_MESSAGE.format(seconds=seconds))
+            except Exception as exc:  # the record says it; never a stray thread
+                self._progress(f"job {job_id}: {exc}")
+                proposal = None
+            self.idle_end = IdleEnd(seconds=seconds, proposal=proposal)
+            self._progress(f"job {job_id} ended idle: {self.record.state}")
+            return
+        self.idle_end = IdleEnd(seconds=seconds, proposal=None)
+        self._job.cancel()
+        self._thread.join()
+        self._progress(f"job {job_id}: {seconds:g} s without a call and no change, cancelled")
 
     def cancel(self) -> None:
-        """Ends the job ``cancelled``; its sandbox is removed. Idempotent."""
+        """Ends the job ``cancelled``; its sandbox is removed. Idempotent. An idle session
+        proposing itself is cancelled too (its checks stop)."""
+        self._stop.set()
         if self.active:
             self._job.cancel()
         self._thread.join()
+        watcher = self._watcher
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join()
 
     def close(self) -> None:
         """Cancels the job unless it was proposed; nothing is left running."""
@@ -254,10 +352,12 @@ def open_session(  # noqa: PLR0913 - a job's inputs, all keyword-only
     runtime: Runtime | None = None,
     client: docker.DockerClient | None = None,
     progress: Progress | None = None,
+    idle_seconds: float | None = None,
 ) -> Session:
     """Prepares a job (health gate, baseline, environment, sandbox) for the caller to drive.
     Raises the preparation's errors (``NOT_A_REPOSITORY``, ``CONSENT_REQUIRED``, ...) with
-    nothing left running."""
+    nothing left running. ``idle_seconds``: the session ends itself after that long without
+    a call (the module docstring); None: never."""
     config = config or load_config()
     provider = _CallerProvider()
     request = JobRequest(
@@ -268,5 +368,7 @@ def open_session(  # noqa: PLR0913 - a job's inputs, all keyword-only
         include_local_changes=include_local_changes,
         trust_repo_config=trust_repo_config,
         runtime=runtime,
+        caller_driven=True,
     )
-    return Session(make_job(request, client=client, progress=progress), provider)
+    job = make_job(request, client=client, progress=progress)
+    return Session(job, provider, idle_seconds=idle_seconds, progress=progress)

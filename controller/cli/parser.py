@@ -149,6 +149,13 @@ def _mcp_parser(sub: Any) -> None:
     mcp.add_argument(
         "--http", type=int, metavar="PORT", help="Streamable HTTP on 127.0.0.1:PORT, not stdio"
     )
+    mcp.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="a job with no call for this long ends, releasing its sandbox (default 300)",
+    )
 
 
 def _env_parsers(sub: Any) -> None:

@@ -88,6 +88,9 @@ class JobRequest:
     """Why the requester may not apply this job (a service tenant without ``allow_apply``, a
     job on an uploaded bundle): ``auto`` and ``trusted-auto`` then stop for review. None
     when it may."""
+    caller_driven: bool = False
+    """The provider is a caller (``api.open_session``): the time it takes between its calls
+    is idle, not counted by the wall clock."""
 
 
 class Job:
@@ -183,7 +186,7 @@ class Job:
         started = time.perf_counter()
         unexpected: InternalError | None = None
         try:
-            with self._heartbeat(), write_lock(record.repo):
+            with self._heartbeat(), write_lock(record.repo, holder=record.job_id):
                 try:
                     self._stages()
                 except PatchboxError as exc:
@@ -333,6 +336,8 @@ class Job:
             cancelled=self.cancelled,
             save=lambda: self.store.save_turn(record),
             step=self._doing,
+            clock=prepared.sandbox.clock,
+            idle_while_asking=request.caller_driven,
         ).run()
         record.timings_ms["loop"] = round((time.perf_counter() - t) * 1000)
         self._move("validating")

@@ -33,6 +33,7 @@ from controller.jobs.records import (
     TranscriptTurn,
 )
 from controller.providers.base import Nudgeable, ToolResult
+from controller.sandbox.base import WorkClock
 from controller.text import strip_control
 from controller.tools.schemas import ARGUMENT_MODELS
 
@@ -91,25 +92,34 @@ class ToolLoop:
     """Tool calls the job may still make (set by :meth:`run`)."""
     bytes_left: int = 0
     """Tool-result bytes the job may still send back (set by :meth:`run`)."""
+    clock: WorkClock | None = None
+    """The job's wall clock (the sandbox's); a new one started by :meth:`run` when None."""
+    idle_while_asking: bool = False
+    """The provider is a caller (a session): the clock is paused while the loop waits for
+    its next turn, so only the tool calls' time counts against ``wall_seconds``."""
 
     def run(self) -> str:
         """Turns until the model answers without a tool call; returns that answer (its first
         :data:`FINAL_MESSAGE_CHARS` characters). Every other exit raises (module docstring)."""
         limits = self.limits
-        deadline = time.monotonic() + limits.wall_seconds
+        clock = self.clock or WorkClock(limits.wall_seconds)
         self.calls_left, self.bytes_left = limits.max_tool_calls, MAX_RESULT_BYTES
         results: list[ToolResult] = []
         nudged = False
         for turn in range(1, limits.max_turns + 2):
             if self.cancelled.is_set():
                 raise cancelled_error()
-            if time.monotonic() > deadline:
+            if clock.expired():
                 raise LimitExceededError(f"wall-clock limit of {limits.wall_seconds:g} s reached")
             asked = time.monotonic()
+            if self.idle_while_asking:
+                clock.pause()
             try:
                 model_turn = self._ask(results, nudge=nudged and turn == 2)
             except CancelledError as exc:
                 raise cancelled_error() from exc
+            finally:
+                clock.resume()
             model_ms = round((time.monotonic() - asked) * 1000)
             if not model_turn.tool_calls:
                 self._transcribe(turn, model_turn, model_ms, [])

@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -404,26 +405,41 @@ def mark_interrupted(store: JobStore, record: JobRecord) -> JobRecord:
     return record
 
 
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+"""A job id as the lock file names its holder (anything else is not shown)."""
+
+
 def repo_key(repo: str) -> str:
     return hashlib.sha256(repo.encode()).hexdigest()[:24]
 
 
 @contextlib.contextmanager
-def write_lock(repo: str, root: Path | None = None) -> Iterator[None]:
+def write_lock(repo: str, root: Path | None = None, holder: str | None = None) -> Iterator[None]:
     """Held for the whole of a write job on ``repo``: a second one gets
-    ``JOB_ALREADY_RUNNING`` at once (no queue). The kernel drops the lock if the process
-    dies, so a crash never leaves a repository locked."""
+    ``JOB_ALREADY_RUNNING`` at once (no queue), naming the holder when it wrote its job id
+    (``holder``) into the lock file. The kernel drops the lock if the process dies, so a
+    crash never leaves a repository locked."""
     folder = root or patchbox_home() / "locks"
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with (folder / f"{repo_key(repo)}.lock").open("a") as handle:
+    with (folder / f"{repo_key(repo)}.lock").open("a+") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
-            msg = "another job is already running on this repository"
+            handle.seek(0)
+            held_by = handle.read(200).strip()
+            who = f"job {held_by}" if _JOB_ID.fullmatch(held_by) else "another job"
+            msg = f"{who} is already running on this repository"
             raise PatchboxError(msg, code=ErrorCode.JOB_ALREADY_RUNNING) from exc
         try:
+            if holder is not None:
+                handle.truncate(0)
+                handle.write(holder)
+                handle.flush()
             yield
         finally:
+            if holder is not None:
+                handle.truncate(0)
+                handle.flush()
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 Progress = Callable[[str], None]
 HOST = "127.0.0.1"
 GRACEFUL_SHUTDOWN_SECONDS = 5
+MAX_IDLE_TIMEOUT_SECONDS = 86400.0
 """How long HTTP requests still running at a stop get before they are cancelled."""
 
 
@@ -59,6 +60,13 @@ def options_from(args: argparse.Namespace) -> Options:
     from controller.repo.layout import locate
     from controller.version import version
 
+    idle = args.idle_timeout
+    if not 0 < idle <= MAX_IDLE_TIMEOUT_SECONDS:
+        msg = (
+            "--idle-timeout takes seconds above 0 and at most "
+            f"{MAX_IDLE_TIMEOUT_SECONDS:g}, not {idle:g}"
+        )
+        raise UsageError(msg)
     config = load_config(Path(args.config) if args.config else None)
     task = load_task(Path(args.task)) if args.task else None
     repo = Path(args.repo)
@@ -72,6 +80,7 @@ def options_from(args: argparse.Namespace) -> Options:
         trust_repo_config=args.trust_repo_config,
         runtime=args.runtime,
         version=version(),
+        idle_seconds=idle,
     )
 
 

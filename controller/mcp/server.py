@@ -63,7 +63,9 @@ INSTRUCTIONS = (
     f"{CHECKS_URI} lists them). When the change is done, call propose once: the diff is"
     " validated, the required checks run again in a fresh sandbox, and the job id, its status"
     " and the diff come back. The user reviews and applies it on the host with"
-    " `patchbox apply JOB`. After propose the session takes no more calls."
+    " `patchbox apply JOB`. A tool call after propose starts a new job on the repository's"
+    " current state (its first result says so under job_started). A job with no call for the"
+    " server's idle timeout ends by itself: proposed as it is when it changed something."
 )
 
 

@@ -1,8 +1,10 @@
 """One MCP session's job (:class:`Slot`) and the slots of a server (:class:`Sessions`).
 
 A session's job is opened at its first tool call (a failed opening is tried again at the
-next one), ended by ``propose``, and closed (cancelled, its containers removed) when the MCP
-session ends, when its wall clock runs out, or when the server stops. Every call goes
+next one) and ended by ``propose``, by the idle timeout (:data:`IDLE_TIMEOUT_SECONDS`) or by
+a call that ends it; the next tool call then opens a new job on the repository's current
+state, whose first answer says so (:data:`JOB_STARTED`). The job open when the MCP session
+ends or the server stops is closed (cancelled, its containers removed). Every call goes
 through :meth:`controller.api.Session.call`; a tool error is an :class:`Outcome` with
 ``error`` set, its structured content ``{"error": {"code", "message"}}``
 (:func:`error_outcome`, the one place an error becomes the MCP answer).
@@ -44,10 +46,15 @@ Progress = Callable[[str], None]
 CHECKS_URI = "patchbox://task/checks"
 """The resource that lists the checks (named in the server's instructions)."""
 PROPOSE = "propose"
-WALL_CLOCK_GRACE_SECONDS = 5.0
-"""A session idle past its task's ``wall_seconds`` (plus this) is closed: its job is cancelled.
-A call that runs into the wall clock fails ``LIMIT_EXCEEDED`` on its own, a little earlier."""
-NOTHING_TO_PROPOSE = "nothing to propose: no tool call has been made in this session"
+IDLE_TIMEOUT_SECONDS = 300.0
+"""A job with no call for this long ends by itself (``--idle-timeout``): proposed as it is
+when it changed something, cancelled otherwise; its sandbox and the repository's lock are
+released, and the next call opens a new job."""
+NOTHING_TO_PROPOSE = "nothing to propose: no tool call has been made in this job"
+NEXT_CALL = "; the next tool call starts a new job on the repository's current state"
+JOB_STARTED = "job_started"
+"""The key of the notice a new job's first answer carries: its id, and what became of the
+job before it."""
 
 
 @dataclass(frozen=True)
@@ -63,12 +70,15 @@ class Options:
     trust_repo_config: bool = False
     runtime: Runtime | None = None
     version: str = ""
+    idle_seconds: float = IDLE_TIMEOUT_SECONDS
+    """A job with no call for this long ends by itself (see :data:`IDLE_TIMEOUT_SECONDS`)."""
 
 
 class ProposeArgs(BaseModel):
     """End the session's tool calls and propose the change: the diff is collected and
     validated, the required checks run in a fresh sandbox, and the job is decided. Returns the
-    job id, its status, the diff, the files, the checks and the command that applies it."""
+    job id, its status, the diff, the files, the checks and the command that applies it. A
+    tool call after it starts a new job."""
 
     model_config = ConfigDict(
         extra="forbid", frozen=True, strict=True, use_attribute_docstrings=True
@@ -95,12 +105,13 @@ class Outcome:
 
 
 class JobRef(BaseModel):
-    """The job a failed call ended: its id and its state."""
+    """The job a failed call ended: its id, its state, and what the next call does."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     job_id: str
     status: str
+    next: str
 
 
 def failure(code: str, message: str) -> Outcome:
@@ -120,26 +131,34 @@ def error_outcome(info: ErrorInfo, job: JobRef | None = None) -> Outcome:
 
 
 class Slot:
-    """One MCP session's job. Opened at the first tool call (a failed opening is tried again
-    at the next call), ended by ``propose``, by a call that ends the job, or by its wall
-    clock, and closed once. Thread-safe: the handlers call it from worker threads."""
+    """One MCP session's jobs, one at a time. A job is opened at a tool call when the
+    session has none that takes calls (a failed opening is tried again at the next call):
+    at its first call, and after the job ended (``propose``, the idle timeout, a call that
+    ended it), on the repository's state at that moment; the ended job stays for review.
+    Closed once, with the MCP session. Thread-safe: the handlers call it from worker
+    threads."""
 
     def __init__(self, options: Options, progress: Progress) -> None:
         self.options = options
         self._progress = progress
         self._scrub = Scrubber(str(options.repo.resolve()), paths=False)
         self._lock = threading.Lock()
-        """Held while the job opens, and for every change of state."""
+        """Held while a job opens, and for every change of state."""
         self._session: api.Session | None = None
         self._client: docker.DockerClient | None = None
-        self._timer: threading.Timer | None = None
-        self._ended: str | None = None
+        self._closed: str | None = None
         """Why the session takes no more calls (None while it does)."""
         self._proposing = False
+        self._proposed: str | None = None
+        """The job id of the current job once ``propose`` answered for it."""
+        self._previous: str | None = None
+        """What became of the job before the current one (for the next job's notice)."""
         self._answers: dict[str, Outcome] = {}
-        """``propose``'s answer by request id (the session keeps the other tools')."""
-        self._answered: set[str] = set()
-        """The request ids of the calls the session answered."""
+        """``propose``'s answer by request id (the sessions keep the other tools')."""
+        self._answered: dict[str, api.Session] = {}
+        """The request ids the current and the previous job answered, with their job."""
+        self._notices: dict[str, dict[str, Any]] = {}
+        """The ``job_started`` notice a request's answer carried, by request id."""
         self.opened = False
         self.failure: PatchboxError | None = None
         """The last opening that failed, until one succeeds."""
@@ -161,87 +180,187 @@ class Slot:
                 detail = describe_validation(exc, subject="arguments")
                 return failure(str(ErrorCode.TOOL_ARGUMENTS_INVALID), f"{PROPOSE}: {detail}")
             return self.propose(args, request_id)
+        holder: list[api.Session] = []
         try:
-            session = self._open(request_id)
-            result = session.call(tool, arguments, request_id=request_id)
-            if request_id is not None:
-                self._answered.add(request_id)
-        except UsageError as exc:  # the job has ended: say why
-            ended = self._ended
-            return self._error(exc if ended is None else UsageError(ended))
+            result, notice = self._run(tool, arguments, request_id, holder)
+        except UsageError as exc:
+            closed = self._closed
+            session = holder[-1] if holder else None
+            return self._error(exc if closed is None else UsageError(closed), session)
         except PatchboxError as exc:
-            return self._error(exc)
+            return self._error(exc, holder[-1] if holder else None)
         if result.ok:
-            return Outcome(dict(result.result or {}))
-        return Outcome({"error": dict(result.error or {})}, error=True)
+            outcome = Outcome(dict(result.result or {}))
+        else:
+            outcome = Outcome({"error": dict(result.error or {})}, error=True)
+        if notice is None and request_id is not None:
+            notice = self._notices.get(request_id)
+        if notice is not None:
+            outcome = Outcome({**outcome.data, JOB_STARTED: notice}, error=outcome.error)
+        return outcome
+
+    def _run(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        request_id: str | None,
+        holder: list[api.Session],
+    ) -> tuple[api.CallResult, dict[str, Any] | None]:
+        """The call in the job that takes it (appended to ``holder``), and the notice of a
+        job opened for it."""
+        session, notice = self._open(request_id)
+        holder.append(session)
+        try:
+            result = session.call(tool, arguments, request_id=request_id)
+        except UsageError:
+            if session.idle_end is None:
+                raise
+            # the job ended idle between the opening and the call: a new job takes it
+            session, notice = self._open(request_id)
+            holder.append(session)
+            result = session.call(tool, arguments, request_id=request_id)
+        if request_id is not None:
+            with self._lock:
+                self._answered.setdefault(request_id, session)
+                if notice is not None:
+                    self._notices.setdefault(request_id, notice)
+        return result, notice
 
     def propose(self, args: ProposeArgs, request_id: str | None = None) -> Outcome:
-        """Ends the job's calls (:meth:`controller.api.Session.propose`); the view of
-        ``run --json``, ``apply`` and ``show``. Once per session."""
-        session = self._claim_propose(request_id)
-        if isinstance(session, Outcome):
-            return session
+        """Ends the current job's calls (:meth:`controller.api.Session.propose`); the view
+        of ``run --json``, ``apply`` and ``show``. Once per job: the next tool call opens a
+        new one."""
+        claimed = self._claim_propose(request_id)
+        if isinstance(claimed, Outcome):
+            return claimed
+        session, idle = claimed
         try:
             proposal = session.propose(args.message)
         except PatchboxError as exc:
             with self._lock:
                 self._proposing = False
-            return self._error(exc)
-        outcome = Outcome(ProposalView.of(proposal).model_dump(mode="json"))
+            return self._error(exc, session)
+        note = None
+        if idle is not None:
+            note = (
+                f"this job had no call for {idle:g} s (the server's idle timeout) and was "
+                "proposed as it was before this call; its message was not kept"
+            )
+        outcome = Outcome(ProposalView.of(proposal, note).model_dump(mode="json"))
         with self._lock:
             if request_id is not None:
                 self._answers[request_id] = outcome
-        self._end(
-            f"the session's job {proposal.job_id} was proposed and has ended ({proposal.status});"
-            f" see `patchbox show {proposal.job_id} --diff`. A new job needs a new MCP session"
-        )
+            self._proposing, self._proposed = False, proposal.job_id
         self._progress(f"job {proposal.job_id} proposed: {proposal.status}")
         return outcome
 
-    def _claim_propose(self, request_id: str | None) -> api.Session | Outcome:
-        """The session to propose, now marked as proposing; or the answer instead (the
-        first answer to this request id, or a refusal)."""
+    def _claim_propose(self, request_id: str | None) -> tuple[api.Session, float | None] | Outcome:
+        """The job to propose, now marked as proposing, and the idle timeout when it was
+        already proposed by it; or the answer instead (the first answer to this request id,
+        or a refusal)."""
         with self._lock:
             if request_id is not None and request_id in self._answers:
                 return self._answers[request_id]
-            if self._ended is not None:
-                return failure(str(ErrorCode.USAGE_ERROR), self._ended)
-            if self._session is None:
-                return failure(str(ErrorCode.USAGE_ERROR), NOTHING_TO_PROPOSE)
-            if self._proposing:
-                return failure(str(ErrorCode.USAGE_ERROR), "the session's job is being proposed")
+            session = self._session
+            refused = self._refusal(session)
+            if refused is not None or session is None:
+                return failure(str(ErrorCode.USAGE_ERROR), refused or NOTHING_TO_PROPOSE)
             self._proposing = True
-            return self._session
+            idle = session.idle_end
+            return session, None if idle is None else idle.seconds
 
-    def _error(self, exc: PatchboxError) -> Outcome:
+    def _refusal(self, session: api.Session | None) -> str | None:
+        """Under the lock: why ``propose`` is refused now, or None."""
+        if self._closed is not None:
+            return self._closed
+        if session is None:
+            before = f"; {self._previous}" if self._previous else ""
+            return NOTHING_TO_PROPOSE + before + NEXT_CALL
+        if self._proposing:
+            return "the session's job is being proposed"
+        if self._proposed == session.job_id:
+            state, job_id = session.record.state, session.job_id
+            return (
+                f"the job {job_id} was proposed ({state}); see `patchbox show {job_id} --diff`"
+                + NEXT_CALL
+            )
+        idle = session.idle_end
+        if not session.active and (idle is None or idle.proposal is None):
+            return f"nothing to propose: {self._ended(session)}{NEXT_CALL}"
+        return None
+
+    def _error(self, exc: PatchboxError, session: api.Session | None) -> Outcome:
         """A refused or failed call; when it ended the job, the job's id and state too."""
         job = None
-        session = self._session
-        if session is not None and not session.active:
-            job = JobRef(job_id=session.job_id, status=session.record.state)
-            self._end(
-                f"the session's job {session.job_id} has ended ({job.status}); "
-                f"see `patchbox show {session.job_id}`"
+        if session is not None and not session.active and session.idle_end is None:
+            job = JobRef(
+                job_id=session.job_id,
+                status=session.record.state,
+                next="the next tool call starts a new job on the repository's current state",
             )
         return error_outcome(error_view(exc, self._scrub.text), job)
 
-    # -- the job's life -------------------------------------------------------------------
+    # -- the jobs' lives ------------------------------------------------------------------
 
-    def _open(self, request_id: str | None) -> api.Session:
-        """The session's job, opened now if it is not yet. Once the session has ended, only
-        a request id it answered before gets it (to answer that again)."""
+    def _open(self, request_id: str | None) -> tuple[api.Session, dict[str, Any] | None]:
+        """The job that takes this call, and the notice its first answer carries when it was
+        opened now. A request id answered before goes to the job that answered it; an ended
+        job is retired and a new one opened."""
         with self._lock:
-            if self._ended is not None and (
-                self._session is None or request_id not in self._answered
-            ):
-                raise UsageError(self._ended)
-            if self._session is not None:
-                return self._session
+            if request_id is not None and request_id in self._answered:
+                return self._answered[request_id], None
+            if self._closed is not None:
+                raise UsageError(self._closed)
+            session = self._session
+            if session is not None and session.active:
+                return session, None
+            if session is not None:
+                self._retire(session)
             self._session = self._start()
-            return self._session
+            notice: dict[str, Any] = {
+                "job_id": self._session.job_id,
+                "message": f"job {self._session.job_id} started on the repository's "
+                "current state" + (f"; {self._previous}" if self._previous else ""),
+            }
+            return self._session, notice
+
+    def _retire(self, session: api.Session) -> None:
+        """Under the lock: the ended job is no longer the session's; what became of it is
+        said at the next job's first answer."""
+        self._previous = self._ended(session, previous=True)
+        session.close()
+        self._answered = {k: v for k, v in self._answered.items() if v is session}
+        self._session, self._proposed = None, None
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    @staticmethod
+    def _ended(session: api.Session, *, previous: bool = False) -> str:
+        """What became of an ended job, in a sentence."""
+        job_id, state = session.job_id, session.record.state
+        name = f"the previous job {job_id}" if previous else f"the job {job_id}"
+        idle = session.idle_end
+        show = f"`patchbox show {job_id} --diff`"
+        if idle is not None and idle.proposal is None:
+            return (
+                f"{name} changed nothing and was cancelled after {idle.seconds:g} s without a "
+                "call (the server's idle timeout)"
+            )
+        if idle is not None:
+            how = f"was proposed as it was after {idle.seconds:g} s without a call"
+            if state == "awaiting_review":
+                return f"{name} {how} and awaits review ({show}, `patchbox apply {job_id}`)"
+            return f"{name} {how} and ended {state} ({show})"
+        if state == "awaiting_review":
+            return f"{name} awaits review ({show}, `patchbox apply {job_id}`)"
+        error = session.record.error
+        code = f" with {error.code}" if error is not None else ""
+        return f"{name} ended {state}{code} ({show})"
 
     def _start(self) -> api.Session:
-        """Opens the job (health gate, baseline, environment, sandbox); under the lock."""
+        """Opens a job (health gate, baseline, environment, sandbox) on the repository as
+        it is now; under the lock."""
         from controller.sandbox.dockerclient import connect
 
         o = self.options
@@ -257,6 +376,7 @@ class Slot:
                 runtime=o.runtime,
                 client=client,
                 progress=self._progress,
+                idle_seconds=o.idle_seconds,
             )
         except PatchboxError as exc:
             if client is not None:
@@ -272,34 +392,14 @@ class Slot:
             raise
         self._client, self.failure, self.opened = client, None, True
         self._progress(f"session opened: job {session.job_id}")
-        timer = threading.Timer(o.task.limits.wall_seconds + WALL_CLOCK_GRACE_SECONDS, self._expire)
-        timer.daemon = True
-        timer.start()
-        self._timer = timer
         return session
-
-    def _expire(self) -> None:
-        seconds = f"{self.options.task.limits.wall_seconds:g}"
-        self._end(
-            f"the session's job {self.job_id} was cancelled: its wall clock of {seconds} s "
-            "ran out (the task's limits.wall_seconds)"
-        )
-        self.close()
-
-    def _end(self, why: str) -> None:
-        """No more calls from now on (the first reason stays)."""
-        with self._lock:
-            if self._ended is None:
-                self._ended = why
-            timer, self._timer = self._timer, None
-        if timer is not None:
-            timer.cancel()
 
     def close(self) -> None:
         """Cancels the job unless it ended (its containers are removed) and waits for an
         opening in progress first; nothing is left running. Idempotent."""
-        self._end("the MCP session was closed")
         with self._lock:
+            if self._closed is None:
+                self._closed = "the MCP session was closed"
             session = self._session
             client, self._client = self._client, None
         if session is not None:
@@ -379,9 +479,12 @@ class ProposalView(BaseModel):
     apply: str | None
     show: str
     review_fallback: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    note: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Set when the idle timeout had proposed the job before ``propose`` was called."""
+    next: str = "the next tool call starts a new job on the repository's current state"
 
     @classmethod
-    def of(cls, proposal: Proposal) -> ProposalView:
+    def of(cls, proposal: Proposal, note: str | None = None) -> ProposalView:
         view, job_id = proposal.view, proposal.job_id
         return cls(
             job_id=view.job_id,
@@ -394,4 +497,5 @@ class ProposalView(BaseModel):
             apply=f"patchbox apply {job_id}" if proposal.status == "awaiting_review" else None,
             show=f"patchbox show {job_id} --diff",
             review_fallback=view.review_fallback,
+            note=note,
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterable
 from typing import Literal, Protocol
 
@@ -41,6 +43,47 @@ class SandboxSpec(BaseModel):
 
 
 PRELOAD_TARGET = "/run/patchbox/baseline.tar"
+
+
+class WorkClock:
+    """A job's wall clock (``limits.wall_seconds``): it counts working time, from its
+    start, except while it is paused. A session's job pauses it while it waits for its
+    caller's next call, so the time between calls is not counted; a model's job never
+    pauses it (the model's turns are work). Thread-safe."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._lock = threading.Lock()
+        self._used = 0.0
+        """Working time before the current run (since the last resume)."""
+        self._since: float | None = time.monotonic()
+        """When the clock last started running; None while it is paused."""
+
+    def used(self) -> float:
+        """Working seconds counted so far."""
+        with self._lock:
+            since = self._since
+            return self._used + (0.0 if since is None else time.monotonic() - since)
+
+    def remaining(self) -> float:
+        """Working seconds left (negative once it ran out)."""
+        return self.seconds - self.used()
+
+    def expired(self) -> bool:
+        return self.remaining() <= 0
+
+    def pause(self) -> None:
+        """Stops counting (idempotent)."""
+        with self._lock:
+            if self._since is not None:
+                self._used += time.monotonic() - self._since
+                self._since = None
+
+    def resume(self) -> None:
+        """Counts again (idempotent)."""
+        with self._lock:
+            if self._since is None:
+                self._since = time.monotonic()
 
 
 DEFAULT_OUTPUT_LIMIT = ops.DEFAULT_RUN_OUTPUT

@@ -25,7 +25,13 @@ from controller.config.limits import SHM_MB
 from controller.errorinfo import Hint
 from controller.errormap import map_error
 from controller.errors import LimitExceededError, ProtocolError, SandboxError
-from controller.sandbox.base import PRELOAD_TARGET, HelloResult, RunResult, SandboxSpec
+from controller.sandbox.base import (
+    PRELOAD_TARGET,
+    HelloResult,
+    RunResult,
+    SandboxSpec,
+    WorkClock,
+)
 from controller.sandbox.calls import ARCHIVE_TIMEOUT, DEFAULT_CALL_TIMEOUT, AgentCalls
 from controller.sandbox.dockerclient import removal_in_progress
 from controller.sandbox.labels import ControllerIdentity
@@ -249,7 +255,8 @@ class DockerSandbox(AgentCalls):
         self._client = client
         self.spec = spec
         self.container = container
-        self._deadline = time.monotonic() + spec.limits.wall_seconds
+        self.clock = WorkClock(spec.limits.wall_seconds)
+        """The job's wall clock: every call's budget is what is left of it."""
         self._channel: AttachChannel | None = None
         self._session: AgentSession | None = None
         self._watcher: _OomWatcher | None = None
@@ -348,7 +355,7 @@ class DockerSandbox(AgentCalls):
         return self._session
 
     def _budget(self, timeout: float) -> float:
-        remaining = self._deadline - time.monotonic()
+        remaining = self.clock.remaining()
         if remaining <= 0:
             self._kill()
             raise LimitExceededError(
@@ -377,7 +384,7 @@ class DockerSandbox(AgentCalls):
 
     def _diagnose(self, exc: SandboxError) -> Exception:
         """Turns a broken channel into the real reason, asked of Docker, and kills the rest."""
-        if time.monotonic() >= self._deadline:
+        if self.clock.expired():
             self._kill()
             return LimitExceededError(
                 f"wall-clock limit of {self.spec.limits.wall_seconds:g} s reached"

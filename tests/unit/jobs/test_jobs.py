@@ -115,8 +115,9 @@ def _hold(
     repo: str,
     ready: multiprocessing.synchronize.Event,
     done: multiprocessing.synchronize.Event,
+    holder: str | None = None,
 ) -> None:
-    with write_lock(repo, Path(root)):
+    with write_lock(repo, Path(root), holder=holder):
         ready.set()
         done.wait(30)
 
@@ -138,6 +139,43 @@ def test_second_write_job_on_a_repository_is_refused(tmp_path: Path) -> None:
         holder.join(30)
     with write_lock("/repo", tmp_path):
         pass  # released when the holder ended
+
+
+def test_a_refused_write_job_names_the_job_holding_the_lock(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("fork")
+    ready, done = ctx.Event(), ctx.Event()
+    job_id = "20261205-050000-0123abcd"
+    holder = ctx.Process(target=_hold, args=(str(tmp_path), "/repo", ready, done, job_id))
+    holder.start()
+    try:
+        assert ready.wait(30)
+        with pytest.raises(PatchboxError) as info, write_lock("/repo", tmp_path):
+            pass
+        assert info.value.code is ErrorCode.JOB_ALREADY_RUNNING
+        assert info.value.message == f"job {job_id} is already running on this repository"
+    finally:
+        done.set()
+        holder.join(30)
+    with write_lock("/repo", tmp_path, holder="next-job"):
+        pass  # released, and its holder's name cleared with it
+    lock = next((tmp_path).glob("*.lock"))
+    assert lock.read_text() == ""
+
+
+def test_a_lock_file_naming_no_job_id_is_not_shown(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("fork")
+    ready, done = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold, args=(str(tmp_path), "/repo", ready, done))
+    holder.start()
+    try:
+        assert ready.wait(30)
+        next(tmp_path.glob("*.lock")).write_text("\x1b[31m../evil id\n")
+        with pytest.raises(PatchboxError) as info, write_lock("/repo", tmp_path):
+            pass
+        assert info.value.message == "another job is already running on this repository"
+    finally:
+        done.set()
+        holder.join(30)
 
 
 def test_lock_of_a_killed_process_is_released(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from controller.errors import ErrorCode, PatchboxError
 from controller.jobs.loop import ToolLoop
 from controller.jobs.records import JobRecord
 from controller.providers import ScriptedProvider, parse_calls
+from controller.sandbox.base import WorkClock
 from tests.support.loop import FakeTools
 
 SHA = "a" * 64
@@ -136,3 +138,56 @@ def test_a_cancelled_loop_asks_the_model_nothing() -> None:
     run.cancelled.set()
     assert code_of(run) is ErrorCode.CANCELLED
     assert run.record.tool_calls == []
+
+
+class _SlowCaller(ScriptedProvider):
+    """A scripted provider that takes ``wait`` seconds before each turn (a caller between
+    its calls)."""
+
+    def __init__(self, script: str, wait: float) -> None:
+        super().__init__(parse_calls(script))
+        self.wait = wait
+
+    def next_turn(self, results: list[Any]) -> Any:
+        time.sleep(self.wait)
+        return super().next_turn(results)
+
+
+def _slow(*, idle: bool) -> ToolLoop:
+    turns = [[{"id": f"c{i}", "name": "list_files", "arguments": {}}] for i in range(4)]
+    script = {"turns": turns, "final": "done"}
+    return ToolLoop(
+        _SlowCaller(json.dumps(script), 0.3),
+        FakeTools(),
+        Limits(wall_seconds=0.5),
+        JobRecord(job_id="j", repo="/r"),
+        threading.Event(),
+        lambda: None,
+        idle_while_asking=idle,
+    )
+
+
+def test_the_wall_clock_counts_a_callers_waits_only_when_they_are_work() -> None:
+    # a model's turns are work: four turns of 0.3 s exceed a wall clock of 0.5 s
+    assert code_of(_slow(idle=False)) is ErrorCode.LIMIT_EXCEEDED
+    # a session's caller between its calls is idle: the same turns fit
+    run = _slow(idle=True)
+    assert run.run() == "done"
+    assert len(run.record.tool_calls) == 4
+
+
+def test_a_work_clock_counts_only_while_it_runs() -> None:
+    clock = WorkClock(10.0)
+    time.sleep(0.05)
+    clock.pause()
+    used = clock.used()
+    assert 0.05 <= used < 1.0
+    time.sleep(0.1)
+    assert clock.used() == used  # paused: nothing counted
+    clock.pause()  # idempotent
+    clock.resume()
+    clock.resume()
+    time.sleep(0.05)
+    assert clock.used() >= used + 0.05
+    assert not clock.expired()
+    assert WorkClock(0.0).expired()
