@@ -93,11 +93,13 @@ class Proposal:
 
 @dataclass(frozen=True)
 class IdleEnd:
-    """How a session ended that had no call for ``seconds``: ``proposal`` when its job had
-    changed something and was proposed as it was, None when it was cancelled (no change)."""
+    """How a session ended that had no call for ``seconds``: a job that ``changed``
+    something is proposed as it was (``proposal``, once done), one that did not is
+    cancelled."""
 
     seconds: float
-    proposal: Proposal | None
+    changed: bool
+    proposal: Proposal | None = None
 
     @property
     def job_id(self) -> str | None:
@@ -296,16 +298,17 @@ class Session:
         nothing; its sandbox removed and the repository's lock released."""
         job_id = self.job_id
         if self._calls and self.changed:
+            self.idle_end = IdleEnd(seconds=seconds, changed=True)
             self._progress(f"job {job_id}: {seconds:g} s without a call, proposing it as it is")
             try:
                 proposal: Proposal | None = self._propose(IDLE_MESSAGE.format(seconds=seconds))
             except Exception as exc:  # the record says it; never a stray thread
                 self._progress(f"job {job_id}: {exc}")
                 proposal = None
-            self.idle_end = IdleEnd(seconds=seconds, proposal=proposal)
+            self.idle_end = IdleEnd(seconds=seconds, changed=True, proposal=proposal)
             self._progress(f"job {job_id} ended idle: {self.record.state}")
             return
-        self.idle_end = IdleEnd(seconds=seconds, proposal=None)
+        self.idle_end = IdleEnd(seconds=seconds, changed=False)
         self._job.cancel()
         self._thread.join()
         self._progress(f"job {job_id}: {seconds:g} s without a call and no change, cancelled")

@@ -285,7 +285,7 @@ class Slot:
                 + NEXT_CALL
             )
         idle = session.idle_end
-        if not session.active and (idle is None or idle.proposal is None):
+        if (idle is not None and not idle.changed) or (idle is None and not session.active):
             return f"nothing to propose: {self._ended(session)}{NEXT_CALL}"
         return None
 
@@ -342,7 +342,7 @@ class Slot:
         name = f"the previous job {job_id}" if previous else f"the job {job_id}"
         idle = session.idle_end
         show = f"`patchbox show {job_id} --diff`"
-        if idle is not None and idle.proposal is None:
+        if idle is not None and not idle.changed:
             return (
                 f"{name} changed nothing and was cancelled after {idle.seconds:g} s without a "
                 "call (the server's idle timeout)"

@@ -163,3 +163,11 @@ def test_bad_command_lines_fail_before_serving(tmp_path: Path) -> None:
     res = patchbox("mcp", "--repo", str(repo), "--http", "70000")
     assert (res.returncode, res.stdout) == (2, "")
     assert "USAGE_ERROR" in res.stderr
+
+
+def test_a_bad_idle_timeout_fails_before_serving(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    for bad in ("0", "-1", "nan", "100000"):
+        res = patchbox("mcp", "--repo", str(repo), "--idle-timeout", bad)
+        assert (res.returncode, res.stdout) == (2, ""), bad
+        assert "--idle-timeout" in res.stderr

@@ -1,0 +1,179 @@
+"""One MCP session, several jobs: after ``propose`` (or the idle timeout) the next tool call
+opens a new job on the repository's current state, and says so; the idle timeout releases
+the sandbox and the repository's lock; the wall clock counts working time, not the client's
+time between calls. Driven by the official SDK's own client over stdio, on real
+repositories and the real daemon."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import docker
+from mcp.client.client import Client
+
+from controller.jobs.records import JobRecord, JobStore
+from controller.mcp.slot import JOB_STARTED, PROPOSE
+from tests.docker.mcp.test_mcp import EDIT, server_args, stdio, until
+from tests.support.cli import job_files, patchbox
+from tests.support.git import init
+from tests.support.jobs import APP, APP_AFTER, FILES, containers_of
+from tests.support.mcp import LIMITS, TASK, code, data
+
+EDIT_CALL: dict[str, Any] = {"name": "replace_text", "arguments": EDIT}
+
+
+def jobs_of(repo: Path) -> list[JobRecord]:
+    """The jobs of ``repo``, oldest first (each test makes its own repository)."""
+    found = [r for r in JobStore().all() if r.repo == str(repo.resolve())]
+    return sorted(found, key=lambda r: r.created_at)
+
+
+def idle_args(folder: Path, repo: Path, seconds: float, task: dict[str, Any] | None = None) -> Any:
+    return stdio([*server_args(folder, repo, task), "--idle-timeout", f"{seconds:g}"])
+
+
+def test_after_propose_the_next_call_opens_a_job_on_the_repositorys_current_state(
+    docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
+) -> None:
+    del sandbox_image
+    repo = init(tmp_path / "repo", FILES, message="greet")
+    params = stdio(server_args(tmp_path / "files", repo.path))
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        async with Client(params) as client:
+            first = data(await client.call_tool("replace_text", EDIT))
+            assert JOB_STARTED in first  # the first job says which it is too
+            proposal = data(await client.call_tool(PROPOSE, {"message": "capitalized"}))
+            assert proposal["status"] == "awaiting_review"
+            assert "next tool call starts a new job" in proposal["next"]
+            # the user applies the first job and commits it, with the server running
+            applied = patchbox("apply", proposal["job_id"])
+            assert applied.returncode == 0, applied.stderr
+            repo.commit("capitalize")
+            read = await client.call_tool("read_file", {"path": "app.py"})
+            assert not read.is_error
+            second = data(read)
+            assert second["content"] == APP_AFTER  # the new job's baseline is the commit
+            again = data(await client.call_tool("read_file", {"path": "app.py"}))
+            assert JOB_STARTED not in again  # only a job's first answer carries it
+            return first, proposal, second
+
+    first, proposal, second = anyio.run(scenario)
+    started = second[JOB_STARTED]
+    first_id, second_id = proposal["job_id"], started["job_id"]
+    assert first[JOB_STARTED]["job_id"] == first_id
+    assert second_id != first_id
+    assert started["message"].startswith(f"job {second_id} started on the repository's")
+    assert f"the previous job {first_id} awaits review" in started["message"]
+    records = jobs_of(repo.path)
+    assert [(r.job_id, r.state) for r in records] == [
+        (first_id, "applied"),
+        (second_id, "cancelled"),  # the session ended with it open
+    ]
+    assert all(not containers_of(docker_client, r.job_id) for r in records)
+
+
+def test_an_idle_job_with_a_change_is_proposed_and_releases_its_sandbox_and_the_lock(
+    docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
+) -> None:
+    del sandbox_image
+    repo = init(tmp_path / "repo", FILES, message="greet").path
+    params = idle_args(tmp_path / "files", repo, 2)
+
+    async def scenario() -> tuple[str, dict[str, Any], dict[str, Any]]:
+        async with Client(params) as client:
+            assert not (await client.call_tool("replace_text", EDIT)).is_error
+            job_id = jobs_of(repo)[0].job_id
+            assert containers_of(docker_client, job_id)
+            ended = await anyio.to_thread.run_sync(
+                lambda: until(lambda: JobStore().load(job_id).state == "awaiting_review", 60)
+            )
+            assert ended, JobStore().load(job_id).state
+            assert until(lambda: not containers_of(docker_client, job_id))
+            # the repository's lock is free: a CLI job on the same repository runs
+            calls = {"turns": [[{"id": "c1", **EDIT_CALL}]], "final": "done"}
+            files = job_files(tmp_path / "cli", TASK, calls)
+            run = patchbox("run", "--repo", str(repo), *files, "--json")
+            assert run.returncode == 0, run.stderr
+            assert json.loads(run.stdout)["status"] == "awaiting_review"
+            # propose after the idle end: the job as the idle timeout proposed it
+            late = data(await client.call_tool(PROPOSE, {"message": "too late"}))
+            assert late["job_id"] == job_id
+            assert "no call for 2 s" in late["note"]
+            assert code(await client.call_tool(PROPOSE, {})) == "USAGE_ERROR"
+            nxt = data(await client.call_tool("read_file", {"path": "app.py"}))
+            return job_id, late, nxt
+
+    job_id, late, nxt = anyio.run(scenario)
+    assert late["status"] == "awaiting_review"
+    assert '+    return "Hello " + name' in late["diff"]
+    assert nxt["content"] == APP  # nothing was applied: the next job starts from the commit
+    message = nxt[JOB_STARTED]["message"]
+    assert f"the previous job {job_id} was proposed as it was after 2 s without a call" in message
+    assert "awaits review" in message
+    record = JobStore().load(job_id)
+    assert record.final_message is not None
+    assert "idle timeout" in record.final_message
+    records = jobs_of(repo)
+    assert len(records) == 3  # the idle job, the CLI's, the session's next one
+    assert records[2].job_id == nxt[JOB_STARTED]["job_id"]
+    assert records[2].state == "cancelled"
+    assert all(not containers_of(docker_client, r.job_id) for r in records)
+
+
+def test_an_idle_job_without_a_change_is_cancelled_and_the_next_call_works(
+    docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
+) -> None:
+    del sandbox_image
+    repo = init(tmp_path / "repo", FILES, message="greet").path
+    params = idle_args(tmp_path / "files", repo, 2)
+
+    async def scenario() -> tuple[str, dict[str, Any], dict[str, Any]]:
+        async with Client(params) as client:
+            assert not (await client.call_tool("list_files", {})).is_error
+            job_id = jobs_of(repo)[0].job_id
+            ended = await anyio.to_thread.run_sync(
+                lambda: until(lambda: JobStore().load(job_id).state == "cancelled", 30)
+            )
+            assert ended
+            assert until(lambda: not containers_of(docker_client, job_id))
+            refused = await client.call_tool(PROPOSE, {})
+            assert code(refused) == "USAGE_ERROR"
+            nxt = data(await client.call_tool("replace_text", EDIT))
+            return job_id, data(refused), nxt
+
+    job_id, refused, nxt = anyio.run(scenario)
+    assert (
+        f"the job {job_id} changed nothing and was cancelled after 2 s"
+        in (refused["error"]["message"])
+    )
+    assert f"the previous job {job_id} changed nothing" in nxt[JOB_STARTED]["message"]
+    assert [r.state for r in jobs_of(repo)] == ["cancelled", "cancelled"]
+
+
+def test_the_wall_clock_counts_working_time_not_the_clients_time_between_calls(
+    docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
+) -> None:
+    del sandbox_image
+    repo = init(tmp_path / "repo", FILES, message="greet").path
+    task = {**TASK, "limits": {**LIMITS, "wall_seconds": 5}}
+    params = idle_args(tmp_path / "files", repo, 60, task)
+
+    async def scenario() -> dict[str, Any]:
+        async with Client(params) as client:
+            assert not (await client.call_tool("list_files", {})).is_error
+            for _ in range(2):  # 12 s between calls, more than the wall clock of 5 s
+                await anyio.sleep(6)
+                assert not (await client.call_tool("read_file", {"path": "app.py"})).is_error
+            assert not (await client.call_tool("replace_text", EDIT)).is_error
+            return data(await client.call_tool(PROPOSE, {}))
+
+    view = anyio.run(scenario)
+    assert view["status"] == "awaiting_review", view
+    records = jobs_of(repo)
+    assert [r.state for r in records] == ["awaiting_review"]
+    assert [c.ok for c in records[0].tool_calls] == [True, True, True, True]
+    assert not containers_of(docker_client, view["job_id"])
