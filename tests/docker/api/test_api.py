@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import docker
@@ -19,7 +20,7 @@ from controller.api.session import SESSION_PROMPT
 from controller.config.host import HostConfig
 from controller.config.task import TaskSpec
 from controller.errors import ErrorCode, PatchboxError, UsageError
-from controller.jobs.records import JobStore
+from controller.jobs.records import JobStore, write_lock
 from tests.support.jobs import APP, APP_AFTER, GREET, containers_of, make_repo
 from tests.support.paths import REPO_ROOT
 
@@ -96,6 +97,56 @@ def test_propose_before_any_call_is_refused_and_close_cancels(
     with pytest.raises(UsageError, match="has ended"):
         session.call("list_files", {})
     assert api.discard_job(session.job_id).state == "discarded"
+
+
+def test_an_idle_session_proposes_its_change_and_releases_the_sandbox_and_the_lock(
+    docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
+) -> None:
+    del sandbox_image
+    repo = make_repo(tmp_path / "repo")
+    with api.open_session(
+        repo, task=TASK, config=CONFIG, client=docker_client, idle_seconds=1
+    ) as session:
+        assert session.call("replace_text", EDIT).ok
+        deadline = time.monotonic() + 60
+        while session.active and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not session.active
+        idle = session.idle_end
+        assert idle is not None
+        assert (idle.seconds, idle.changed) == (1, True)
+        assert idle.proposal is not None
+        assert idle.proposal.status == "awaiting_review"
+        assert '+    return "Hello " + name' in idle.proposal.diff
+        assert not containers_of(docker_client, session.job_id)
+        with write_lock(str(repo.resolve())):
+            pass  # released
+        with pytest.raises(UsageError, match="has ended"):
+            session.call("list_files", {})
+        assert session.propose("late").job_id == session.job_id
+    assert JobStore().load(session.job_id).state == "awaiting_review"
+
+
+def test_an_idle_session_without_a_change_is_cancelled(
+    docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
+) -> None:
+    del sandbox_image
+    repo = make_repo(tmp_path / "repo")
+    with api.open_session(
+        repo, task=TASK, config=CONFIG, client=docker_client, idle_seconds=1
+    ) as session:
+        assert session.call("read_file", {"path": "app.py"}).ok
+        time.sleep(0.6)
+        assert session.call("list_files", {}).ok  # a call restarts the idle time
+        time.sleep(0.6)
+        assert session.active
+        deadline = time.monotonic() + 30
+        while session.active and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert session.idle_end is not None
+        assert session.idle_end.changed is False
+        assert not containers_of(docker_client, session.job_id)
+    assert JobStore().load(session.job_id).state == "cancelled"
 
 
 def test_a_session_without_a_task_uses_the_configured_checks(
