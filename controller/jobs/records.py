@@ -431,15 +431,12 @@ def write_lock(repo: str, root: Path | None = None, holder: str | None = None) -
             msg = f"{who} is already running on this repository"
             raise PatchboxError(msg, code=ErrorCode.JOB_ALREADY_RUNNING) from exc
         try:
-            if holder is not None:
-                handle.truncate(0)
-                handle.write(holder)
-                handle.flush()
+            handle.truncate(0)  # no stale name of a holder that was killed
+            handle.write(holder or "")
+            handle.flush()
             yield
         finally:
-            if holder is not None:
-                handle.truncate(0)
-                handle.flush()
+            handle.truncate(0)
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
