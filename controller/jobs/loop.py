@@ -113,6 +113,7 @@ class ToolLoop:
                 raise LimitExceededError(f"wall-clock limit of {limits.wall_seconds:g} s reached")
             asked = time.monotonic()
             if self.idle_while_asking:
+                self.step("waiting for the next call")
                 clock.pause()
             try:
                 model_turn = self._ask(results, nudge=nudged and turn == 2)
