@@ -7,6 +7,11 @@ repositories and the real daemon."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +21,7 @@ from mcp.client.client import Client
 
 from controller.jobs.records import JobRecord, JobStore
 from controller.mcp.slot import JOB_STARTED, PROPOSE
-from tests.docker.mcp.test_mcp import EDIT, server_args, stdio, until
+from tests.docker.mcp.test_mcp import EDIT, ROOT, server_args, stdio, until
 from tests.support.cli import job_files, patchbox
 from tests.support.git import init
 from tests.support.jobs import APP, APP_AFTER, FILES, containers_of
@@ -177,3 +182,50 @@ def test_the_wall_clock_counts_working_time_not_the_clients_time_between_calls(
     assert [r.state for r in records] == ["awaiting_review"]
     assert [c.ok for c in records[0].tool_calls] == [True, True, True, True]
     assert not containers_of(docker_client, view["job_id"])
+
+
+def test_over_http_a_session_opens_its_next_job_after_propose(
+    docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
+) -> None:
+    del sandbox_image
+    repo = init(tmp_path / "repo", FILES, message="greet").path
+    err_path = tmp_path / "server.err"
+    with err_path.open("w") as err:
+        server = subprocess.Popen(
+            [sys.executable, *server_args(tmp_path / "files", repo), "--http", "0"],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            cwd=ROOT,
+            env=dict(os.environ),
+        )
+        try:
+
+            def url() -> str:
+                found = re.search(r"(http://127\.0\.0\.1:\d+/mcp)", err_path.read_text())
+                return found.group(1) if found else ""
+
+            assert until(lambda: bool(url()), 60.0), err_path.read_text()
+
+            async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+                async with Client(url()) as client:
+                    assert not (await client.call_tool("replace_text", EDIT)).is_error
+                    proposal = data(await client.call_tool(PROPOSE, {}))
+                    nxt = data(await client.call_tool("list_files", {}))
+                    return proposal, nxt
+
+            proposal, nxt = anyio.run(scenario)
+            started = nxt[JOB_STARTED]
+            assert f"the previous job {proposal['job_id']} awaits review" in started["message"]
+            assert until(lambda: JobStore().load(started["job_id"]).state == "cancelled")
+            server.send_signal(signal.SIGTERM)
+            assert server.wait(timeout=60) == 143, err_path.read_text()
+        finally:
+            if server.poll() is None:
+                server.kill()
+                server.wait()
+    records = jobs_of(repo)
+    assert [(r.job_id, r.state) for r in records] == [
+        (proposal["job_id"], "awaiting_review"),
+        (started["job_id"], "cancelled"),  # with its HTTP session
+    ]
+    assert all(not containers_of(docker_client, r.job_id) for r in records)
