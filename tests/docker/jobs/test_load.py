@@ -105,7 +105,7 @@ def test_many_jobs_at_once_on_two_homes(docker_client: docker.DockerClient, tmp_
     on_shared = [(code, data) for kind, code, data, _ in results if kind == "shared"]
     [ran] = [data for _, data in on_shared if "job_id" in data]
     assert (ran["status"], ran["error"]) == ("awaiting_review", None)
-    refused = [(code, data["error"]) for _, data in on_shared if "job_id" not in data]
+    refused = [(code, data["error"]) for code, data in on_shared if "job_id" not in data]
     assert [(code, e["code"]) for code, e in refused] == [(1, "JOB_ALREADY_RUNNING")] * (SHARED - 1)
     for _, error in refused:  # named the job that held the repository
         assert error["message"].endswith(f"job {ran['job_id']} holds it"), error
