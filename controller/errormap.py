@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from types import UnionType
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 
 from controller.errors import (
     ErrorCode,
@@ -27,7 +28,7 @@ from controller.errors import (
 )
 
 if TYPE_CHECKING:
-    from pydantic import ValidationError
+    from pydantic import BaseModel, ValidationError
 
     from controller.errorinfo import Hint
 
@@ -153,25 +154,181 @@ def map_git_error(exc: OSError | subprocess.SubprocessError, command: str) -> Gi
     return GitError(f"git {command} could not run ({type(exc).__name__})")
 
 
-def describe_validation(
+Syntax = Literal["json", "toml"]
+"""How the user wrote the value being validated: a JSON file (a task, a calls file) or TOML
+(the host configuration), for the examples of an expected form."""
+
+_EXAMPLES: dict[str, tuple[str, str]] = {
+    "argv": ('"argv": ["pytest", "-q"]', 'argv = ["pytest", "-q"]'),
+    "setup": (
+        '"setup": [["pip", "install", "-e", "."]]',
+        'setup = [["pip", "install", "-e", "."]]',
+    ),
+    "inputs": ('"inputs": ["requirements.txt"]', 'inputs = ["requirements.txt"]'),
+    "allowed_paths": ('"allowed_paths": ["src/", "tests/"]', 'allowed_paths = ["src/", "tests/"]'),
+    "protected": ('"protected": ["secrets/**"]', 'protected = ["secrets/**"]'),
+}
+"""A field's example, as JSON and as TOML, shown with a type error of that field."""
+
+
+def describe_validation(  # noqa: PLR0913 - the error, then keyword-only presentation
     error: ValidationError,
     *,
     subject: str,
     max_items: int = 5,
     max_chars: int = 500,
     names: Mapping[str, str] | None = None,
+    model: type[BaseModel] | None = None,
+    syntax: Syntax = "json",
 ) -> str:
     """``where: problem; ...`` for the first ``max_items`` problems of a pydantic
     ``ValidationError``, cut at ``max_chars``. ``where`` is the dotted field path (``subject``
     for the whole value); with ``names`` only the top field is named, as ``names`` says (a
-    setting's environment variable, say). Never echoes an input value."""
+    setting's environment variable, say). Never echoes an input value.
+
+    With ``model`` (the model validated), the path is the user's own (a union's internal
+    tag, such as an environment given inline, is left out, and fields by their alias), an
+    unknown key gets the closest known name (``did you mean 'allowed_paths'?``, else the
+    known names), and a value of the wrong type says the form expected, with an example in
+    ``syntax`` for the usual fields (``argv: expected a list of strings, e.g. argv =
+    ["pytest", "-q"]``)."""
     parts = []
     for item in error.errors()[:max_items]:
         loc = item["loc"]
+        problem = item["msg"]
         if names is not None:
             field = str(loc[0]) if loc else ""
             where = names.get(field, field or subject)
+        elif model is not None:
+            path, known, expected = _user_path(model, loc)
+            where = ".".join(path)[:100] or subject
+            problem = _problem(item, path, known, expected, syntax)
         else:
             where = ".".join(str(p) for p in loc)[:100] or subject
-        parts.append(f"{where}: {item['msg']}")
+        parts.append(f"{where}: {problem}")
     return "; ".join(parts)[:max_chars]
+
+
+def _problem(
+    item: Mapping[str, Any], path: list[str], known: list[str], expected: object, syntax: Syntax
+) -> str:
+    """The problem of one error in the user's words (see :func:`describe_validation`)."""
+    kind = str(item.get("type", ""))
+    name = path[-1] if path else ""
+    if kind == "extra_forbidden":
+        import difflib
+
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        if close:
+            return f"unknown key; did you mean {close[0]!r}?"
+        shown = ", ".join(sorted(known)[:20])
+        return f"unknown key (known keys: {shown})" if known else "unknown key"
+    if kind.endswith("_type") or kind in {"int_parsing", "float_parsing", "int_from_float"}:
+        form = _form(expected, syntax)
+        if form:
+            example = _EXAMPLES.get(name)
+            shown = f", e.g. {example[0 if syntax == 'json' else 1]}" if example else ""
+            return f"expected {form}{shown}"
+    return str(item.get("msg", ""))
+
+
+def _form(tp: object, syntax: Syntax) -> str:
+    """How a value of the annotation ``tp`` is written: ``a list of strings``, ``a whole
+    number``, ``an object``; empty when there is no plain word for it."""
+    from pydantic import BaseModel
+
+    tp = _unwrap(tp)
+    origin, args = get_origin(tp), get_args(tp)
+    table = "an object" if syntax == "json" else "a table"
+    if origin in {UnionType, Union}:
+        forms = [f for f in (_form(a, syntax) for a in args if a is not type(None)) if f]
+        return " or ".join(dict.fromkeys(forms))
+    if origin in {list, tuple, set, frozenset}:
+        inner = _form(args[0], syntax) if args else ""
+        plural = {
+            "a string": "strings",
+            "a list of strings": "lists of strings",
+            "a whole number": "whole numbers",
+        }.get(inner)
+        return f"a list of {plural}" if plural else "a list"
+    if origin is dict or (isinstance(tp, type) and issubclass(tp, BaseModel)):
+        return table
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    simple = {str: "a string", bool: "true or false", int: "a whole number", float: "a number"}
+    return simple.get(tp, "") if isinstance(tp, type) else ""
+
+
+def _unwrap(tp: object) -> object:
+    """``tp`` without ``Annotated``'s metadata."""
+    while get_origin(tp) is Annotated:
+        tp = get_args(tp)[0]
+    return tp
+
+
+def _tags(tp: object) -> dict[str, object]:
+    """The members of a tagged union (``Annotated[X, Tag("name")] | ...``) by tag."""
+    from pydantic import Tag
+
+    out: dict[str, object] = {}
+    for member in get_args(tp):
+        if get_origin(member) is Annotated:
+            for meta in get_args(member)[1:]:
+                if isinstance(meta, Tag):
+                    out[meta.tag] = member
+    return out
+
+
+def _user_path(
+    model: type[BaseModel], loc: tuple[int | str, ...]
+) -> tuple[list[str], list[str], object]:
+    """The location ``loc`` as the user wrote it (union tags left out, fields by alias),
+    the keys known where it ends (for an unknown key: its object's), and the annotation of
+    the value there."""
+    from pydantic import BaseModel
+
+    path: list[str] = []
+    known: list[str] = []
+    tp: object = model
+    for index, part in enumerate(loc):
+        last = index == len(loc) - 1
+        tp, tag = _through_union(tp, str(part), last=last)
+        if tag:  # an internal tag: not the user's
+            continue
+        path.append(str(part))
+        origin, args = get_origin(tp), get_args(tp)
+        if origin in {list, tuple, set, frozenset}:
+            tp = args[0] if args else object
+        elif origin is dict:
+            tp = args[1] if len(args) > 1 else object
+        elif isinstance(tp, type) and issubclass(tp, BaseModel):
+            fields = {(f.alias or n): f for n, f in tp.model_fields.items()}
+            field = fields.get(str(part)) or tp.model_fields.get(str(part))
+            if field is not None:
+                path[-1] = field.alias or str(part)
+            elif last:
+                known = list(fields)
+            tp = field.annotation if field is not None else object
+        else:
+            tp = object
+    return path, known, _unwrap_optional(tp)
+
+
+def _through_union(tp: object, part: str, *, last: bool) -> tuple[object, bool]:
+    """``tp`` unwrapped (``Annotated``, an optional's ``None``) for the location part
+    ``part``, and whether ``part`` is a tagged union's internal tag: then the member it
+    names, or the union itself when ``part`` ends the location (the value fits none)."""
+    tp = _unwrap_optional(tp)
+    tagged = _tags(tp) if get_origin(tp) in {UnionType, Union} else {}
+    if part in tagged:
+        return (tp if last else _unwrap(tagged[part])), True
+    return tp, False
+
+
+def _unwrap_optional(tp: object) -> object:
+    tp = _unwrap(tp)
+    if get_origin(tp) in {UnionType, Union}:
+        plain = [a for a in get_args(tp) if a is not type(None)]
+        if len(plain) == 1:
+            return _unwrap(plain[0])
+    return tp

@@ -10,7 +10,9 @@ Two ways to make a job:
   (:func:`choose_provider`); the job runs to its decision.
 - :func:`open_session`: the caller is the model (:mod:`controller.api.session`).
 
-Then, on a job awaiting review: :func:`apply_job`, :func:`revert_job`, :func:`discard_job`.
+Then, on a job awaiting review: :func:`apply_job`, :func:`revert_job`, :func:`discard_job`;
+on a running one, :func:`cancel_job`. :func:`resolve_job` turns what a user typed (a prefix
+of an id, ``last``) into a job id.
 
 .. code-block:: python
 
@@ -40,11 +42,13 @@ if TYPE_CHECKING:
         RemoteOrigin,
         apply_job,
         apply_remote_diff,
+        cancel_job,
         check_provider,
         choose_provider,
         discard_job,
         job,
         make_job,
+        resolve_job,
         revert_job,
         run_job,
         settle,
@@ -86,11 +90,13 @@ _WHERE = {
     "RemoteOrigin": "controller.api.jobs",
     "apply_job": "controller.api.jobs",
     "apply_remote_diff": "controller.api.jobs",
+    "cancel_job": "controller.api.jobs",
     "check_provider": "controller.api.jobs",
     "choose_provider": "controller.api.jobs",
     "discard_job": "controller.api.jobs",
     "job": "controller.api.jobs",
     "make_job": "controller.api.jobs",
+    "resolve_job": "controller.api.jobs",
     "revert_job": "controller.api.jobs",
     "run_job": "controller.api.jobs",
     "settle": "controller.api.jobs",
@@ -148,6 +154,7 @@ __all__ = [
     "Session",
     "apply_job",
     "apply_remote_diff",
+    "cancel_job",
     "check_provider",
     "choose_provider",
     "default_task",
@@ -159,6 +166,7 @@ __all__ = [
     "load_task",
     "make_job",
     "open_session",
+    "resolve_job",
     "revert_job",
     "review_fallback",
     "run_job",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ from controller.jobs.records import (
     FileChange,
     JobRecord,
     JobStore,
+    is_orphaned,
     mark_interrupted,
     write_lock,
 )
@@ -170,7 +172,7 @@ def apply_job(
             msg = f"job {record.job_id} has no baseline"
             raise UsageError(msg)
         diff = job_diff(store, record.job_id) or ""
-        with write_lock(record.repo):
+        with write_lock(record.repo, holder=record.job_id):
             result = apply_changeset(
                 record.baseline,
                 diff,
@@ -250,7 +252,7 @@ def apply_remote_diff(  # noqa: PLR0913 - the diff, where it applies, keyword-on
     store.save(record)
     write_evidence(record, text, store)
     try:
-        with write_lock(record.repo):
+        with write_lock(record.repo, holder=record.job_id):
             result = apply_changeset(
                 baseline,
                 raw,
@@ -285,7 +287,7 @@ def revert_job(job_id: str, *, pin: RepoPin | None = None) -> tuple[JobRecord, R
         if record.state != "applied":
             msg = f"job {record.job_id} is {record.state}; only an applied job is reverted"
             raise UsageError(msg)
-        with write_lock(record.repo):
+        with write_lock(record.repo, holder=record.job_id):
             result = revert_changeset(record.job_id, pin=pin)
         record.move("reverted")
         store.save(record)
@@ -315,6 +317,42 @@ def discard_job(job_id: str, *, pin: RepoPin | None = None) -> JobRecord:
         record.move("discarded")
         store.save(record)
         write_evidence(record, job_diff(store, record.job_id), store)
+    return record
+
+
+def resolve_job(ref: str) -> str:
+    """The id of the job ``ref`` names in this state folder: a whole id, a prefix only one
+    job's id starts with, or ``last`` (the job created last); ``USAGE_ERROR`` naming the
+    state folder when there is none, or listing the candidates of an ambiguous prefix."""
+    return JobStore().resolve(ref)
+
+
+CANCEL_WAIT_SECONDS = 60.0
+"""How long :func:`cancel_job` waits for the job to end by default."""
+
+
+def cancel_job(job_id: str, *, wait: float = CANCEL_WAIT_SECONDS) -> JobRecord:
+    """Cancels a running job of this state folder, whichever process runs it: a cancel
+    request its engine watches (:meth:`JobStore.request_cancel`), then up to ``wait``
+    seconds for it to end (``cancelled``, its sandboxes removed, the repository's lock
+    released). Returns the record as it is then: still active if it did not end in time,
+    or in the state it reached first (a job that finished meanwhile). ``USAGE_ERROR`` for a
+    job that is not running; one whose controller is gone ends ``failed`` with
+    ``INTERRUPTED`` and is refused too."""
+    store = JobStore()
+    record = mark_interrupted(store, settled(store, store.load(job_id)))
+    if record.state not in ACTIVE:
+        msg = f"job {record.job_id} is {record.state}; only a running job is cancelled"
+        if record.error is not None and record.error.code == "INTERRUPTED":
+            msg += " (its controller is gone)"
+        raise UsageError(msg)
+    store.request_cancel(record.job_id)
+    deadline = time.monotonic() + wait
+    while record.state in ACTIVE and time.monotonic() < deadline:
+        time.sleep(0.1)
+        record = store.load(record.job_id)
+        if record.state in ACTIVE and is_orphaned(record):
+            return mark_interrupted(store, record)
     return record
 
 

@@ -1,4 +1,4 @@
-"""The job commands of the CLI: run, jobs, show, apply, revert, discard.
+"""The job commands of the CLI: run, jobs, show, apply, revert, discard, cancel.
 
 Each returns ``(exit code, JSON-able data, text)``; :mod:`controller.cli.main` prints them.
 """
@@ -90,7 +90,7 @@ def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcom
     internal: InternalError | None = None
     with cancel_on_signals(job.cancel, progress) as cancellation:
         try:
-            record = job.run()
+            record = job.run(refusals="raise")  # a refusal leaves no job record
         except InternalError as exc:  # the record says failed, INTERNAL_ERROR
             internal, record = exc, job.record
         finally:
@@ -219,14 +219,20 @@ def cmd_jobs(args: argparse.Namespace) -> Outcome:
                 "error": row.error.model_dump(mode="json") if row.error else None,
             }
         )
-    lines = []
+    if not jobs:
+        return ExitCode.OK, {"jobs": jobs}, "no jobs"
+    lines = [_JOBS_HEADER]
     for job in jobs:
         took = "-" if job["duration_seconds"] is None else f"{job['duration_seconds']:.1f}s"
         lines.append(
-            f"{job['job_id']}  {job['status']:<16} {job['created'][:19]}  {took:>8}  "
+            f"{job['job_id']:<24}  {job['status']:<16} {job['created'][:19]:<19}  {took:>8}  "
             f"{job['error_code'] or '-':<24} {job['repository']}"
         )
-    return ExitCode.OK, {"jobs": jobs}, "\n".join(lines) or "no jobs"
+    return ExitCode.OK, {"jobs": jobs}, "\n".join(lines)
+
+
+_JOBS_HEADER = f"{'JOB':<24}  {'STATUS':<16} {'CREATED':<19}  {'DURATION':>8}  {'ERROR':<24} REPO"
+"""The header row of ``patchbox jobs``."""
 
 
 def cmd_prune(args: argparse.Namespace) -> Outcome:
@@ -249,7 +255,7 @@ def cmd_prune(args: argparse.Namespace) -> Outcome:
 
 def cmd_show(args: argparse.Namespace) -> Outcome:
     store = JobStore()
-    record = store.load(args.job)
+    record = store.load(store.resolve(args.job))
     diff = job_diff(store, record.job_id)
     evidence = relative_to_home(store.folder(record.job_id) / "evidence.json")
     data = job_view(record, diff if args.diff else None, evidence).data()
@@ -280,7 +286,7 @@ def _baseline(record: JobRecord) -> Baseline:
 def cmd_apply(args: argparse.Namespace) -> Outcome:
     from controller import api
 
-    view = api.ApplyView.of(*api.apply_job(args.job, merge=args.merge))
+    view = api.ApplyView.of(*api.apply_job(api.resolve_job(args.job), merge=args.merge))
     text = f"job {view.job_id} applied: {len(view.files)} file(s)" + (
         f"; merged three-way: {', '.join(view.merged)}" if view.merged else ""
     )
@@ -290,7 +296,7 @@ def cmd_apply(args: argparse.Namespace) -> Outcome:
 def cmd_revert(args: argparse.Namespace) -> Outcome:
     from controller import api
 
-    view = api.RevertView.of(*api.revert_job(args.job))
+    view = api.RevertView.of(*api.revert_job(api.resolve_job(args.job)))
     text = f"job {view.job_id} reverted: {len(view.files)} file(s) restored"
     return ExitCode.OK, view.model_dump(mode="json"), text
 
@@ -298,6 +304,24 @@ def cmd_revert(args: argparse.Namespace) -> Outcome:
 def cmd_discard(args: argparse.Namespace) -> Outcome:
     from controller import api
 
-    view = api.DiscardView.of(api.discard_job(args.job))
+    view = api.DiscardView.of(api.discard_job(api.resolve_job(args.job)))
     text = f"job {view.job_id} discarded; the repository was not touched"
     return ExitCode.OK, view.model_dump(mode="json"), text
+
+
+def cmd_cancel(args: argparse.Namespace) -> Outcome:
+    """Cancels a running job of this state folder (run by another ``patchbox`` process)
+    and waits for its end: exit 0 once it is ``cancelled``, 1 when it ended otherwise or
+    has not ended yet."""
+    from controller import api
+    from controller.jobs.records import ACTIVE
+
+    record = api.cancel_job(api.resolve_job(args.job))
+    data = {"job_id": record.job_id, "status": record.state}
+    if record.state == "cancelled":
+        return ExitCode.OK, data, f"job {record.job_id} cancelled"
+    if record.state in ACTIVE:
+        text = f"job {record.job_id}: cancel requested; it is still {record.state}"
+    else:
+        text = f"job {record.job_id} ended {record.state} before the cancel took effect"
+    return ExitCode.FAILED, data, text

@@ -25,6 +25,7 @@ from controller.errors import (
     ConflictError,
     ExitCode,
     InternalError,
+    NotARepositoryError,
     NotReadyError,
     PatchboxError,
     UsageError,
@@ -210,6 +211,7 @@ def _job_command(args: argparse.Namespace) -> int:
         "apply": commands.cmd_apply,
         "revert": commands.cmd_revert,
         "discard": commands.cmd_discard,
+        "cancel": commands.cmd_cancel,
     }
     handler = handlers.get(args.command)
     if handler is None:  # a front door this entry point was not given
@@ -219,6 +221,25 @@ def _job_command(args: argparse.Namespace) -> int:
     code, data, text = handler(args)
     _emit(data, as_json=args.json, text=text)
     return code
+
+
+_REPO_DEFAULTED = frozenset({"run", "mcp", "env build"})
+"""The commands whose ``--repo`` defaults to the repository of the current folder."""
+
+
+def _default_repo(args: argparse.Namespace) -> None:
+    """``--repo`` not given to a command that needs one: the work tree the current folder
+    is in (the nearest folder from it up holding ``.git``), as git and gh find it."""
+    command = args.command + (" build" if getattr(args, "env_command", None) == "build" else "")
+    if command not in _REPO_DEFAULTED or getattr(args, "repo", None) is not None:
+        return
+    from controller.repo.layout import enclosing_top
+
+    try:
+        args.repo = str(enclosing_top(Path.cwd()))
+    except PatchboxError as exc:
+        msg = f"no --repo given, and {exc.message}"
+        raise NotARepositoryError(msg) from exc
 
 
 def _output_settings(args: argparse.Namespace) -> tuple[bool, int]:
@@ -269,6 +290,7 @@ def main(argv: Sequence[str] | None = None, doors: Mapping[str, Door] | None = N
         structlog.get_logger(__name__).debug(
             "command", command=args.command, version=version(), pid=os.getpid()
         )
+        _default_repo(args)
         if doors and args.command in doors:
             return doors[args.command](args, _progress)
         handlers = {

@@ -10,6 +10,8 @@ from typing import Any
 from controller.errors import UsageError
 from controller.version import version
 
+JOB_HELP = "a job id, a prefix of one, or 'last' (the newest job)"
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:
@@ -39,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--json", action="store_true")
     _env_parsers(sub)
     run = sub.add_parser("run", help="one job, to its decision")
-    run.add_argument("--repo", required=True)
+    run.add_argument("--repo", help="the repository (default: the one the current folder is in)")
     run.add_argument("--task", required=True, help="the task file")
     run.add_argument("--calls", help="drive the tools from this calls file")
     run.add_argument("--include-local-changes", action="store_true")
@@ -67,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument("--older-than", required=True, metavar="AGE", help="90m, 12h, 7d, 2w")
     prune.add_argument("--json", action="store_true")
     show = sub.add_parser("show", help="summary, ledger, checks, evidence path")
-    show.add_argument("job")
+    show.add_argument("job", help=JOB_HELP)
     show.add_argument("--diff", action="store_true")
     show.add_argument(
         "--transcript", action="store_true", help="the conversation: messages, calls, results"
@@ -77,9 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
         ("apply", "apply a job's diff to the work tree"),
         ("revert", "undo an applied job"),
         ("discard", "drop a job awaiting review"),
+        ("cancel", "cancel a running job (run by another patchbox process)"),
     ):
         cmd = sub.add_parser(name, help=what)
-        cmd.add_argument("job")
+        cmd.add_argument("job", help=JOB_HELP)
         cmd.add_argument("--json", action="store_true")
         if name == "apply":
             cmd.add_argument("--merge", action="store_true", help="three-way merge")
@@ -140,7 +143,7 @@ def _mcp_parser(sub: Any) -> None:
     mcp = sub.add_parser(
         "mcp", help="an MCP server (stdio, or --http PORT on 127.0.0.1): a job per session"
     )
-    mcp.add_argument("--repo", required=True)
+    mcp.add_argument("--repo", help="the repository (default: the one the current folder is in)")
     mcp.add_argument("--task", help="the task file (default: the configured checks and limits)")
     mcp.add_argument("--include-local-changes", action="store_true")
     mcp.add_argument("--trust-repo-config", action="store_true")
@@ -163,7 +166,9 @@ def _env_parsers(sub: Any) -> None:
     env_sub = env.add_subparsers(dest="env_command", required=True, parser_class=_Parser)
     env_build = env_sub.add_parser("build", help="build a task's environment image")
     env_build.add_argument("--task", required=True, help="the task file")
-    env_build.add_argument("--repo", required=True, help="the repository its inputs come from")
+    env_build.add_argument(
+        "--repo", help="the repository its inputs come from (default: the current folder's)"
+    )
     env_build.add_argument("--include-local-changes", action="store_true")
     env_build.add_argument("--config", help="host configuration")
     env_build.add_argument("--json", action="store_true")

@@ -88,6 +88,6 @@ def load_config(path: Path | None = None) -> HostConfig:
         msg = f"the configuration file {str(target)!r} is not valid TOML"
         raise UsageError(msg) from exc
     except ValidationError as exc:
-        fields = describe_validation(exc, subject="")
+        fields = describe_validation(exc, subject="", model=HostConfig, syntax="toml")
         msg = f"the configuration file {str(target)!r} has invalid fields: {fields}"
         raise UsageError(msg) from exc

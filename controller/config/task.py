@@ -99,7 +99,7 @@ def task_from(data: bytes | str | object, *, what: str = "the task") -> TaskSpec
             return TaskSpec.model_validate_json(data)
         return TaskSpec.model_validate(data)
     except ValidationError as exc:
-        fields = describe_validation(exc, subject="task", max_chars=1000)
+        fields = describe_validation(exc, subject="task", max_chars=1000, model=TaskSpec)
         msg = f"{what} is invalid: {fields}"
         raise UsageError(msg[:1000]) from exc
 

@@ -10,11 +10,13 @@ with its error code, and the diagnostics gathered so far are kept.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import docker
 import structlog
@@ -47,6 +49,7 @@ from controller.jobs.records import (
 from controller.jobs.required import run_required_checks
 from controller.providers.base import Provider
 from controller.repo.baseline import Baseline
+from controller.repo.layout import locate
 from controller.repo.pin import RepoPin
 from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.cache import BaselineCache
@@ -62,6 +65,21 @@ log = structlog.get_logger(__name__)
 
 HEARTBEAT_SECONDS = 15.0
 """How long one step may last before a progress line says it still runs."""
+CANCEL_POLL_SECONDS = 0.25
+"""How often a running job looks for a cancel asked for from another process."""
+
+Refusals = Literal["record", "raise"]
+"""What :meth:`Job.run` does with a job refused before it started: a failed record, or
+the error raised and no record."""
+REFUSALS = frozenset(
+    {
+        ErrorCode.NOT_A_REPOSITORY,
+        ErrorCode.REPO_BLOCKED,
+        ErrorCode.CONSENT_REQUIRED,
+        ErrorCode.JOB_ALREADY_RUNNING,
+    }
+)
+"""The refusals of a job that are the requester's to fix, before anything of it ran."""
 
 
 @dataclass
@@ -175,32 +193,33 @@ class Job:
             done.set()
             thread.join()
 
-    def run(self) -> JobRecord:
+    def run(self, *, refusals: Refusals = "record") -> JobRecord:
         """Runs the job to its end state.
 
         An unexpected exception (a bug, an untranslated third-party error) ends the record
         ``failed`` with ``INTERNAL_ERROR``, its containers removed and its evidence written,
-        and is raised as :class:`InternalError` naming the crash report."""
+        and is raised as :class:`InternalError` naming the crash report.
+
+        ``refusals="raise"``: a job refused before it started for what the requester can
+        fix (:data:`REFUSALS`: a path that is not a work tree's top, the repository locked
+        by another job, local changes without consent, a blocked repository) raises that
+        error and leaves no job record; the path and the lock are checked before the record
+        is written. By default such a job ends ``failed`` with it."""
         record = self.record
-        self.store.save(record)
-        started = time.perf_counter()
-        unexpected: InternalError | None = None
-        try:
-            with self._heartbeat(), write_lock(record.repo, holder=record.job_id):
-                try:
-                    self._stages()
-                except PatchboxError as exc:
-                    self._fail(exc)
-                except Exception as exc:  # recorded here, raised below
-                    unexpected = self._internal(exc)
-                finally:
-                    if self._box is not None:
-                        self._box.close()
-                        self._box = None
-                    if self._prepared is not None:
-                        self._prepared.finish()
-        except PatchboxError as exc:  # the lock itself: JOB_ALREADY_RUNNING
-            self._fail(exc)
+        raising = refusals == "raise"
+        with self._claim() if raising else contextlib.nullcontext():
+            self.store.save(record)
+            started = time.perf_counter()
+            lock = (
+                contextlib.nullcontext()
+                if raising
+                else write_lock(record.repo, holder=record.job_id)
+            )
+            unexpected = self._run_stages(lock)
+            if raising and unexpected is None and self._refused():
+                shutil.rmtree(self.store.folder(record.job_id), ignore_errors=True)
+                assert self.failure is not None  # noqa: S101 - _refused says so
+                raise self.failure
         record.timings_ms["total"] = round((time.perf_counter() - started) * 1000)
         try:
             write_evidence(record, self._diff, self.store, self.request.secrets)
@@ -210,6 +229,73 @@ class Job:
         if unexpected is not None:
             raise unexpected
         return record
+
+    @contextlib.contextmanager
+    def _claim(self) -> Iterator[None]:
+        """Before the job's record exists: its path is a work tree's top
+        (``NOT_A_REPOSITORY``), and the repository's write lock, held until the job ends
+        (``JOB_ALREADY_RUNNING``, naming the job that holds it)."""
+        record = self.record
+        if self.request.pin is None:
+            locate(Path(record.repo))
+        with write_lock(record.repo, holder=record.job_id):
+            yield
+
+    def _run_stages(self, lock: contextlib.AbstractContextManager[object]) -> InternalError | None:
+        """The stages under ``lock`` (the repository's), the job's sandboxes closed after
+        them; a refusal or failure recorded. Returns an unexpected exception, recorded."""
+        unexpected: InternalError | None = None
+        try:
+            with self._heartbeat(), self._cancel_requests(), lock:
+                try:
+                    self._stages()
+                except PatchboxError as exc:
+                    self._fail(exc)
+                except Exception as exc:  # recorded here, raised by run
+                    unexpected = self._internal(exc)
+                finally:
+                    if self._box is not None:
+                        self._box.close()
+                        self._box = None
+                    if self._prepared is not None:
+                        self._prepared.finish()
+        except PatchboxError as exc:  # the lock itself: JOB_ALREADY_RUNNING
+            self._fail(exc)
+        return unexpected
+
+    def _refused(self) -> bool:
+        """Whether the job failed with one of :data:`REFUSALS` before it had a baseline."""
+        failure = self.failure
+        return (
+            failure is not None
+            and failure.code in REFUSALS
+            and self.record.state == "failed"
+            and self.record.baseline is None
+            and not self.cancelled.is_set()
+        )
+
+    @contextlib.contextmanager
+    def _cancel_requests(self, every: float = CANCEL_POLL_SECONDS) -> Iterator[None]:
+        """While the job runs: a cancel asked for from another process (a file in the job's
+        folder, :meth:`JobStore.request_cancel`) cancels it as :meth:`cancel` does."""
+        done = threading.Event()
+        job_id = self.record.job_id
+
+        def watch() -> None:
+            while not done.wait(every):
+                with contextlib.suppress(OSError, PatchboxError):
+                    if self.store.cancel_requested(job_id):
+                        self.progress("cancelling (requested from another process)")
+                        self.cancel()
+                        return
+
+        thread = threading.Thread(target=watch, name="job-cancel-requests", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
 
     def _internal(self, exc: Exception) -> InternalError:
         """Records an unexpected exception: a crash report, and the job ``failed`` with

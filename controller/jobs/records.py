@@ -22,7 +22,7 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
@@ -307,6 +307,14 @@ LEGACY_FILE = "job.json"
 the log at its next save."""
 
 
+LAST = "last"
+"""The job id that names the job of a state folder created last."""
+AMBIGUOUS_SHOWN = 10
+"""The candidates an ambiguous id prefix names."""
+CANCEL_REQUEST = "cancel.request"
+"""A file in a job's folder asking its controller to cancel it."""
+
+
 class JobStore:
     """Job records under ``$PATCHBOX_HOME/jobs/<id>/``: ``log.jsonl``
     (:mod:`controller.jobs.log`), the ``.patch``, the evidence bundle and the JUnit XML of
@@ -359,9 +367,61 @@ class JobStore:
         try:
             data = (folder / LEGACY_FILE).read_bytes()
         except FileNotFoundError as exc:
-            msg = f"no job {job_id[:64]!r}"
+            msg = f"no job {job_id[:64]!r} in {self.root}"
             raise UsageError(msg) from exc
         return JobRecord.model_validate_json(data)
+
+    def resolve(self, ref: str) -> str:
+        """The id of the job ``ref`` names: a whole id, a prefix only one job's id starts
+        with, or ``last`` (the job of this state folder created last). ``USAGE_ERROR``
+        naming the state folder when none matches, and listing the candidates when a
+        prefix is ambiguous."""
+        if ref == LAST:
+            records = self.all()
+            if not records:
+                msg = f"no job in {self.root}: 'last' names the newest job there"
+                raise UsageError(msg)
+            return records[-1].job_id
+        self.folder(ref)  # a name that can be an id at all
+        names = self._names()
+        if ref in names:
+            return ref
+        candidates = sorted(n for n in names if n.startswith(ref))
+        if not candidates:
+            msg = f"no job {ref[:64]!r} in {self.root}"
+            raise UsageError(msg)
+        if len(candidates) > 1:
+            shown = ", ".join(candidates[:AMBIGUOUS_SHOWN])
+            more = len(candidates) - AMBIGUOUS_SHOWN
+            rest = f" and {more} more" if more > 0 else ""
+            msg = (
+                f"{ref[:64]!r} is the start of {len(candidates)} job ids: {shown}{rest}; "
+                "give more of the id"
+            )
+            raise UsageError(msg)
+        return candidates[0]
+
+    def _names(self) -> set[str]:
+        """The names of the job folders (each a job id)."""
+        try:
+            return {
+                entry.name
+                for entry in self.root.iterdir()
+                if not entry.name.startswith(".") and entry.is_dir()
+            }
+        except FileNotFoundError:
+            return set()
+
+    def request_cancel(self, job_id: str) -> None:
+        """Asks the controller running the job to cancel it: a file in the job's folder that
+        its engine watches (:data:`CANCEL_REQUEST`), whichever process or host runs it."""
+        path = self.folder(job_id) / CANCEL_REQUEST
+        with contextlib.suppress(FileExistsError):
+            path.touch(mode=0o600, exist_ok=False)
+
+    def cancel_requested(self, job_id: str) -> bool:
+        """Whether :meth:`request_cancel` asked for the job's end."""
+        return (self.folder(job_id) / CANCEL_REQUEST).exists()
 
     def all(self, repo: str | None = None) -> list[JobRecord]:
         out = []
@@ -405,35 +465,52 @@ def mark_interrupted(store: JobStore, record: JobRecord) -> JobRecord:
     return record
 
 
-_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-"""A job id as the lock file names its holder (anything else is not shown)."""
-
-
 def repo_key(repo: str) -> str:
     return hashlib.sha256(repo.encode()).hexdigest()[:24]
 
 
+_HOLDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""What a lock file may name as its holder: a job id."""
+
+
+def lock_holder(handle: IO[bytes]) -> str | None:
+    """The job id a repository's lock file names (its holder's), if it names one."""
+    with contextlib.suppress(OSError):
+        handle.seek(0)
+        text = handle.read(256).decode("ascii", "replace").strip()
+        if _HOLDER.fullmatch(text):
+            return text
+    return None
+
+
+def already_running(holder: str | None) -> PatchboxError:
+    """``JOB_ALREADY_RUNNING``, naming the job that holds the repository when it is known:
+    the one message every front door shows for a repository another job writes."""
+    if holder:
+        msg = f"another job is already running on this repository: job {holder} holds it"
+    else:
+        msg = "another job is already running on this repository"
+    return PatchboxError(msg, code=ErrorCode.JOB_ALREADY_RUNNING)
+
+
 @contextlib.contextmanager
-def write_lock(repo: str, root: Path | None = None, holder: str | None = None) -> Iterator[None]:
+def write_lock(repo: str, root: Path | None = None, *, holder: str = "") -> Iterator[None]:
     """Held for the whole of a write job on ``repo``: a second one gets
-    ``JOB_ALREADY_RUNNING`` at once (no queue), naming the holder when it wrote its job id
-    (``holder``) into the lock file. The kernel drops the lock if the process dies, so a
+    ``JOB_ALREADY_RUNNING`` at once (no queue), naming ``holder`` (the job id of the one
+    that holds it) when it gave one. The kernel drops the lock if the process dies, so a
     crash never leaves a repository locked."""
     folder = root or patchbox_home() / "locks"
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with (folder / f"{repo_key(repo)}.lock").open("a+") as handle:
+    with (folder / f"{repo_key(repo)}.lock").open("a+b") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
-            handle.seek(0)
-            held_by = handle.read(200).strip()
-            who = f"job {held_by}" if _JOB_ID.fullmatch(held_by) else "another job"
-            msg = f"{who} is already running on this repository"
-            raise PatchboxError(msg, code=ErrorCode.JOB_ALREADY_RUNNING) from exc
+            raise already_running(lock_holder(handle)) from exc
         try:
-            handle.truncate(0)  # no stale name of a holder that was killed
-            handle.write(holder or "")
-            handle.flush()
+            with contextlib.suppress(OSError):  # the name is a courtesy, the lock the rule
+                handle.truncate(0)
+                handle.write(holder.encode("ascii", "replace"))
+                handle.flush()
             yield
         finally:
             handle.truncate(0)

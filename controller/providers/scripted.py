@@ -84,7 +84,7 @@ def parse_calls(data: bytes | str) -> CallsFile:
     try:
         return CallsFile.model_validate(value)
     except ValidationError as exc:
-        detail = describe_validation(exc, subject="calls file")
+        detail = describe_validation(exc, subject="calls file", model=CallsFile)
         raise UsageError(f"invalid calls file: {detail}") from None
 
 

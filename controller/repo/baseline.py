@@ -25,7 +25,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -44,6 +44,7 @@ from controller.repo.health import (
 )
 from controller.repo.layout import locate, resolve_head, submodule_paths
 from controller.repo.private import PrivateRepo
+from controller.text import visible
 
 Mode = Literal["require-clean", "include-local-changes"]
 
@@ -91,8 +92,9 @@ def build_baseline(
                 c = report.counts
                 msg = (
                     f"the work tree has local changes ({c.staged_files} staged, "
-                    f"{c.unstaged_files} unstaged, {c.untracked_files} untracked); commit or "
-                    "stash them, or consent to including them"
+                    f"{c.unstaged_files} unstaged, {c.untracked_files} untracked: "
+                    f"{named_files(seen.changed_paths)}); commit or stash them, or consent "
+                    "to including them"
                 )
                 raise PatchboxError(
                     msg, code=ErrorCode.CONSENT_REQUIRED, hint=Hint(option="include_local_changes")
@@ -123,6 +125,20 @@ def build_baseline(
             return baseline, report
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+NAMED_FILES = 5
+"""The files a refusal for local changes names (then how many more)."""
+
+
+def named_files(paths: Iterable[str], shown: int = NAMED_FILES) -> str:
+    """The first ``shown`` of ``paths`` in order, each cut at 120 characters and every
+    character a terminal acts on or hides written as an escape (file names are the
+    repository's, untrusted), then ``and N more``."""
+    ordered = sorted(set(paths))
+    names = ", ".join(visible(p[:120]) for p in ordered[:shown])
+    more = len(ordered) - shown
+    return names + (f" and {more} more" if more > 0 else "")
 
 
 OBJECT_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")

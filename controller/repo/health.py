@@ -170,10 +170,21 @@ def _not_ignored(private: PrivateRepo, index: Path, paths: list[str]) -> list[st
 class Inspection:
     """One look at the work tree: the health answer plus what a build needs next."""
 
-    def __init__(self, report: HealthReport, status: _Status, index: Path | None) -> None:
+    def __init__(
+        self,
+        report: HealthReport,
+        status: _Status,
+        index: Path | None,
+        seen_by_user: _Status | None = None,
+    ) -> None:
         self.report = report
         self.status = status
         self.index = index
+        user = seen_by_user or status
+        self.changed_paths: list[str] = sorted(
+            user.staged | user.unstaged | set(user.untracked) | set(user.unmerged)
+        )
+        """Every path with a local change, as the user's git sees it."""
 
 
 def _head_commit(layout: RepoLayout, private: PrivateRepo, reasons: list[Reason]) -> str | None:
@@ -318,7 +329,7 @@ def inspect_work_tree(
         submodules=submodule_paths(layout),
         converting=converting,
     )
-    return Inspection(report, status, index)
+    return Inspection(report, status, index, seen_by_user)
 
 
 def _count(top: Path, status: _Status) -> tuple[Counts, list[Reason]]:

@@ -9,6 +9,7 @@ same way. Neither runs git in the user's repository. The health answer itself co
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
@@ -113,6 +114,23 @@ def locate(path: Path) -> RepoLayout:
     if not (git_dir / "HEAD").is_file() or not (common_dir / "objects").is_dir():
         raise NotARepositoryError(f"{git_dir} is not a git dir")
     return RepoLayout(top=top, git_dir=git_dir, common_dir=common_dir, kind=kind)
+
+
+def enclosing_top(start: Path) -> Path:
+    """The top folder of the work tree ``start`` is in (``start`` itself, or the nearest
+    folder above it holding ``.git``), as git finds the repository of the current folder.
+    :class:`NotARepositoryError` when no folder from ``start`` up holds one; what is found
+    is a candidate only: :func:`locate` says whether it is a work tree."""
+    try:
+        here = start.resolve(strict=True)
+    except (OSError, RuntimeError) as exc:
+        raise NotARepositoryError(f"{start} does not exist") from exc
+    for folder in (here, *here.parents):
+        with contextlib.suppress(OSError):
+            os.lstat(folder / ".git")
+            return folder
+    msg = f"{here} is not inside a git work tree (no folder from it up holds .git)"
+    raise NotARepositoryError(msg)
 
 
 def common_dir_of(git_dir: Path) -> Path | None:

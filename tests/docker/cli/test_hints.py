@@ -34,15 +34,19 @@ def test_the_cli_says_the_flag(docker_client: docker.DockerClient, tmp_path: Pat
     assert ran.returncode == 1, ran.stderr
     error = json.loads(ran.stdout)["error"]
     assert error["code"] == "CONSENT_REQUIRED"
-    assert "--" not in error["message"]
+    engine, remedy = error["message"].split("; pass ")
+    assert "--" not in engine  # the engine's words; the flag is the CLI's remedy
+    assert remedy == "--include-local-changes to include them"
     assert error["hint"] == {
         "option": "include_local_changes",
         "text": "pass --include-local-changes to include them",
     }
     text = patchbox("run", "--repo", str(repo), *args, home=tmp_path / "home")
     assert text.returncode == 1, text.stderr
-    assert "error CONSENT_REQUIRED: the work tree has local changes" in text.stdout
-    assert "\npass --include-local-changes to include them\n" in text.stdout
+    assert text.stdout == ""  # refused before any job: the error line, and no job
+    [line] = text.stderr.splitlines()[-1:]
+    assert line.startswith("patchbox: error CONSENT_REQUIRED: the work tree has local changes")
+    assert line.endswith("pass --include-local-changes to include them")
 
 
 @pytest.mark.docker

@@ -197,7 +197,7 @@ def test_failed_job_exits_1(repo: Path, inputs: dict[str, Path]) -> None:
 
 @pytest.mark.parametrize(
     "change",
-    ["unknown_task_field", "missing_config", "bad_calls", "missing_repo_flag", "unknown_job"],
+    ["unknown_task_field", "missing_config", "bad_calls", "unknown_job"],
 )
 def test_usage_errors_exit_2(repo: Path, inputs: dict[str, Path], change: str) -> None:
     args = run_args(repo, inputs)
@@ -208,8 +208,6 @@ def test_usage_errors_exit_2(repo: Path, inputs: dict[str, Path], change: str) -
         args[args.index("--config") + 1] = str(inputs["config"].with_name("absent.toml"))
     elif change == "bad_calls":
         inputs["calls"].write_text(json.dumps({"turns": [[{"id": "c1", "name": "x"}]]}))
-    elif change == "missing_repo_flag":
-        args = args[:1] + args[3:]
     else:
         args = ["show", "no-such-job", "--json"]
     before = jobs_on_disk()

@@ -168,26 +168,31 @@ def test_cli_run_and_show_print_no_secret_and_the_evidence_no_host_path(
         ("inside", "NOT_A_REPOSITORY"),
     ],
 )
-def test_errors_before_the_job_keep_host_paths_out_of_the_evidence(
+def test_errors_before_the_job_leave_no_job_and_keep_host_paths_out_of_the_artifacts(
     client: docker.DockerClient, repo: Path, tmp_path: Path, kind: str, code: str
 ) -> None:
+    del client
     target = repo / "sub" if kind == "inside" else repo.parent / "not-a-repo"
     target.mkdir()
     if kind == "symlink":
         link = tmp_path / f"link-{MARKER}"
         link.symlink_to(repo.parent, target_is_directory=True)
         target = link / "not-a-repo"
-    done = patchbox("run", "--repo", str(target), *cli_inputs(tmp_path, "Do it."))
+    before = {r.job_id for r in JobStore().all()}
+    out = tmp_path / "artifacts"
+    args = cli_inputs(tmp_path, "Do it.")
+    done = patchbox("run", "--repo", str(target), *args, "--output-dir", str(out), "--json")
     assert done.returncode == 2, done.stderr
-    data = json.loads(done.stdout)
-    assert (data["status"], data["error"]["code"]) == ("failed", code)
-    message = data["error"]["message"]  # names the user's own path
+    error = json.loads(done.stdout)["error"]
+    assert error["code"] == code
+    message = error["message"]  # names the user's own path
     assert str(target) in message or str(target.resolve()) in message
-    files = outputs(data["job_id"])
-    assert sorted(files) == ["checks.junit.xml", "evidence.json"]
+    assert {r.job_id for r in JobStore().all()} == before  # no job was made
+    files = {p.name: p.read_text() for p in out.iterdir()}
+    assert sorted(files) == ["error.json", "junit.xml"]
     for text in files.values():
         assert_clean(text, target, target.resolve(), repo)
-    assert json.loads(files["evidence.json"])["error"]["code"] == code
+    assert json.loads(files["error.json"])["error"]["code"] == code
 
 
 def test_scrubber_masks_the_repository_its_parents_and_secrets() -> None:

@@ -575,7 +575,10 @@ def test_a_second_server_on_the_same_repository_gets_job_already_running(
             mine = [r for r in JobStore().all() if r.repo == str(repo.resolve())]
             holder = next(r.job_id for r in mine if r.state == "running")
             message = refused["structuredContent"]["error"]["message"]
-            assert message == f"job {holder} is already running on this repository"
+            assert (
+                message
+                == f"another job is already running on this repository: job {holder} holds it"
+            )
             third.handshake()
             assert raw_code(third.call(1, "list_files", {})) == "JOB_ALREADY_RUNNING"
         # the first session is over: the second server's next call opens its job

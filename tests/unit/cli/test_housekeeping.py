@@ -94,9 +94,13 @@ def test_jobs_shows_times_durations_and_error_codes(home: Path, jobs: list[str])
     assert first["created"][:2] == "20"
     assert "T" in first["created"]
     text = patchbox("jobs", home=home).stdout.splitlines()
-    assert text[0].split()[0] == jobs[0]
-    assert "CHECK_FAILED" in text[0]
-    assert "42.0s" in text[0]
+    assert text[0].split() == ["JOB", "STATUS", "CREATED", "DURATION", "ERROR", "REPO"]
+    assert text[1].split()[0] == jobs[0]
+    assert "CHECK_FAILED" in text[1]
+    assert "42.0s" in text[1]
+    assert len(text) == 1 + len(jobs)
+    columns = [text[0].index(name) for name in ("STATUS", "CREATED", "ERROR")]
+    assert [text[1].index(v) for v in ("failed", first["created"][:10], "CHECK_FAILED")] == columns
 
 
 @pytest.mark.parametrize(

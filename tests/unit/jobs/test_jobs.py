@@ -115,7 +115,7 @@ def _hold(
     repo: str,
     ready: multiprocessing.synchronize.Event,
     done: multiprocessing.synchronize.Event,
-    holder: str | None = None,
+    holder: str = "",
 ) -> None:
     with write_lock(repo, Path(root), holder=holder):
         ready.set()
@@ -152,7 +152,10 @@ def test_a_refused_write_job_names_the_job_holding_the_lock(tmp_path: Path) -> N
         with pytest.raises(PatchboxError) as info, write_lock("/repo", tmp_path):
             pass
         assert info.value.code is ErrorCode.JOB_ALREADY_RUNNING
-        assert info.value.message == f"job {job_id} is already running on this repository"
+        assert (
+            info.value.message
+            == f"another job is already running on this repository: job {job_id} holds it"
+        )
     finally:
         done.set()
         holder.join(30)

@@ -152,7 +152,7 @@ def test_valid_calls_files(value: dict[str, Any]) -> None:
         ('{"turns": [], "turns": []}', "duplicate key"),
         ('{"turns": [[{"id": "c", "name": "n", "arguments": {"x": NaN}}]]}', "non-finite"),
         ("{}", "turns: Field required"),
-        ('{"turns": [], "extra": 1}', "extra: Extra inputs are not permitted"),
+        ('{"turns": [], "extra": 1}', "extra: unknown key (known keys: final, turns)"),
         ('{"turns": {}}', "turns"),
         ('{"turns": [[]]}', "turns.0: List should have at least 1 item"),
         ('{"turns": [{}]}', "turns.0"),
