@@ -32,6 +32,7 @@ from tests.support.git import git
 from tests.support.jobs import APP_AFTER
 from tests.support.loopback import LoopbackServer, json_reply
 
+SUMMARY = "**Capitalized the greeting in greet().**\n\nNothing else changed."
 EDIT_ARGS = json.dumps({"path": "app.py", "oldText": '"hello "', "newText": '"Hello "'})
 
 
@@ -63,7 +64,7 @@ def test_the_documented_step_publishes_a_patch_git_am_applies_and_the_checks_own
     with LoopbackServer() as server:
         server.play(
             json_reply(chat([("c1", "replace_text", EDIT_ARGS)])),
-            json_reply(chat([], "Done: the greeting is capitalized.")),
+            json_reply(chat([], SUMMARY)),
         )
         done = run_step(repo, server, tmp_path / "bin")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -71,6 +72,7 @@ def test_the_documented_step_publishes_a_patch_git_am_applies_and_the_checks_own
     out = repo / "patchbox-out"
     names = sorted(p.name for p in out.iterdir())
     assert names == [
+        ".gitignore",
         "diff.patch",
         "evidence.json",
         "junit.xml",
@@ -83,7 +85,7 @@ def test_the_documented_step_publishes_a_patch_git_am_applies_and_the_checks_own
     evidence = (out / "evidence.json").read_text()
     assert KEY not in evidence
     assert str(repo) not in evidence
-    assert json.loads(evidence)["transcript"][-1]["text"] == "Done: the greeting is capitalized."
+    assert json.loads(evidence)["transcript"][-1]["text"] == SUMMARY
     assert "call c1 replace_text" in (out / "transcript.txt").read_text()
 
     suites = {s.get("name"): s for s in junit_root(out / "junit.xml").iter("testsuite")}
@@ -100,7 +102,9 @@ def test_the_documented_step_publishes_a_patch_git_am_applies_and_the_checks_own
     log = git(clone, "log", "-1", "--format=%an <%ae>%n%s%n%b")
     author, subject, *body = log.splitlines()
     assert author == "patchbox <patchbox@localhost>"
-    assert subject == "Capitalize the greeting."
+    assert subject == "Capitalized the greeting in greet()."  # the model's summary
+    assert "    Task:" in body
+    assert "    Capitalize the greeting." in body
     assert "    --- not a patch line" in body
     assert git(clone, "show", "--stat", "--format=", "HEAD").split()[0] == "app.py"
 
@@ -122,6 +126,42 @@ def test_a_failing_job_is_red_in_the_report_and_the_exit_status(
     root = junit_root(repo / "patchbox-out" / "junit.xml")
     failed = [c.get("name") for c in root.iter("testcase") if c.find("failure") is not None]
     assert failed == ["test_capital"]
+
+
+def test_an_output_folder_in_the_checkout_is_kept_and_never_makes_it_dirty(
+    docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
+) -> None:
+    """The documented step twice in one checkout: the second job is not refused for the
+    first one's output folder (it is no local change), and when it fails its folder keeps
+    what was put in it."""
+    del docker_client, sandbox_image
+    repo = project(tmp_path / "repo", {"tests": PYTEST_CHECK}, "Capitalize the greeting.")
+    out = repo / "patchbox-out"
+    with LoopbackServer() as server:
+        server.play(
+            json_reply(chat([("c1", "replace_text", EDIT_ARGS)])),
+            json_reply(chat([], SUMMARY)),
+        )
+        first = run_step(repo, server, tmp_path / "bin")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert (out / "diff.patch").is_file()
+    assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""
+    (out / "keep.txt").write_text("the CI's own notes\n")
+    wrong = json.dumps({"path": "app.py", "oldText": '"hello "', "newText": '"HELLO "'})
+    with LoopbackServer() as server:
+        server.play(
+            json_reply(chat([("c1", "replace_text", wrong)])),
+            json_reply(chat([], "done")),
+        )
+        second = run_step(repo, server, tmp_path / "bin")
+    assert second.returncode == 1, second.stderr[-3000:]
+    run = json.loads((out / "run.json").read_text())
+    assert run["status"] == "failed"
+    assert run["error"]["code"] != "CONSENT_REQUIRED"
+    assert [c["id"] for c in run["checks"]] == ["tests"]  # the job ran to its checks
+    assert (out / "keep.txt").read_text() == "the CI's own notes\n"
+    assert (out / ".gitignore").is_file()
+    assert {"junit.xml", "evidence.json", "diff.patch"} <= {p.name for p in out.iterdir()}
 
 
 BASE_PROMPT = "Capitalize the greeting."

@@ -72,7 +72,7 @@ def test_a_command_that_fails_before_any_job_writes_a_failing_report(tmp_path: P
         done = run_step(repo, server, tmp_path / "bin")
     assert done.returncode == 2
     out = repo / "patchbox-out"
-    assert sorted(p.name for p in out.iterdir()) == ["error.json", "junit.xml"]
+    assert sorted(p.name for p in out.iterdir()) == [".gitignore", "error.json", "junit.xml"]
     root = junit_root(out / "junit.xml")
     [case] = list(root.iter("testcase"))
     failure = case.find("failure")
