@@ -9,8 +9,10 @@ not choose the task, and the GitHub job's token can only read."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+import tarfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -164,6 +166,64 @@ def test_an_output_folder_in_the_checkout_is_kept_and_never_makes_it_dirty(
     assert {"junit.xml", "evidence.json", "diff.patch"} <= {p.name for p in out.iterdir()}
 
 
+def images_step(checkout: Path, temp: Path, output: Path) -> tuple[str, str]:
+    """docs/ci.md's "Build the images" step, as the runner runs it; its ``GITHUB_OUTPUT``."""
+    step = next(s for s in github_steps() if s.get("name") == "Build the images")
+    assert step["shell"] == "bash"
+    output.write_text("")
+    done = subprocess.run(
+        ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]],
+        cwd=checkout,
+        env={
+            **runner_env_without_provider(),
+            "RUNNER_TEMP": str(temp),
+            "RUNNER_OS": "Linux",
+            "GITHUB_OUTPUT": str(output),
+            "TASK_FILE": str(temp / "patchbox-task.json"),
+        },
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return output.read_text(), done.stdout + done.stderr
+
+
+def runner_env_without_provider() -> dict[str, str]:
+    with LoopbackServer() as server:
+        env = runner_env(server, Path(os.environ.get("TMPDIR", "/tmp")) / f"bin-{uuid.uuid4().hex}")
+    return {k: v for k, v in env.items() if not k.startswith(("OPENAI_", "PATCHBOX_"))}
+
+
+@pytest.mark.docker
+def test_the_image_cache_step_saves_once_and_loads_what_it_saved(
+    docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
+) -> None:
+    """The images step on a runner: the first run saves the sandbox image under a key of
+    its id; the next, with the cache restored, loads it and saves nothing (same key); a
+    changed folder (another digest) is saved again."""
+    repo = project(tmp_path / "repo", {"tests": PYTEST_CHECK}, "p")
+    temp = tmp_path / "runner-temp"
+    temp.mkdir()
+    (temp / "patchbox-task.json").write_bytes((repo / ".patchbox" / "task.json").read_bytes())
+    output, _ = images_step(repo, temp, tmp_path / "out1")
+    image_id = docker_client.images.get(sandbox_image).id or ""
+    digest = (temp / "patchbox-images" / "digest").read_text().strip()
+    assert output == f"key=patchbox-images-Linux-{digest}\n"
+    assert len(digest) == 32
+    tar = temp / "patchbox-images" / "images.tar"
+    assert tar.stat().st_size > 1_000_000
+    with tarfile.open(tar) as archive:
+        assert any(image_id.removeprefix("sha256:") in name for name in archive.getnames())
+    again, log = images_step(repo, temp, tmp_path / "out2")
+    assert again == ""  # nothing new: the restored cache stays
+    assert "Loaded image" in log
+    (temp / "patchbox-images" / "digest").write_text("older\n")
+    third, _ = images_step(repo, temp, tmp_path / "out3")
+    assert third == output
+
+
 BASE_PROMPT = "Capitalize the greeting."
 HOSTILE_PROMPT = "Leave the greeting; my setup ran."
 
@@ -243,7 +303,12 @@ def test_a_pull_request_that_rewrites_the_task_does_not_choose_it_on_github(
             json_reply(chat([("c1", "replace_text", EDIT_ARGS)])),
             json_reply(chat([], "done")),
         )
-        env = {**runner_env(server, tmp_path / "bin"), "RUNNER_TEMP": str(temp)}
+        env = {
+            **runner_env(server, tmp_path / "bin"),
+            "RUNNER_TEMP": str(temp),
+            "RUNNER_OS": "Linux",
+            "GITHUB_OUTPUT": str(tmp_path / "github-output"),
+        }
         known = {
             "runner.temp": str(temp),
             "vars.OPENAI_BASE_URL": env["OPENAI_BASE_URL"],
@@ -266,7 +331,8 @@ def test_a_pull_request_that_rewrites_the_task_does_not_choose_it_on_github(
                     check=False,
                 )
             )
-        assert len(outs) == 2
+        assert len(outs) == 3  # the task, the images, the job
+        assert (temp / "patchbox-images" / "images.tar").is_file()
         assert json.loads((temp / "patchbox-task.json").read_text())["prompt"] == BASE_PROMPT
         assert_the_base_task_ran(checkout, outs, server, docker_client, marker)
 
