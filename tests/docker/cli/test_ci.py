@@ -200,28 +200,43 @@ def runner_env_without_provider() -> dict[str, str]:
 def test_the_image_cache_step_saves_once_and_loads_what_it_saved(
     docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
 ) -> None:
-    """The images step on a runner: the first run saves the sandbox image under a key of
-    its id; the next, with the cache restored, loads it and saves nothing (same key); a
-    changed folder (another digest) is saved again."""
+    """The images step on a runner, for a task with an environment: the first run builds
+    the environment and saves it with the sandbox image under a key of their ids; the next,
+    with the cache restored, loads them and saves nothing (same key); a cache of other
+    images (another digest) is saved again."""
+    marker = uuid.uuid4().hex
     repo = project(tmp_path / "repo", {"tests": PYTEST_CHECK}, "p")
     temp = tmp_path / "runner-temp"
     temp.mkdir()
-    (temp / "patchbox-task.json").write_bytes((repo / ".patchbox" / "task.json").read_bytes())
-    output, _ = images_step(repo, temp, tmp_path / "out1")
-    image_id = docker_client.images.get(sandbox_image).id or ""
-    digest = (temp / "patchbox-images" / "digest").read_text().strip()
-    assert output == f"key=patchbox-images-Linux-{digest}\n"
-    assert len(digest) == 32
-    tar = temp / "patchbox-images" / "images.tar"
-    assert tar.stat().st_size > 1_000_000
-    with tarfile.open(tar) as archive:
-        assert any(image_id.removeprefix("sha256:") in name for name in archive.getnames())
-    again, log = images_step(repo, temp, tmp_path / "out2")
-    assert again == ""  # nothing new: the restored cache stays
-    assert "Loaded image" in log
-    (temp / "patchbox-images" / "digest").write_text("older\n")
-    third, _ = images_step(repo, temp, tmp_path / "out3")
-    assert third == output
+    task = json.loads((repo / ".patchbox" / "task.json").read_text())
+    task["environment"] = {"setup": [["sh", "-c", f"echo {marker} > /opt/m"]]}
+    (temp / "patchbox-task.json").write_text(json.dumps(task))
+    try:
+        output, log = images_step(repo, temp, tmp_path / "out1")
+        [env_image] = [
+            i
+            for i in docker_client.images.list(filters={"label": "io.patchbox.kind=environment"})
+            if marker in json.dumps(i.labels)
+        ]
+        digest = (temp / "patchbox-images" / "digest").read_text().strip()
+        assert output == f"key=patchbox-images-Linux-{digest}\n", log[-3000:]
+        assert len(digest) == 32
+        tar = temp / "patchbox-images" / "images.tar"
+        with tarfile.open(tar) as archive:
+            names = "\n".join(archive.getnames())
+        for image in (docker_client.images.get(sandbox_image), env_image):
+            assert (image.id or "").removeprefix("sha256:") in names
+        again, log = images_step(repo, temp, tmp_path / "out2")
+        assert again == ""  # nothing new: the restored cache stays
+        assert "Loaded image" in log
+        assert docker_client.images.get(env_image.tags[0]).id == env_image.id  # not rebuilt
+        (temp / "patchbox-images" / "digest").write_text("older\n")
+        third, _ = images_step(repo, temp, tmp_path / "out3")
+        assert third == output
+    finally:
+        for image in docker_client.images.list(filters={"label": "io.patchbox.kind=environment"}):
+            if marker in json.dumps(image.labels):
+                docker_client.images.remove(image.id or "", force=True)
 
 
 BASE_PROMPT = "Capitalize the greeting."
