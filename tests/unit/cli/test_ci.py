@@ -120,7 +120,7 @@ def test_the_github_workflow_is_bounded_and_keeps_one_run_per_pull_request() -> 
 
 def test_writing_is_the_report_job_s_alone_and_it_runs_no_code() -> None:
     """Only ``report`` may write (checks, the pull request's comments); it needs the job,
-    runs whatever its end, skips pull requests from forks (their token cannot write), and
+    runs whether it passed or failed (not when cancelled), skips pull requests from forks (their token cannot write), and
     has no ``run`` step: only actions that read the artifacts as data."""
     jobs = workflow("GitHub Actions")["jobs"]
     report = jobs["report"]
@@ -130,7 +130,7 @@ def test_writing_is_the_report_job_s_alone_and_it_runs_no_code() -> None:
         "pull-requests": "write",
     }
     assert report["needs"] == "patchbox"
-    assert report["if"].startswith("always() && ")
+    assert report["if"].startswith("${{ !cancelled() && ")
     assert "head.repo.full_name == github.repository" in report["if"]
     assert all("run" not in step for step in report["steps"])
     uses = [str(step["uses"]).split("@", 1)[0] for step in report["steps"]]
