@@ -164,3 +164,18 @@ def test_the_cli_commands_take_a_file_with_a_service_table(tmp_path: Path) -> No
     )
     assert done.returncode == 2
     assert "spare_sandbox" in done.stdout
+
+
+def test_the_documented_lines_are_the_ones_it_prints(tmp_path: Path) -> None:
+    """docs/service.md's example has the lines ``startup_lines`` makes, in its order."""
+    doc = (REPO_ROOT / "docs" / "service.md").read_text()
+    block = doc.split("**What it loaded.**", 1)[1].split("```\n", 2)[1]
+    documented = [line.removeprefix("patchbox serve: ") for line in block.splitlines()]
+    config = write_config(tmp_path, workers=0, host=PROVIDER)
+    host, service = load_service_config(config)
+    made = startup_lines(config, host, service)
+    made = [line for line in made if not line.startswith("tenant beta")]
+    assert [line.split(":", 1)[0] for line in documented] == [
+        line.split(":", 1)[0] for line in made
+    ]
+    assert all(line.startswith("patchbox serve: ") for line in block.splitlines())
