@@ -25,6 +25,7 @@ from pydantic import (
     field_validator,
 )
 
+from controller.errorinfo import Hint
 from controller.errormap import describe_validation
 from controller.errors import UsageError
 
@@ -50,6 +51,7 @@ HostName = Annotated[
 ]
 """A host name or an IP address, as a URL's host gives it."""
 
+_INSECURE = "the API key is sent only over https"
 _LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain"})
 
 
@@ -140,8 +142,8 @@ class ProviderConfig(BaseModel):
         allowed = {name.lower() for name in info.data.get("allow_insecure_http_hosts", [])}
         if parts.scheme == "http" and not _loopback(host) and host not in allowed:
             msg = (
-                "the API key is sent only over https (plain http only to a loopback host or a "
-                "host named in provider.allow_insecure_http_hosts)"
+                f"{_INSECURE} (plain http only to a loopback host or a host named in "
+                "provider.allow_insecure_http_hosts)"
             )
             raise ValueError(msg)
         return value
@@ -223,4 +225,6 @@ def _build(values: Mapping[str, Any], names: Mapping[str, str]) -> ProviderConfi
         return ProviderConfig.model_validate(values)
     except ValidationError as exc:
         detail = describe_validation(exc, subject="provider", names=names, max_chars=10_000)
-        raise UsageError(f"invalid provider settings: {detail}") from None
+        insecure = any(_INSECURE in str(error.get("msg", "")) for error in exc.errors())
+        hint = Hint(option="allow_insecure_http_hosts") if insecure else None
+        raise UsageError(f"invalid provider settings: {detail}", hint=hint) from None

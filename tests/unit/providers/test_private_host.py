@@ -120,3 +120,25 @@ def test_a_provider_sends_its_key_to_a_named_private_host_over_plain_http() -> N
     (request,) = server.received
     assert request.path == "/v1/chat/completions"
     assert request.headers["authorization"] == f"Bearer {KEY}"
+
+
+def test_the_refusal_carries_its_remedy_in_each_front_door_s_words() -> None:
+    from controller.cli import hints as cli_hints
+    from controller.errorinfo import Hint
+    from controller.mcp import hints as mcp_hints
+    from controller.service import hints as service_hints
+
+    with pytest.raises(UsageError) as caught:
+        ProviderConfig.from_mapping(table(), {})
+    assert caught.value.hint == Hint(option="allow_insecure_http_hosts")
+    words = cli_hints.remedy(caught.value.hint)
+    assert words is not None
+    assert "provider.allow_insecure_http_hosts" in words
+    assert "--" not in words  # a configuration key, no flag: the key is never a flag's
+    for door in (mcp_hints, service_hints):
+        data = door.hint_data(caught.value.hint)
+        assert data is not None
+        assert "provider.allow_insecure_http_hosts" in data["text"]
+    with pytest.raises(UsageError) as other:
+        ProviderConfig.from_mapping(table(base_url="ftp://x"), {})
+    assert other.value.hint is None
