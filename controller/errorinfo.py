@@ -8,7 +8,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-HintOption = Literal["include_local_changes", "merge", "allow_insecure_http"]
+HintOption = Literal[
+    "include_local_changes", "merge", "allow_insecure_http", "allow_insecure_http_hosts"
+]
 """A request option that changes the outcome, by the engine's name for it."""
 HintAction = Literal["build_image", "list_environments"]
 """An operation that remedies the error, by the engine's name for it."""

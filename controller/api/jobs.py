@@ -87,6 +87,13 @@ def check_provider(config: HostConfig) -> None:
     configured_provider(config.provider)
 
 
+def describe_provider(config: HostConfig) -> dict[str, str]:
+    """The operator's provider as it may be shown: ``api``, ``endpoint`` (scheme, host and
+    port of its base URL), ``model`` and ``key`` (``set`` or ``none``), never the key;
+    ``USAGE_ERROR`` naming what is missing when none is configured."""
+    return configured_provider(config.provider).public_view()
+
+
 def make_job(
     request: JobRequest,
     *,

@@ -2,27 +2,33 @@
 
 - ``run.json``: the object ``run --json`` prints;
 - ``evidence.json``: the job's evidence bundle (no secret, no host path);
-- ``diff.patch``: the diff as a ``git format-patch`` mail (subject from the task's first
-  line, author ``patchbox``), so ``git am`` applies it on the baseline's HEAD; only when
-  the job made a diff;
+- ``diff.patch``: the diff as a ``git format-patch`` mail (subject from the first line of
+  the model's summary, else the task's; author ``patchbox``), so ``git am`` applies it on
+  the baseline's HEAD; only when the job made a diff;
 - ``junit.xml``: each check's own test cases where it wrote JUnit XML, one case per check
   otherwise, and a failing case for a job that failed outside its checks;
 - ``transcript.json`` and ``transcript.txt``: the conversation.
 
 A command that ends before any job (bad usage, no daemon) writes ``junit.xml`` with one
 failing case and ``error.json``: never an empty report a CI would show as green.
+
+The folder is never removed, nor any file in it but an earlier run's artifacts (:data:`OWN`);
+one patchbox made gets a ``.gitignore`` of ``*`` (:func:`prepare_folder`), so inside the
+repository it is no local change to the next job.
 """
 
 from __future__ import annotations
 
 import email.utils
 import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from controller.jobs.log import write_atomic
 from controller.jobs.report import failed_command_report, report
 from controller.logs import Scrubber
+from controller.text import HIDDEN
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -34,32 +40,108 @@ SUBJECT_CHARS = 72
 BODY_CHARS = 4000
 
 
+_DECORATION = re.compile(r"^(?:[#>*+-]+\s*|\d{1,3}[.)]\s+)+")
+"""Markdown's marks at a line's start: headings, quotes, bullets, numbers."""
+_LABEL = re.compile(r"(?i)(?:summary|changes?|done|result)\s*:?")
+"""A line that only announces what follows."""
+
+
+def _plain(line: str, scrub: Scrubber) -> str:
+    """One line of untrusted text for a mail: no control, format or bidi character, no
+    secret, no host path, no space around it."""
+    return HIDDEN.sub("", scrub.text(line)).strip()
+
+
+def _unmarked(line: str) -> str:
+    """``line`` on one line of single spaces, without Markdown's marks around it (for a
+    subject)."""
+    text = " ".join(line.replace("**", "").split())
+    return _DECORATION.sub("", text).strip("*_` ").strip()
+
+
+def _summary(record: JobRecord, scrub: Scrubber) -> tuple[str, list[str]]:
+    """The model's summary (its final message): its first line that says something (a line
+    like ``Summary:`` only announces it) without Markdown's marks, and the lines after it;
+    ``("", [])`` without one."""
+    lines = [_plain(line, scrub) for line in (record.final_message or "").splitlines()]
+    lines = [line for line in lines if line]
+    while lines:
+        first = _unmarked(lines.pop(0))
+        if first and not _LABEL.fullmatch(first):
+            return first, lines
+    return "", []
+
+
+def _subject(line: str) -> str:
+    if len(line) > SUBJECT_CHARS:
+        return line[: SUBJECT_CHARS - 3].rstrip() + "..."
+    return line
+
+
 def format_patch(record: JobRecord, diff: str, scrub: Scrubber, version: str) -> str:
-    """The diff as one ``git format-patch`` mail. The task's lines after the first become
-    the message body, indented, so no line of it can pass for a patch or a mail separator."""
+    """The diff as one ``git format-patch`` mail. The subject is the first line of the
+    model's summary (its final message), else the task's first line; the rest of the
+    summary and the task become the message body, indented, so no line of it can pass for
+    a patch or a mail separator."""
     prompt = str(record.task.get("prompt") or "")
-    lines = [scrub.text(line).strip() for line in prompt.splitlines()]
-    lines = [line for line in lines if line] or [f"patchbox job {record.job_id}"]
-    subject = " ".join(lines[0].split())
-    if len(subject) > SUBJECT_CHARS:
-        subject = subject[: SUBJECT_CHARS - 3].rstrip() + "..."
-    body = "\n".join("    " + line for line in lines[1:])[:BODY_CHARS]
+    task = [line for line in (_plain(line, scrub) for line in prompt.splitlines()) if line]
+    subject, body_lines = _summary(record, scrub)
+    if subject:
+        if task:
+            body_lines += ["", "Task:", *task] if body_lines else ["Task:", *task]
+    else:
+        subject = _unmarked(task[0]) if task else ""
+        subject, body_lines = subject or f"patchbox job {record.job_id}", task[1:]
+    body = "\n".join(("    " + line) if line else "" for line in body_lines)[:BODY_CHARS]
     commit = (record.baseline.head if record.baseline else "") or "0" * 40
     when = email.utils.formatdate(record.updated_at, localtime=True)
     message = [
         f"From {commit} Mon Sep 17 00:00:00 2001",
         f"From: {AUTHOR}",
         f"Date: {when}",
-        f"Subject: [PATCH] {subject}",
+        f"Subject: [PATCH] {_subject(subject)}",
         "",
     ]
     if body:
-        message += [body, ""]
+        message += [body.rstrip(), ""]
     message += [f"patchbox job {record.job_id}", "---", ""]
     text = "\n".join(message) + diff
     if not text.endswith("\n"):
         text += "\n"
     return text + f"-- \npatchbox {version}\n"
+
+
+OWN = frozenset(
+    {
+        ".gitignore",
+        "run.json",
+        "evidence.json",
+        "diff.patch",
+        "junit.xml",
+        "transcript.json",
+        "transcript.txt",
+        "error.json",
+    }
+)
+"""The names patchbox writes in an output folder; it removes none but these (an earlier
+run's that would pass for this one's), never the folder, never another file."""
+
+IGNORE_ALL = b"# patchbox's output folder (run --output-dir): git, and so patchbox, ignores it\n*\n"
+
+
+def prepare_folder(folder: Path) -> None:
+    """Makes ``folder`` (and its parents), and, when it holds nothing but patchbox's own
+    files, a ``.gitignore`` of ``*``: a folder patchbox writes inside the repository is then
+    not a local change, to git or to the next job's health check. A ``.gitignore`` that is
+    there is never replaced, and a folder holding other files is left as it is."""
+    existed = folder.is_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    marker = folder / ".gitignore"
+    if marker.exists() or marker.is_symlink():
+        return
+    if existed and any(entry.name not in OWN for entry in folder.iterdir()):
+        return
+    write_atomic(marker, IGNORE_ALL)
 
 
 def write_artifacts(  # noqa: PLR0913 - a finished job's parts, all keyword-only
@@ -75,7 +157,7 @@ def write_artifacts(  # noqa: PLR0913 - a finished job's parts, all keyword-only
     """Writes the artifacts of a finished job into ``folder``; returns their names."""
     from controller.jobs.summary import transcript_text
 
-    folder.mkdir(parents=True, exist_ok=True)
+    prepare_folder(folder)
     scrub = Scrubber(record.repo, secrets)
     written = ["run.json"]
     write_atomic(folder / "run.json", json.dumps(view, indent=2, sort_keys=True).encode())
@@ -104,7 +186,7 @@ def write_failure(folder: Path, code: str, message: str) -> None:
     """The artifacts of a command that ended before any job: a failing JUnit case and the
     error. Best effort: a folder that cannot be written changes nothing of the error."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        prepare_folder(folder)
         write_atomic(folder / "junit.xml", failed_command_report(code, message))
         error = {"error": {"code": code, "message": message}}
         write_atomic(folder / "error.json", json.dumps(error, indent=2).encode())

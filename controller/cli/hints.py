@@ -13,6 +13,10 @@ OPTIONS: dict[HintOption, str] = {
     "include_local_changes": "pass --include-local-changes to include them",
     "merge": "to merge your changes three-way: patchbox apply {job} --merge",
     "allow_insecure_http": "pass --allow-insecure-http to allow it",
+    "allow_insecure_http_hosts": (
+        "to send the key to that host over plain http, name it in the host configuration's "
+        "provider.allow_insecure_http_hosts"
+    ),
 }
 """Each option's words; ``{job}`` is the job the remedy is for."""
 

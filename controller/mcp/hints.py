@@ -13,6 +13,10 @@ OPTIONS: dict[HintOption, str] = {
     "include_local_changes": "start `patchbox mcp` with --include-local-changes to include them",
     "merge": "merge them on the host with `patchbox apply {job} --merge`",
     "allow_insecure_http": "plain http must be allowed explicitly on the host",
+    "allow_insecure_http_hosts": (
+        "the host's operator may name that host in the host configuration's "
+        "provider.allow_insecure_http_hosts"
+    ),
 }
 """Each option's words; ``{job}`` is the job the remedy is for."""
 

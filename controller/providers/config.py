@@ -25,6 +25,7 @@ from pydantic import (
     field_validator,
 )
 
+from controller.errorinfo import Hint
 from controller.errormap import describe_validation
 from controller.errors import UsageError
 
@@ -45,6 +46,12 @@ over the host config's key for the same setting (:meth:`ProviderConfig.from_mapp
 
 _KEY_CHARS = re.compile(r"[\x21-\x7e]{1,4096}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+HostName = Annotated[
+    str, StringConstraints(max_length=253, pattern=r"^[A-Za-z0-9:][A-Za-z0-9_.:-]{0,252}$")
+]
+"""A host name or an IP address, as a URL's host gives it."""
+
+_INSECURE = "the API key is sent only over https"
 _LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain"})
 
 
@@ -68,6 +75,10 @@ class ProviderConfig(BaseModel):
     """Chat Completions or Responses."""
     base_url: Annotated[str, StringConstraints(min_length=1, max_length=2048)] = DEFAULT_BASE_URL
     """``http(s)://host[:port][/path]``, without credentials, query or fragment."""
+    allow_insecure_http_hosts: list[HostName] = Field(default_factory=list, max_length=64)
+    """Hosts the key may be sent to over plain ``http`` besides loopback: the operator's own
+    model server on a private network (``host.docker.internal`` from a container). Names are
+    compared without case; a name matches itself only (no wildcard, no subdomain)."""
     api_key: SecretStr | None = None
     """Sent as ``Authorization: Bearer``; None sends no Authorization header."""
     model: Annotated[str, StringConstraints(min_length=1, max_length=256)]
@@ -127,10 +138,27 @@ class ProviderConfig(BaseModel):
             msg = "api_key must be 1 to 4096 printable ASCII characters without spaces"
             raise ValueError(msg)
         parts = urlsplit(info.data.get("base_url", ""))
-        if parts.scheme == "http" and not _loopback(parts.hostname or ""):
-            msg = "the API key is sent only over https (plain http only to a loopback host)"
+        host = (parts.hostname or "").lower()
+        allowed = {name.lower() for name in info.data.get("allow_insecure_http_hosts", [])}
+        if parts.scheme == "http" and not _loopback(host) and host not in allowed:
+            msg = (
+                f"{_INSECURE} (plain http only to a loopback host or a host named in "
+                "provider.allow_insecure_http_hosts)"
+            )
             raise ValueError(msg)
         return value
+
+    def public_view(self) -> dict[str, str]:
+        """What may be shown of these settings: the API, the endpoint's scheme, host and
+        port (never its path), the model, and whether a key is set (never the key)."""
+        parts = urlsplit(self.base_url)
+        endpoint = f"{parts.scheme}://{parts.netloc}"
+        return {
+            "api": self.api,
+            "endpoint": endpoint,
+            "model": self.model,
+            "key": "set" if self.api_key is not None else "none",
+        }
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ProviderConfig:
@@ -197,4 +225,6 @@ def _build(values: Mapping[str, Any], names: Mapping[str, str]) -> ProviderConfi
         return ProviderConfig.model_validate(values)
     except ValidationError as exc:
         detail = describe_validation(exc, subject="provider", names=names, max_chars=10_000)
-        raise UsageError(f"invalid provider settings: {detail}") from None
+        insecure = any(_INSECURE in str(error.get("msg", "")) for error in exc.errors())
+        hint = Hint(option="allow_insecure_http_hosts") if insecure else None
+        raise UsageError(f"invalid provider settings: {detail}", hint=hint) from None

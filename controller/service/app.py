@@ -6,6 +6,7 @@ the OpenAPI document (their handlers in :mod:`controller.service.handlers`), eac
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -176,8 +177,13 @@ def serve(config_path: Path | None, host: str, port: int) -> None:
     import uvicorn
 
     from controller.service.server import server_config
+    from controller.service.startup import PREFIX, startup_lines
 
     app, service = build(config_path)
+    summary = startup_lines(config_path, service.host, service.config)
+    with contextlib.suppress(OSError):
+        sys.stderr.write("".join(f"{PREFIX}{line}\n" for line in summary))
+        sys.stderr.flush()
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:

@@ -15,6 +15,9 @@ OPTIONS: dict[HintOption, str] = {
         "merge it where the work tree is"
     ),
     "allow_insecure_http": "connect over https",
+    "allow_insecure_http_hosts": (
+        "the service's operator may name that host in provider.allow_insecure_http_hosts"
+    ),
 }
 """Each option's words; ``{job}`` is the job the remedy is for."""
 

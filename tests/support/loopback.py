@@ -81,12 +81,14 @@ class _Server(ThreadingHTTPServer):
 class LoopbackServer:
     """Serves on ``url`` while entered; stops and releases hanging responders on exit."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        """``host``: the address to listen on (another of this machine's addresses stands
+        for a model server on a private network)."""
         self._lock = threading.Lock()
         self._queue: deque[Responder] = deque()
         self._received: list[Received] = []
         self.stopping = threading.Event()
-        self._httpd = _Server(("127.0.0.1", 0), Handler)
+        self._httpd = _Server((host, 0), Handler)
         self._httpd.owner = self
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.005}, daemon=True

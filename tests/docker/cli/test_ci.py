@@ -9,8 +9,10 @@ not choose the task, and the GitHub job's token can only read."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+import tarfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ from tests.support.git import git
 from tests.support.jobs import APP_AFTER
 from tests.support.loopback import LoopbackServer, json_reply
 
+SUMMARY = "**Capitalized the greeting in greet().**\n\nNothing else changed."
 EDIT_ARGS = json.dumps({"path": "app.py", "oldText": '"hello "', "newText": '"Hello "'})
 
 
@@ -63,7 +66,7 @@ def test_the_documented_step_publishes_a_patch_git_am_applies_and_the_checks_own
     with LoopbackServer() as server:
         server.play(
             json_reply(chat([("c1", "replace_text", EDIT_ARGS)])),
-            json_reply(chat([], "Done: the greeting is capitalized.")),
+            json_reply(chat([], SUMMARY)),
         )
         done = run_step(repo, server, tmp_path / "bin")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -71,6 +74,7 @@ def test_the_documented_step_publishes_a_patch_git_am_applies_and_the_checks_own
     out = repo / "patchbox-out"
     names = sorted(p.name for p in out.iterdir())
     assert names == [
+        ".gitignore",
         "diff.patch",
         "evidence.json",
         "junit.xml",
@@ -83,7 +87,7 @@ def test_the_documented_step_publishes_a_patch_git_am_applies_and_the_checks_own
     evidence = (out / "evidence.json").read_text()
     assert KEY not in evidence
     assert str(repo) not in evidence
-    assert json.loads(evidence)["transcript"][-1]["text"] == "Done: the greeting is capitalized."
+    assert json.loads(evidence)["transcript"][-1]["text"] == SUMMARY
     assert "call c1 replace_text" in (out / "transcript.txt").read_text()
 
     suites = {s.get("name"): s for s in junit_root(out / "junit.xml").iter("testsuite")}
@@ -100,7 +104,9 @@ def test_the_documented_step_publishes_a_patch_git_am_applies_and_the_checks_own
     log = git(clone, "log", "-1", "--format=%an <%ae>%n%s%n%b")
     author, subject, *body = log.splitlines()
     assert author == "patchbox <patchbox@localhost>"
-    assert subject == "Capitalize the greeting."
+    assert subject == "Capitalized the greeting in greet()."  # the model's summary
+    assert "    Task:" in body
+    assert "    Capitalize the greeting." in body
     assert "    --- not a patch line" in body
     assert git(clone, "show", "--stat", "--format=", "HEAD").split()[0] == "app.py"
 
@@ -122,6 +128,115 @@ def test_a_failing_job_is_red_in_the_report_and_the_exit_status(
     root = junit_root(repo / "patchbox-out" / "junit.xml")
     failed = [c.get("name") for c in root.iter("testcase") if c.find("failure") is not None]
     assert failed == ["test_capital"]
+
+
+def test_an_output_folder_in_the_checkout_is_kept_and_never_makes_it_dirty(
+    docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
+) -> None:
+    """The documented step twice in one checkout: the second job is not refused for the
+    first one's output folder (it is no local change), and when it fails its folder keeps
+    what was put in it."""
+    del docker_client, sandbox_image
+    repo = project(tmp_path / "repo", {"tests": PYTEST_CHECK}, "Capitalize the greeting.")
+    out = repo / "patchbox-out"
+    with LoopbackServer() as server:
+        server.play(
+            json_reply(chat([("c1", "replace_text", EDIT_ARGS)])),
+            json_reply(chat([], SUMMARY)),
+        )
+        first = run_step(repo, server, tmp_path / "bin")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert (out / "diff.patch").is_file()
+    assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""
+    (out / "keep.txt").write_text("the CI's own notes\n")
+    wrong = json.dumps({"path": "app.py", "oldText": '"hello "', "newText": '"HELLO "'})
+    with LoopbackServer() as server:
+        server.play(
+            json_reply(chat([("c1", "replace_text", wrong)])),
+            json_reply(chat([], "done")),
+        )
+        second = run_step(repo, server, tmp_path / "bin")
+    assert second.returncode == 1, second.stderr[-3000:]
+    run = json.loads((out / "run.json").read_text())
+    assert run["status"] == "failed"
+    assert run["error"]["code"] != "CONSENT_REQUIRED"
+    assert [c["id"] for c in run["checks"]] == ["tests"]  # the job ran to its checks
+    assert (out / "keep.txt").read_text() == "the CI's own notes\n"
+    assert (out / ".gitignore").is_file()
+    assert {"junit.xml", "evidence.json", "diff.patch"} <= {p.name for p in out.iterdir()}
+
+
+def images_step(checkout: Path, temp: Path, output: Path) -> tuple[str, str]:
+    """docs/ci.md's "Build the images" step, as the runner runs it; its ``GITHUB_OUTPUT``."""
+    step = next(s for s in github_steps() if s.get("name") == "Build the images")
+    assert step["shell"] == "bash"
+    output.write_text("")
+    done = subprocess.run(
+        ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]],
+        cwd=checkout,
+        env={
+            **runner_env_without_provider(),
+            "RUNNER_TEMP": str(temp),
+            "RUNNER_OS": "Linux",
+            "GITHUB_OUTPUT": str(output),
+            "TASK_FILE": str(temp / "patchbox-task.json"),
+        },
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return output.read_text(), done.stdout + done.stderr
+
+
+def runner_env_without_provider() -> dict[str, str]:
+    with LoopbackServer() as server:
+        env = runner_env(server, Path(os.environ.get("TMPDIR", "/tmp")) / f"bin-{uuid.uuid4().hex}")
+    return {k: v for k, v in env.items() if not k.startswith(("OPENAI_", "PATCHBOX_"))}
+
+
+@pytest.mark.docker
+def test_the_image_cache_step_saves_once_and_loads_what_it_saved(
+    docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
+) -> None:
+    """The images step on a runner, for a task with an environment: the first run builds
+    the environment and saves it with the sandbox image under a key of their ids; the next,
+    with the cache restored, loads them and saves nothing (same key); a cache of other
+    images (another digest) is saved again."""
+    marker = uuid.uuid4().hex
+    repo = project(tmp_path / "repo", {"tests": PYTEST_CHECK}, "p")
+    temp = tmp_path / "runner-temp"
+    temp.mkdir()
+    task = json.loads((repo / ".patchbox" / "task.json").read_text())
+    task["environment"] = {"setup": [["sh", "-c", f"echo {marker} > /opt/m"]]}
+    (temp / "patchbox-task.json").write_text(json.dumps(task))
+    try:
+        output, log = images_step(repo, temp, tmp_path / "out1")
+        [env_image] = [
+            i
+            for i in docker_client.images.list(filters={"label": "io.patchbox.kind=environment"})
+            if marker in json.dumps(i.labels)
+        ]
+        digest = (temp / "patchbox-images" / "digest").read_text().strip()
+        assert output == f"key=patchbox-images-Linux-{digest}\n", log[-3000:]
+        assert len(digest) == 32
+        tar = temp / "patchbox-images" / "images.tar"
+        with tarfile.open(tar) as archive:
+            names = "\n".join(archive.getnames())
+        for image in (docker_client.images.get(sandbox_image), env_image):
+            assert (image.id or "").removeprefix("sha256:") in names
+        again, log = images_step(repo, temp, tmp_path / "out2")
+        assert again == ""  # nothing new: the restored cache stays
+        assert "Loaded image" in log
+        assert docker_client.images.get(env_image.tags[0]).id == env_image.id  # not rebuilt
+        (temp / "patchbox-images" / "digest").write_text("older\n")
+        third, _ = images_step(repo, temp, tmp_path / "out3")
+        assert third == output
+    finally:
+        for image in docker_client.images.list(filters={"label": "io.patchbox.kind=environment"}):
+            if marker in json.dumps(image.labels):
+                docker_client.images.remove(image.id or "", force=True)
 
 
 BASE_PROMPT = "Capitalize the greeting."
@@ -203,7 +318,12 @@ def test_a_pull_request_that_rewrites_the_task_does_not_choose_it_on_github(
             json_reply(chat([("c1", "replace_text", EDIT_ARGS)])),
             json_reply(chat([], "done")),
         )
-        env = {**runner_env(server, tmp_path / "bin"), "RUNNER_TEMP": str(temp)}
+        env = {
+            **runner_env(server, tmp_path / "bin"),
+            "RUNNER_TEMP": str(temp),
+            "RUNNER_OS": "Linux",
+            "GITHUB_OUTPUT": str(tmp_path / "github-output"),
+        }
         known = {
             "runner.temp": str(temp),
             "vars.OPENAI_BASE_URL": env["OPENAI_BASE_URL"],
@@ -226,7 +346,8 @@ def test_a_pull_request_that_rewrites_the_task_does_not_choose_it_on_github(
                     check=False,
                 )
             )
-        assert len(outs) == 2
+        assert len(outs) == 3  # the task, the images, the job
+        assert (temp / "patchbox-images" / "images.tar").is_file()
         assert json.loads((temp / "patchbox-task.json").read_text())["prompt"] == BASE_PROMPT
         assert_the_base_task_ran(checkout, outs, server, docker_client, marker)
 

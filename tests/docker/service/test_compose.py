@@ -168,6 +168,7 @@ def test_the_controller_runs_non_root_with_the_socket_group_and_is_healthy(
     assert config["User"] == f"{uid}:{service.env['PATCHBOX_GID']}"
     assert uid != "0"
     assert host["GroupAdd"] == [service.env["DOCKER_GID"]]
+    assert host["ExtraHosts"] == ["host.docker.internal:host-gateway"]
     assert host["ReadonlyRootfs"] is True
     assert host["CapDrop"] == ["ALL"]
     assert host["Privileged"] is False

@@ -9,9 +9,12 @@ not choose the task, and the GitHub job's token can only read."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -72,7 +75,7 @@ def test_a_command_that_fails_before_any_job_writes_a_failing_report(tmp_path: P
         done = run_step(repo, server, tmp_path / "bin")
     assert done.returncode == 2
     out = repo / "patchbox-out"
-    assert sorted(p.name for p in out.iterdir()) == ["error.json", "junit.xml"]
+    assert sorted(p.name for p in out.iterdir()) == [".gitignore", "error.json", "junit.xml"]
     root = junit_root(out / "junit.xml")
     [case] = list(root.iter("testcase"))
     failure = case.find("failure")
@@ -103,3 +106,180 @@ def test_a_hostile_junit_file_is_refused_not_parsed(tmp_path: Path) -> None:
         ("b", "error", 0.0),
         ("c", "skipped", 0.0),
     ]
+
+
+def test_the_github_workflow_is_bounded_and_keeps_one_run_per_pull_request() -> None:
+    flow = workflow("GitHub Actions")
+    assert flow["concurrency"] == {
+        "group": "patchbox-${{ github.event.pull_request.number }}",
+        "cancel-in-progress": True,
+    }
+    for job in flow["jobs"].values():
+        assert 0 < job["timeout-minutes"] <= 120
+
+
+def test_writing_is_the_report_job_s_alone_and_it_runs_no_code() -> None:
+    """Only ``report`` may write (checks, the pull request's comments); it needs the job,
+    runs whether it passed or failed (not when cancelled), skips pull requests from forks (their token cannot write), and
+    has no ``run`` step: only actions that read the artifacts as data."""
+    jobs = workflow("GitHub Actions")["jobs"]
+    report = jobs["report"]
+    assert report["permissions"] == {
+        "contents": "read",
+        "checks": "write",
+        "pull-requests": "write",
+    }
+    assert report["needs"] == "patchbox"
+    assert report["if"].startswith("${{ !cancelled() && ")
+    assert "head.repo.full_name == github.repository" in report["if"]
+    assert all("run" not in step for step in report["steps"])
+    uses = [str(step["uses"]).split("@", 1)[0] for step in report["steps"]]
+    assert uses == [
+        "actions/checkout",
+        "actions/download-artifact",
+        "dorny/test-reporter",
+        "actions/github-script",
+    ]
+    assert report["steps"][0]["with"] == {"persist-credentials": False}
+    upload = next(s for s in jobs["patchbox"]["steps"] if s.get("name") == "Publish the artifacts")
+    assert upload["if"] == "always()"
+    download = report["steps"][1]["with"]
+    assert download == {"name": upload["with"]["name"], "path": "patchbox-out"}
+    junit = report["steps"][2]["with"]
+    assert (junit["path"], junit["reporter"]) == ("patchbox-out/junit.xml", "java-junit")
+
+
+def test_the_image_cache_is_restored_built_and_saved_in_one_folder() -> None:
+    steps = {s.get("name"): s for s in github_steps()}
+    folder = "${{ runner.temp }}/patchbox-images"
+    restore, build, save = (
+        steps["Restore the images"],
+        steps["Build the images"],
+        steps["Save the images"],
+    )
+    assert restore["uses"] == "actions/cache/restore@v4"
+    assert restore["with"]["path"] == save["with"]["path"] == folder
+    assert restore["with"]["restore-keys"] == "patchbox-images-${{ runner.os }}-"
+    assert save["uses"] == "actions/cache/save@v4"
+    assert save["if"] == "steps.images.outputs.key != ''"
+    assert save["with"]["key"] == "${{ steps.images.outputs.key }}"
+    script = build["run"]
+    assert 'images="$RUNNER_TEMP/patchbox-images"' in script
+    assert "patchbox image build --json" in script
+    assert 'patchbox env build --repo "$PWD" --task "$TASK_FILE" --json' in script
+    assert "${{" not in script  # the script takes the runner's values from its environment
+    names = list(steps)
+    assert names.index("Build the images") < names.index("Run patchbox")
+
+
+REVIEW_JS = """
+const fs = require('fs');
+const calls = [];
+const record = (name) => async (args) => { calls.push([name, args]); return { data: [] }; };
+const github = {
+  rest: {
+    checks: { create: record('checks.create') },
+    issues: {
+      listComments: 'listComments',
+      createComment: record('issues.createComment'),
+      updateComment: record('issues.updateComment'),
+    },
+  },
+  paginate: async () => JSON.parse(process.env.COMMENTS),
+};
+const context = {
+  serverUrl: 'https://github.example', runId: 7, repo: { owner: 'o', repo: 'r' },
+  payload: { pull_request: { number: 5, head: { sha: 'abc' } } },
+};
+(async () => {
+SCRIPT
+})().then(() => console.log(JSON.stringify(calls)), (e) => { console.error(e); process.exit(1); });
+"""
+
+
+def run_review(tmp_path: Path, files: dict[str, str], comments: list[object]) -> list[Any]:
+    """The workflow's ``github-script`` run by node against recording fakes of ``github``
+    and ``context``, in a folder holding ``patchbox-out/`` with ``files``."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed: the workflow's github-script is not run")
+    step = next(
+        s
+        for s in workflow("GitHub Actions")["jobs"]["report"]["steps"]
+        if "with" in s and "script" in s["with"]
+    )
+    out = tmp_path / "patchbox-out"
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (out / name).write_text(text)
+    program = tmp_path / "review.js"
+    program.write_text(REVIEW_JS.replace("SCRIPT", step["with"]["script"]))
+    done = subprocess.run(
+        [node, str(program)],
+        cwd=tmp_path,
+        env={**os.environ, "COMMENTS": json.dumps(comments)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    calls: list[Any] = json.loads(done.stdout)
+    return calls
+
+
+PATCH = "Subject: [PATCH] x\n---\n```py\n+a\n````\n"
+
+
+def test_a_waiting_patch_is_posted_once_and_its_check_says_so(tmp_path: Path) -> None:
+    run = {
+        "job_id": "j1",
+        "status": "awaiting_review",
+        "error": None,
+        "checks": [{"id": "tests", "status": "passed"}],
+    }
+    files = {"run.json": json.dumps(run), "diff.patch": PATCH}
+    calls = run_review(tmp_path / "a", files, [])
+    assert [name for name, _ in calls] == ["checks.create", "issues.createComment"]
+    check, comment = calls[0][1], calls[1][1]
+    assert check["conclusion"] == "neutral"
+    assert check["output"]["title"] == "a patch awaits review"
+    assert check["head_sha"] == "abc"
+    assert "tests passed" in check["output"]["summary"]
+    body = comment["body"]
+    assert comment["issue_number"] == 5
+    assert body.startswith("<!-- patchbox -->\n")
+    assert "`````diff\n" + PATCH + "\n`````" in body  # a fence longer than any in the patch
+    mine = {"id": 9, "user": {"type": "Bot"}, "body": "<!-- patchbox -->\nold"}
+    theirs = {"id": 8, "user": {"type": "User"}, "body": "<!-- patchbox -->\nspoof"}
+    calls = run_review(tmp_path / "b", files, [theirs, mine])
+    assert [name for name, _ in calls] == ["checks.create", "issues.updateComment"]
+    assert calls[1][1]["comment_id"] == 9
+
+
+def test_no_patch_no_comment_and_a_failure_is_red(tmp_path: Path) -> None:
+    quiet: dict[str, object] = {
+        "job_id": "j",
+        "status": "awaiting_review",
+        "error": None,
+        "checks": [],
+    }
+    calls = run_review(tmp_path / "a", {"run.json": json.dumps(quiet)}, [])
+    assert [name for name, _ in calls] == ["checks.create"]
+    assert calls[0][1]["conclusion"] == "success"
+    assert calls[0][1]["output"]["title"] == "no change proposed"
+    failed = {
+        "job_id": "j",
+        "status": "failed",
+        "error": {"code": "CHECK_FAILED", "message": "m"},
+        "checks": [{"id": "tests", "status": "failed"}],
+    }
+    files = {"run.json": json.dumps(failed), "diff.patch": PATCH}
+    calls = run_review(tmp_path / "b", files, [])
+    assert [name for name, _ in calls] == ["checks.create"]
+    assert calls[0][1]["conclusion"] == "failure"
+    assert calls[0][1]["output"]["title"] == "job failed: CHECK_FAILED"
+    error = {"error": {"code": "USAGE_ERROR", "message": "bad task"}}
+    calls = run_review(tmp_path / "c", {"error.json": json.dumps(error)}, [])
+    assert calls[0][1]["conclusion"] == "failure"
+    assert calls[0][1]["output"]["title"] == "job not started: USAGE_ERROR"
