@@ -280,6 +280,81 @@ def test_a_c_program_is_compiled_and_run_by_its_check(
     assert [f["path"] for f in out["files"]] == ["add.c"]
 
 
+FLIT_PYPROJECT = """\
+[build-system]
+requires = ["flit_core>=3.2,<4"]
+build-backend = "flit_core.buildapi"
+
+[project]
+name = "tinyflit"
+version = "0.1.0"
+description = "A tiny project built with flit."
+"""
+FLIT_MODULE = "def double(x):\n    return x + x + 1\n"
+FLIT_TEST = "from tinyflit import double\n\ndef test_double():\n    assert double(2) == 4\n"
+VENV = "/workspace/.venv/bin/python"
+FLIT_ENV = {
+    "setup": [
+        ["sh", "-c", "apt-get update && apt-get install -y --no-install-recommends python3-venv"],
+        ["python3", "-m", "venv", "/workspace/.venv"],
+        [VENV, "-m", "pip", "install", "--no-cache-dir", "--upgrade", "pip"],
+        [VENV, "-m", "pip", "install", "--no-cache-dir", ".", "pytest"],
+        [VENV, "-m", "pip", "install", "--no-cache-dir", "-e", "."],
+    ],
+    "inputs": ["pyproject.toml", "tinyflit"],
+}
+"""The common setup on the default base: a venv, a current pip, the project installed by
+its own build backend (a wheel, then editable)."""
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(NETWORK_BUILD + 300)
+def test_a_flit_project_installs_itself_in_a_venv_and_its_suite_runs(
+    docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
+) -> None:
+    """flit_core zips the staged inputs into a wheel, which holds no date before 1980: with
+    the inputs staged at a fixed date it builds (``pip install .`` and ``-e .``), and the
+    project's suite runs from the venv in the seed."""
+    del docker_client, sandbox_image
+    repo = init(
+        tmp_path / "flit",
+        {
+            "pyproject.toml": FLIT_PYPROJECT,
+            "tinyflit/__init__.py": FLIT_MODULE,
+            "tests/test_tiny.py": FLIT_TEST,
+        },
+    ).path
+    installed = (
+        "import importlib.metadata as m, json;"
+        " d = m.distribution('tinyflit');"
+        " assert d.version == '0.1.0', d.version;"
+        " assert json.loads(d.read_text('direct_url.json'))['dir_info']['editable']"
+    )
+    task = {
+        "prompt": "Fix double.",
+        "checks": {
+            "tests": {"argv": [VENV, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"]},
+            "installed": {"argv": [VENV, "-c", installed]},
+        },
+        "limits": LIMITS,
+        "environment": FLIT_ENV,
+    }
+    fix = {
+        "name": "replace_text",
+        "arguments": {"path": "tinyflit/__init__.py", "oldText": "x + x + 1", "newText": "x + x"},
+    }
+    turns = [[call("c1", fix)], [check_call("c2", "tests")]]
+    proc, out = _run(repo, tmp_path / "job", task, turns)
+    assert proc.returncode == 0, (out.get("error"), proc.stderr[-3000:])
+    assert out["status"] == "awaiting_review", out["error"]
+    statuses = {c["id"]: c["status"] for c in out["checks"]}
+    assert statuses == {"tests": "passed", "installed": "passed"}
+    home = Path(os.environ["PATCHBOX_HOME"])
+    steps = [s["name"] for s in _record(home, out["job_id"])["environment"]["steps"]]
+    assert any(s.endswith("-m pip install --no-cache-dir -e .") for s in steps), steps
+    assert [f["path"] for f in out["files"]] == ["tinyflit/__init__.py"]
+
+
 def _minimal_task(environment: object) -> dict[str, Any]:
     return {
         "prompt": "p",
