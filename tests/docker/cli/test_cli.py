@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import docker
 import pytest
 
+from controller.identity import CONTROLLER
+from controller.sandbox.labels import OWNER_FILTER
+from tests.support.cli import job_files
 from tests.support.entry import _patchbox
 from tests.support.git import init
 
@@ -117,3 +124,74 @@ def test_demo_runs_a_full_job_to_review(sandbox_image: str) -> None:
     assert data["diff"].startswith("diff --git a/calc/parser.py b/calc/parser.py")
     assert data["next"][1] == f"patchbox apply {data['job_id']}"
     assert sandbox_image.startswith("patchbox-sandbox:")
+
+
+def _containers_made_by(client: docker.DockerClient, pid: int, since: int) -> list[str]:
+    """Containers a patchbox process ``pid`` created since ``since`` (the daemon's events,
+    so a container created and removed at once counts too)."""
+    events = client.events(
+        since=since,
+        until=int(time.time()) + 1,
+        decode=True,
+        filters={"type": "container", "event": "create", "label": OWNER_FILTER},
+    )
+    made = []
+    for event in events:
+        attributes = event.get("Actor", {}).get("Attributes", {})
+        token = attributes.get(CONTROLLER, "")
+        if token.split(":")[1:2] == [str(pid)]:
+            made.append(attributes.get("name", ""))
+    return made
+
+
+def _run_process(
+    repo: Path, folder: Path, config: str, *, calls: bool
+) -> tuple[subprocess.CompletedProcess[str], int]:
+    args = job_files(folder, {"prompt": "p"}, {"turns": [], "final": "done"}, config)
+    if not calls:
+        args = args[:2] + args[4:]
+    env = {
+        **os.environ,
+        "OPENAI_API_KEY": "",
+        "OPENAI_BASE_URL": "",
+        "PATCHBOX_MODEL": "",
+        "RUN_KEY": "sk-run-PLANTED-51c0",
+    }
+    with subprocess.Popen(
+        [sys.executable, "-m", "controller", "run", "--repo", str(repo), *args, "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as proc:
+        out, err = proc.communicate(timeout=300)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), proc.pid
+
+
+@pytest.mark.docker
+def test_run_without_a_usable_provider_starts_no_sandbox(
+    docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
+) -> None:
+    """No provider, or one whose key would cross plain http to a host that is not
+    loopback: ``run`` refuses it (USAGE_ERROR) before any container exists; the same run
+    with a calls file does start one (the check can see one)."""
+    del sandbox_image
+    repo = init(tmp_path / "r", {"a.txt": "a\n"}).path
+    since = int(time.time()) - 1
+    refused = {
+        "none": "spare_sandboxes = 0\n",
+        "plain http": (
+            'spare_sandboxes = 0\n[provider]\nmodel = "m"\n'
+            'base_url = "http://10.20.30.40:8080/v1"\napi_key_env = "RUN_KEY"\n'
+        ),
+    }
+    for name, config in refused.items():
+        proc, pid = _run_process(repo, tmp_path / name, config, calls=False)
+        assert proc.returncode == 2, (name, proc.stdout, proc.stderr)
+        error = json.loads(proc.stdout)["error"]
+        assert error["code"] == "USAGE_ERROR"
+        assert "sk-run-PLANTED" not in proc.stdout + proc.stderr
+        assert _containers_made_by(docker_client, pid, since) == [], name
+    proc, pid = _run_process(repo, tmp_path / "calls", refused["none"], calls=True)
+    assert json.loads(proc.stdout)["job_id"], proc.stderr
+    assert _containers_made_by(docker_client, pid, since) != []
