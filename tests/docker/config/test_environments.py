@@ -476,6 +476,45 @@ def test_setup_over_its_time_is_stopped_and_nothing_is_left(
     assert not _steps_left(docker_client, marker)
 
 
+def _reports(stderr: str, step: str) -> list[int]:
+    """The elapsed seconds of each progress line that names ``step`` while it runs."""
+    found = []
+    for line in stderr.splitlines():
+        head, sep, rest = line.partition(f"environment: {step} (")
+        if sep and head.startswith("patchbox: [") and rest.endswith(" s)"):
+            found.append(int(rest.removesuffix(" s)")))
+    return found
+
+
+@pytest.mark.docker
+def test_a_step_that_runs_long_is_reported_every_10_seconds(
+    docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
+) -> None:
+    """A setup step that writes nothing for 25 s is named with its time at 10 and 20 s, by
+    ``env build`` and by a ``run`` that builds its environment."""
+    del sandbox_image
+    repo = init(tmp_path / "p", {"a.txt": "a\n"}).path
+    tags = []
+    for command in ("env build", "run"):
+        marker = uuid.uuid4().hex
+        step = f"sleep 25 # {marker}"
+        task = {"prompt": "p", "environment": {"setup": [["sh", "-c", step]]}, "limits": LIMITS}
+        if command == "run":
+            proc, out = _run(repo, tmp_path / "job", task, [])
+            assert out["error"]["code"] == "MODEL_TOOL_CALL_UNSUPPORTED", proc.stderr[-2000:]
+            tags.append(_record(Path(os.environ["PATCHBOX_HOME"]), out["job_id"])["environment"])
+        else:
+            (tmp_path / "task.json").write_text(json.dumps(task))
+            proc = patchbox(
+                "env", "build", "--task", str(tmp_path / "task.json"), "--repo", str(repo)
+            )
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            tags.append({"tag": _env_images(docker_client, marker)[0]})
+        assert _reports(proc.stderr, f"setup 1/1: sh -c {step}") == [10, 20], proc.stderr
+    for found in tags:
+        docker_client.images.remove(found["tag"])
+
+
 @pytest.mark.docker
 def test_input_errors_are_clear_and_start_nothing(
     docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
