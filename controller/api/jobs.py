@@ -150,6 +150,21 @@ def settle_leftovers(connect: Callable[[], docker.DockerClient] | None = None) -
         client.close()
 
 
+def remove_spares(client: docker.DockerClient | None = None) -> list[str]:
+    """Removes this state directory's spare sandboxes that no job is claiming (the daemon's
+    client made when not given); returns their short ids."""
+    from controller.sandbox.labels import current_identity
+    from controller.sandbox.spares import SparePool
+
+    own = client is None
+    daemon = client or connect_daemon()
+    try:
+        return SparePool(daemon).remove_all(current_identity())
+    finally:
+        if own:
+            daemon.close()
+
+
 # -- after the decision ----------------------------------------------------------------------
 
 

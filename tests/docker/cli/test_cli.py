@@ -14,7 +14,7 @@ import docker
 import pytest
 
 from controller.identity import CONTROLLER
-from controller.sandbox.labels import OWNER_FILTER
+from controller.sandbox.labels import HOME, KIND, OWNER_FILTER, home_id
 from tests.support.cli import job_files
 from tests.support.entry import _patchbox
 from tests.support.git import init
@@ -195,3 +195,62 @@ def test_run_without_a_usable_provider_starts_no_sandbox(
     proc, pid = _run_process(repo, tmp_path / "calls", refused["none"], calls=True)
     assert json.loads(proc.stdout)["job_id"], proc.stderr
     assert _containers_made_by(docker_client, pid, since) != []
+
+
+def _spares_of(client: docker.DockerClient, home: Path) -> list[str]:
+    labels = [f"{KIND}=spare", f"{HOME}={home_id(home)}"]
+    return [c.id or "" for c in client.containers.list(all=True, filters={"label": labels})]
+
+
+def _spares_soon(client: docker.DockerClient, home: Path) -> list[str]:
+    """The home's spares once one is there (it is offered as the job ends), or none in 10 s."""
+    deadline = time.monotonic() + 10
+    while not (found := _spares_of(client, home)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return found
+
+
+@pytest.mark.docker
+def test_prune_spares_removes_this_homes_spares_only_and_they_end_within_a_minute(
+    docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
+) -> None:
+    """A job with the default configuration leaves a spare that ends by itself after 60 s
+    unclaimed; ``prune --spares`` removes it at once, and never another state directory's."""
+    del sandbox_image
+    repo = init(tmp_path / "r", {"a.txt": "a\n"}).path
+    homes = [tmp_path / "home-a", tmp_path / "home-b"]
+    calls = {"turns": [[{"id": "c1", "name": "list_files", "arguments": {}}]], "final": "done"}
+    try:
+        for home in homes:
+            args = job_files(home / "files", {"prompt": "p"}, calls, "")
+            for _attempt in range(3):  # an earlier version's reaper may take one starting
+                run = _patchbox_home("run", "--repo", str(repo), *args, "--json", home=home)
+                assert json.loads(run.stdout)["job_id"], run.stderr
+                if found := _spares_soon(docker_client, home):
+                    break
+            assert len(found) == 1, (home.name, run.stderr)
+            environment = docker_client.containers.get(found[0]).attrs["Config"]["Env"]
+            assert "PATCHBOX_IDLE_EXIT=60" in environment
+        pruned = _patchbox_home("prune", "--spares", "--json", home=homes[0])
+        assert pruned.returncode == 0, pruned.stderr
+        data = json.loads(pruned.stdout)
+        assert data["removed"] == []
+        assert len(data["spares"]) == 1
+        assert _spares_of(docker_client, homes[0]) == []
+        assert len(_spares_of(docker_client, homes[1])) == 1
+        text = _patchbox_home("prune", "--spares", home=homes[1])
+        assert text.stdout.startswith("removed 1 spare sandbox(es): "), text.stdout
+        assert _spares_of(docker_client, homes[1]) == []
+        again = json.loads(_patchbox_home("prune", "--spares", "--json", home=homes[1]).stdout)
+        assert again == {"removed": [], "spares": []}
+        bare = _patchbox_home("prune", "--json", home=homes[1])
+        assert bare.returncode == 2
+        assert "--spares" in json.loads(bare.stdout)["error"]["message"]
+    finally:
+        for home in homes:
+            for cid in _spares_of(docker_client, home):
+                docker_client.api.remove_container(cid, force=True)
+
+
+def _patchbox_home(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
+    return _patchbox(*args, env={"PATCHBOX_HOME": str(home)})

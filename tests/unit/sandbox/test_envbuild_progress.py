@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from controller.sandbox import envbuild
 from controller.sandbox.envbuild import _BuildRun
 
 
@@ -19,7 +18,7 @@ class _Clock:
 
 def test_a_silent_step_is_named_at_each_10_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = _Clock()
-    monkeypatch.setattr(envbuild.time, "monotonic", clock)
+    monkeypatch.setattr("controller.sandbox.envbuild.time.monotonic", clock)
     said: list[str] = []
     run = _BuildRun({4: "setup 1/2: sleep 25", 5: "setup 2/2: true"}, said.append)
     run.tick()  # no step yet: nothing
@@ -43,7 +42,7 @@ def test_a_late_tick_reports_once_and_keeps_the_10_second_beat(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = _Clock()
-    monkeypatch.setattr(envbuild.time, "monotonic", clock)
+    monkeypatch.setattr("controller.sandbox.envbuild.time.monotonic", clock)
     said: list[str] = []
     run = _BuildRun({2: "python3 for the agent"}, said.append)
     run.feed({"stream": "Step 2/3 : RUN x\n"})
