@@ -288,6 +288,7 @@ def doctor_text(report: DoctorReport) -> list[str]:
         lines.append(f"gVisor (runsc): {state}")
     if report.spares is not None:
         wanted = "?" if report.spare_sandboxes is None else report.spare_sandboxes
-        lines.append(f"spare sandboxes: {len(report.spares)} (spare_sandboxes = {wanted})")
+        remove = "; 'patchbox prune --spares' removes them" if report.spares else ""
+        lines.append(f"spare sandboxes: {len(report.spares)} (spare_sandboxes = {wanted}{remove})")
     lines += [f"to do: {a}" for a in report.advice]
     return lines
