@@ -254,3 +254,24 @@ def test_prune_spares_removes_this_homes_spares_only_and_they_end_within_a_minut
 
 def _patchbox_home(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
     return _patchbox(*args, env={"PATCHBOX_HOME": str(home)})
+
+
+def test_doctor_is_not_ready_when_the_configured_runtime_does_not_work(
+    sandbox_image: str, runsc_available: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``runtime = "runsc"`` where gVisor does not start a container: every job would fail,
+    so doctor says so (exit 3); where it works, nothing is said."""
+    from controller.cli import doctor
+
+    del sandbox_image
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "PATCHBOX_MODEL", "PATCHBOX_PROVIDER_API"):
+        monkeypatch.delenv(name, raising=False)
+    config = tmp_path / "config.toml"
+    config.write_text('runtime = "runsc"\n')
+    if runsc_available:
+        assert not [p for p in doctor.diagnose(config_path=config).problems if "runsc" in p]
+    monkeypatch.setattr(doctor, "runsc_works", lambda *_a: (False, "probe failed"))
+    report = doctor.diagnose(config_path=config)
+    wanted = "is not registered" if not runsc_available else "does not start a container"
+    assert f"the configuration's runtime is runsc, which {wanted} here" in report.problems
+    assert (report.ready, report.exit_code) == (False, 3)
