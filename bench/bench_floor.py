@@ -339,7 +339,8 @@ class JobBench:
     def __init__(self, scratch: Path, image: str, repo: Path) -> None:
         (scratch / "task.json").write_text(json.dumps(TASK))
         (scratch / "calls.json").write_text(json.dumps(CALLS))
-        (scratch / "config.toml").write_text("")  # the defaults: one spare
+        # one spare (the default), kept long enough for the rounds whatever their pace
+        (scratch / "config.toml").write_text("spare_sandboxes = 1\nspare_idle_seconds = 600\n")
         (scratch / "cold.toml").write_text("spare_sandboxes = 0\n")
         self.files = ["--repo", str(repo), "--task", str(scratch / "task.json")]
         self.files += ["--calls", str(scratch / "calls.json"), "--config"]

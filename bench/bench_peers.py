@@ -387,7 +387,7 @@ class Box:
 
         task = TaskSpec.model_validate(TASK)
         started = time.perf_counter()
-        config = HostConfig(spare_sandboxes=self.spares)
+        config = HostConfig(spare_sandboxes=self.spares, spare_idle_seconds=600.0)
         self.session = api.open_session(self.repo, task=task, config=config)
         return time.perf_counter() - started
 

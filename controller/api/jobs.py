@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     import docker
 
     from controller.providers.base import Provider
+    from controller.providers.config import ProviderConfig
     from controller.providers.scripted import CallsFile
     from controller.repo.pin import RepoPin
 
@@ -72,19 +73,21 @@ def choose_provider(
 ) -> ProviderChoice:
     """The scripted provider of ``calls``, else the operator's (the host configuration's
     ``[provider]`` table with the environment on top, or the environment alone); the caller
-    closes it. ``USAGE_ERROR`` naming what is missing when none is configured."""
+    closes it. ``USAGE_ERROR`` naming what is missing or refused when none is usable
+    (:func:`check_provider`, the check ``doctor`` makes too)."""
     if calls is not None:
         return ProviderChoice(ScriptedProvider(calls))
-    provider_config = configured_provider(config.provider)
+    provider_config = check_provider(config)
     key = provider_config.api_key
     secret = key.get_secret_value() if key is not None else ""
     return ProviderChoice(open_provider(provider_config, task.prompt), (secret,) if secret else ())
 
 
-def check_provider(config: HostConfig) -> None:
-    """That the operator configured a model provider (``USAGE_ERROR`` naming what is
-    missing otherwise), without opening it."""
-    configured_provider(config.provider)
+def check_provider(config: HostConfig) -> ProviderConfig:
+    """The operator's model provider as a job takes it, without opening it: the one check
+    of ``run``, the service and ``doctor``. ``USAGE_ERROR`` naming what is missing or
+    refused (a key over plain http to a host that is not loopback, a bad value)."""
+    return configured_provider(config.provider)
 
 
 def describe_provider(config: HostConfig) -> dict[str, str]:
@@ -154,6 +157,21 @@ def settle_leftovers(connect: Callable[[], docker.DockerClient] | None = None) -
         settle(client)
     finally:
         client.close()
+
+
+def remove_spares(client: docker.DockerClient | None = None) -> list[str]:
+    """Removes this state directory's spare sandboxes that no job is claiming (the daemon's
+    client made when not given); returns their short ids."""
+    from controller.sandbox.labels import current_identity
+    from controller.sandbox.spares import SparePool
+
+    own = client is None
+    daemon = client or connect_daemon()
+    try:
+        return SparePool(daemon).remove_all(current_identity())
+    finally:
+        if own:
+            daemon.close()
 
 
 # -- after the decision ----------------------------------------------------------------------

@@ -238,19 +238,37 @@ _JOBS_HEADER = f"{'JOB':<24}  {'STATUS':<16} {'CREATED':<19}  {'DURATION':>8}  {
 def cmd_prune(args: argparse.Namespace) -> Outcome:
     """Removes the records and evidence of ended jobs (reverted, discarded, failed,
     cancelled) older than ``--older-than``; jobs awaiting review or applied stay (their
-    diff and journal are what apply and revert need)."""
+    diff and journal are what apply and revert need). ``--spares``: this state directory's
+    spare sandboxes no job is claiming."""
     import shutil
     import time
 
-    cutoff = time.time() - parse_age(args.older_than, "--older-than")
-    store = JobStore()
-    removed = []
-    for record in store.all():
-        if record.state in FINAL and record.updated_at < cutoff:
-            shutil.rmtree(store.folder(record.job_id), ignore_errors=True)
-            removed.append(record.job_id)
-    text = f"removed {len(removed)} job(s)" + (": " + ", ".join(removed) if removed else "")
-    return ExitCode.OK, {"removed": removed}, text
+    if args.older_than is None and not getattr(args, "spares", False):
+        raise UsageError("prune needs --older-than AGE, --spares, or both")
+    data: dict[str, object] = {"removed": []}
+    lines = []
+    if args.older_than is not None:
+        cutoff = time.time() - parse_age(args.older_than, "--older-than")
+        store = JobStore()
+        removed = []
+        for record in store.all():
+            if record.state in FINAL and record.updated_at < cutoff:
+                shutil.rmtree(store.folder(record.job_id), ignore_errors=True)
+                removed.append(record.job_id)
+        data["removed"] = removed
+        lines.append(
+            f"removed {len(removed)} job(s)" + (": " + ", ".join(removed) if removed else "")
+        )
+    if getattr(args, "spares", False):
+        from controller import api
+
+        spares = api.remove_spares()
+        data["spares"] = spares
+        lines.append(
+            f"removed {len(spares)} spare sandbox(es)"
+            + (": " + ", ".join(spares) if spares else "")
+        )
+    return ExitCode.OK, data, "\n".join(lines)
 
 
 def cmd_show(args: argparse.Namespace) -> Outcome:

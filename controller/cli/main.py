@@ -93,7 +93,7 @@ def _doctor(args: argparse.Namespace) -> int:
         lines += _health_lines(health)
     _emit(data, as_json=args.json, text="\n".join(lines))
     if not report.ready:
-        return ExitCode.NOT_READY
+        return report.exit_code
     return ExitCode.OK if repo_ok else ExitCode.FAILED
 
 

@@ -18,6 +18,17 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+PRUNE_HELP = "remove ended jobs' records and evidence, or spare sandboxes"
+
+
+def _prune_args(prune: argparse.ArgumentParser) -> None:
+    prune.add_argument("--older-than", metavar="AGE", help="ended jobs older than: 90m, 12h, 7d")
+    prune.add_argument(
+        "--spares", action="store_true", help="this state directory's spare sandboxes"
+    )
+    prune.add_argument("--json", action="store_true")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="patchbox",
@@ -65,9 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     jobs.add_argument("--since", metavar="WHEN", help="only jobs created since: 2d, 2026-12-01")
     jobs.add_argument("--json", action="store_true")
-    prune = sub.add_parser("prune", help="remove ended jobs' records and evidence")
-    prune.add_argument("--older-than", required=True, metavar="AGE", help="90m, 12h, 7d, 2w")
-    prune.add_argument("--json", action="store_true")
+    _prune_args(sub.add_parser("prune", help=PRUNE_HELP))
     show = sub.add_parser("show", help="summary, ledger, checks, evidence path")
     show.add_argument("job", help=JOB_HELP)
     show.add_argument("--diff", action="store_true")

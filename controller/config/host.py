@@ -8,6 +8,7 @@
     protected = ["secrets/**"]   # added to the built-in protected paths
     runtime = "runc"             # or "runsc"
     spare_sandboxes = 1          # spares kept for the next job on the same baseline
+    spare_idle_seconds = 60      # an unclaimed spare ends after this long
 
     [limits]                     # defaults for tasks that do not say
     memory_mb = 1024
@@ -52,7 +53,9 @@ class HostConfig(BaseModel):
     protected: list[str] = Field(default_factory=list, max_length=256)
     runtime: Literal["runc", "runsc"] = "runc"
     spare_sandboxes: int = Field(default=1, ge=0, le=16)
-    spare_idle_seconds: float = Field(default=600.0, gt=0, le=86400)
+    spare_idle_seconds: float = Field(default=60.0, gt=0, le=86400)
+    """An unclaimed spare ends after this long: short by default, so that a command's spare
+    does not outlive it by much (``patchbox prune --spares`` removes them at once)."""
     limits: Limits | None = None
     checks: dict[CheckId, CheckSpec] = Field(default_factory=dict)
     provider: dict[str, Any] = Field(default_factory=dict)

@@ -65,6 +65,20 @@ def configured_provider(table: Mapping[str, Any]) -> ProviderConfig:
     return ProviderConfig.from_mapping(table) if table else ProviderConfig.from_env()
 
 
+def provider_given(table: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the operator gave any provider setting: a ``[provider]`` table, or a variable
+    of :data:`~controller.providers.config.ENV_NAMES` other than the key's (a key alone,
+    set for other tools, configures nothing)."""
+    import os
+
+    from controller.providers.config import ENV_NAMES
+
+    env = os.environ if environ is None else environ
+    return bool(table) or any(
+        env.get(name) for field, name in ENV_NAMES.items() if field != "api_key"
+    )
+
+
 def open_provider(
     config: ProviderConfig, prompt: str, *, system_prompt: str | None = None
 ) -> ChatCompletionsProvider | ResponsesProvider:
@@ -99,5 +113,6 @@ __all__ = [
     "load_calls",
     "open_provider",
     "parse_calls",
+    "provider_given",
     "read_calls",
 ]

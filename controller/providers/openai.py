@@ -23,8 +23,10 @@ the documented types, other fields are ignored. A tool call whose ``arguments`` 
 JSON is still delivered as a :class:`ToolCall`; the loop answers it with
 ``TOOL_ARGUMENTS_INVALID`` so the model can correct it.
 
-Error messages name the API, the HTTP status and at most the server's error code token;
-never a response body, a URL or the API key.
+Error messages about the endpoint name the API and the URL it tried (``chat completions at
+https://host/v1/chat/completions: HTTP 401``; the base URL holds no credentials, query or
+fragment, which the configuration refuses), the HTTP status and at most the server's error
+code token; never a response body or the API key.
 """
 
 from __future__ import annotations
@@ -279,8 +281,13 @@ class OpenAIProvider(ABC, Generic[Item]):
             text = text.replace(key.get_secret_value(), "[redacted]")
         return strip_control(text)[:300]
 
+    def _named(self, message: str) -> str:
+        """``message`` after the API's name and the URL it tried (cut at 160 characters, so
+        the message itself always shows), cleaned of the key and control characters."""
+        return self._clean(f"{self.label} at {self._url[:160]}: {message}")
+
     def _fail(self, message: str) -> ProviderError:
-        return ProviderError(self._clean(f"{self.label}: {message}"))
+        return ProviderError(self._named(message))
 
     def _post(self, payload: bytes) -> tuple[ModelTurn, list[Item]]:
         retrying = Retrying(
@@ -349,7 +356,7 @@ class OpenAIProvider(ABC, Generic[Item]):
                     f"the server disconnected mid-answer (the answer ends inside its JSON "
                     f"after {len(reply.body)} bytes)"
                 ) from None
-            raise type(exc)(self._clean(f"{self.label}: {exc.message}")) from None
+            raise type(exc)(self._named(exc.message)) from None
 
     def _reply(self, payload: bytes) -> Reply:
         """One HTTP request: a :class:`Reply`, or an error classified for the retry policy."""

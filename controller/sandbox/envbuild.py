@@ -1,7 +1,9 @@
 """An environment's image, built once: the recipe of :mod:`controller.sandbox.environment`
 sent to the daemon's builder under the build lock, its output followed step by step (the
-running step, its time, the log's tail), a watchdog that kills the running step when the
-setup's time is up or the job is cancelled, and a failure report that names the step."""
+running step, its time, the log's tail), a timer that names the running step and its time
+every :data:`PROGRESS_SECONDS` while it runs (with or without output), a watchdog that
+kills the running step when the setup's time is up or the job is cancelled, and a failure
+report that names the step."""
 
 from __future__ import annotations
 
@@ -38,6 +40,9 @@ from controller.sandbox.environment import (
 )
 from controller.sandbox.image import ImageBuilder, Progress, build_lock, context_digest
 from controller.sandbox.labels import KIND, OWNER, OWNER_VALUE
+
+PROGRESS_SECONDS = 10.0
+"""How often a running build step is named with its elapsed time."""
 
 
 class StepTime(TypedDict):
@@ -161,7 +166,7 @@ class EnvironmentBuilder:
         watchdog = _Watchdog(self._client, key, spec.setup_timeout_seconds, cancel)
         run = _BuildRun(names, self._progress)
         memory = spec.setup_memory_mb * 1024 * 1024
-        with watchdog:
+        with watchdog, _Ticker(run):
             try:
                 stream = self._client.api.build(
                     fileobj=io.BytesIO(context),
@@ -216,6 +221,7 @@ class _BuildRun:
         self.exit_code: int | None = None
         self.steps: list[StepTime] = []
         self._last_note = time.monotonic()
+        self._lock = threading.Lock()
 
     def feed(self, chunk: dict[str, Any]) -> None:
         if "error" in chunk or "errorDetail" in chunk:
@@ -235,17 +241,25 @@ class _BuildRun:
                     continue
             if line.strip():
                 self.tail = [*self.tail[-79:], line.rstrip()]
-        now = time.monotonic()
-        if self.step is not None and now - self._last_note >= 10:
-            self._last_note = now
-            self._progress(f"environment: {self.step.name} ({now - self.step_started:.0f} s)")
+
+    def tick(self) -> None:
+        """Names the running step with its elapsed time, every :data:`PROGRESS_SECONDS`
+        of it (called by :class:`_Ticker`, whatever the step writes)."""
+        with self._lock:
+            step, now = self.step, time.monotonic()
+            if step is None or now - self._last_note < PROGRESS_SECONDS:
+                return
+            self._last_note += PROGRESS_SECONDS * ((now - self._last_note) // PROGRESS_SECONDS)
+            elapsed = now - self.step_started
+        self._progress(f"environment: {step.name} ({elapsed:.0f} s)")
 
     def _start(self, number: int) -> None:
         self._close_step()
         name = self._names.get(number, "agent layer")
-        self.step = _Step(number, name)
-        self.step_started = time.monotonic()
-        self._last_note = self.step_started
+        with self._lock:
+            self.step = _Step(number, name)
+            self.step_started = time.monotonic()
+            self._last_note = self.step_started
         self.tail = []
         first_agent_step = name == "agent layer" and all(
             s["name"] != "agent layer" for s in self.steps
@@ -284,6 +298,27 @@ class _BuildRun:
         if tail:
             msg += "\nlast lines of its log:\n" + tail[-4000:]
         return EnvironmentBuildError(msg, code=code)
+
+
+class _Ticker:
+    """Calls the run's :meth:`_BuildRun.tick` twice a second while the build runs."""
+
+    def __init__(self, run: _BuildRun) -> None:
+        self._run = run
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._tick, name="env-build-progress", daemon=True)
+
+    def __enter__(self) -> _Ticker:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _tick(self) -> None:
+        while not self._done.wait(0.5):
+            self._run.tick()
 
 
 class _Watchdog:

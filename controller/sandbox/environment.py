@@ -55,6 +55,11 @@ _SYSTEM_BUNDLES = (
     "/etc/ssl/cert.pem",
 )
 NO_PYTHON_EXIT = 97
+STAGED_MTIME = 946_684_800
+"""The modification time of every file staged into a build (inputs, helpers, the agent):
+2000-01-01 00:00:00 UTC. Fixed, so the same inputs give the same build; after 1980 in every
+time zone, since a ZIP entry cannot hold an earlier time and build backends that zip the
+staged files (a wheel built by ``pip install .``) refuse one."""
 
 ENSURE_PYTHON = f"""\
 set -u
@@ -291,7 +296,7 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> Non
     info = tarfile.TarInfo(name)
     info.size = len(data)
     info.mode = mode
-    info.mtime = 0
+    info.mtime = STAGED_MTIME
     tar.addfile(info, io.BytesIO(data))
 
 
@@ -299,6 +304,7 @@ def _dir(tar: tarfile.TarFile, name: str) -> None:
     info = tarfile.TarInfo(name)
     info.type = tarfile.DIRTYPE
     info.mode = 0o755
+    info.mtime = STAGED_MTIME
     tar.addfile(info)
 
 

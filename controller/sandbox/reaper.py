@@ -27,6 +27,10 @@ from controller.sandbox.spares import SparePool
 
 log = structlog.get_logger(__name__)
 
+SPARE_START_GRACE = 120.0
+"""Seconds a spare may stay created but not started: its controller is starting it (a
+reaper that ran between the two would otherwise take it for one that stopped)."""
+
 
 @dataclass
 class ReapReport:
@@ -64,9 +68,16 @@ def _reap_containers(client: docker.DockerClient, everything: bool, report: Reap
         return
     for container in found:
         labels, cid = labels_of(container), container.id or ""
-        running = status_of(container) == "running"
+        status = status_of(container)
+        running = status == "running"
         if labels.get(KIND) == "spare" and not everything:
-            if not _spare_orphaned(pool, labels, cid, running):
+            created = container.attrs.get("Created")
+            starting = (
+                status == "created"
+                and isinstance(created, int)
+                and time.time() - created < SPARE_START_GRACE
+            )
+            if not _spare_orphaned(pool, labels, cid, running or starting):
                 continue
         elif not _orphaned(labels, everything):
             continue

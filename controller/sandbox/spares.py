@@ -67,7 +67,7 @@ class SparePool:
 
     client: docker.DockerClient
     max_spares: int = 1
-    idle_seconds: float = 600.0
+    idle_seconds: float = 60.0
     root: Path = field(default_factory=lambda: patchbox_home() / "spares")
     home: str = field(default_factory=home_id)
 
@@ -150,6 +150,25 @@ class SparePool:
         for path in gone:
             path.unlink(missing_ok=True)
         return len(gone)
+
+    def remove_all(self, identity: ControllerIdentity) -> list[str]:
+        """Removes every unclaimed spare of this state directory, running or stopped (each
+        claimed first, so one another controller is taking is left to it); returns the
+        short ids removed."""
+        removed = []
+        for spare in self._spares(running=False):
+            if not self._take(spare.id, identity):
+                continue  # being claimed by a job: it is that job's sandbox now
+            try:
+                self.client.api.remove_container(spare.id, force=True)
+                removed.append(spare.id[:12])
+            except docker.errors.NotFound:
+                pass  # ended by itself meanwhile
+            except docker.errors.APIError as exc:
+                log.info("spare_remove_failed", error=str(exc.explanation))
+            finally:
+                self.release(spare.id)
+        return removed
 
     def offer(self, key: str, spec: SandboxSpec, identity: ControllerIdentity) -> str | None:
         """Starts a spare for ``key`` unless one is waiting; keeps at most ``max_spares``

@@ -51,6 +51,13 @@ def make_config(
     return ProviderConfig.model_validate(values | fields)
 
 
+def named(server: LoopbackServer, api: str = "chat") -> str:
+    """How an endpoint error begins: the API's name and the URL it tried."""
+    if api == "chat":
+        return f"chat completions at {server.url}/v1/chat/completions: "
+    return f"responses at {server.url}/v1/responses: "
+
+
 def provider_for(
     server: LoopbackServer, api: str = "chat", stream: bool = False, **fields: Any
 ) -> OpenAIProvider[Any]:

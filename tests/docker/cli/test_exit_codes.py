@@ -43,6 +43,8 @@ def test_a_provider_that_refuses_the_key_is_four(
     assert proc.returncode == 4, proc.stderr
     out = json.loads(proc.stdout)
     assert (out["status"], out["error"]["code"]) == ("failed", "PROVIDER_ERROR")
+    tried = f"chat completions at {server.url}/chat/completions: HTTP 401"
+    assert out["error"]["message"] == tried  # the URL it tried, never the key
     assert "sk-test-not-a-real-key" not in proc.stdout + proc.stderr
 
 

@@ -280,6 +280,81 @@ def test_a_c_program_is_compiled_and_run_by_its_check(
     assert [f["path"] for f in out["files"]] == ["add.c"]
 
 
+FLIT_PYPROJECT = """\
+[build-system]
+requires = ["flit_core>=3.2,<4"]
+build-backend = "flit_core.buildapi"
+
+[project]
+name = "tinyflit"
+version = "0.1.0"
+description = "A tiny project built with flit."
+"""
+FLIT_MODULE = "def double(x):\n    return x + x + 1\n"
+FLIT_TEST = "from tinyflit import double\n\ndef test_double():\n    assert double(2) == 4\n"
+VENV = "/workspace/.venv/bin/python"
+FLIT_ENV = {
+    "setup": [
+        ["sh", "-c", "apt-get update && apt-get install -y --no-install-recommends python3-venv"],
+        ["python3", "-m", "venv", "/workspace/.venv"],
+        [VENV, "-m", "pip", "install", "--no-cache-dir", "--upgrade", "pip"],
+        [VENV, "-m", "pip", "install", "--no-cache-dir", ".", "pytest"],
+        [VENV, "-m", "pip", "install", "--no-cache-dir", "-e", "."],
+    ],
+    "inputs": ["pyproject.toml", "tinyflit"],
+}
+"""The common setup on the default base: a venv, a current pip, the project installed by
+its own build backend (a wheel, then editable)."""
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(NETWORK_BUILD + 300)
+def test_a_flit_project_installs_itself_in_a_venv_and_its_suite_runs(
+    docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
+) -> None:
+    """flit_core zips the staged inputs into a wheel, which holds no date before 1980: with
+    the inputs staged at a fixed date it builds (``pip install .`` and ``-e .``), and the
+    project's suite runs from the venv in the seed."""
+    del docker_client, sandbox_image
+    repo = init(
+        tmp_path / "flit",
+        {
+            "pyproject.toml": FLIT_PYPROJECT,
+            "tinyflit/__init__.py": FLIT_MODULE,
+            "tests/test_tiny.py": FLIT_TEST,
+        },
+    ).path
+    installed = (
+        "import importlib.metadata as m, json;"
+        " d = m.distribution('tinyflit');"
+        " assert d.version == '0.1.0', d.version;"
+        " assert json.loads(d.read_text('direct_url.json'))['dir_info']['editable']"
+    )
+    task = {
+        "prompt": "Fix double.",
+        "checks": {
+            "tests": {"argv": [VENV, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"]},
+            "installed": {"argv": [VENV, "-c", installed]},
+        },
+        "limits": LIMITS,
+        "environment": FLIT_ENV,
+    }
+    fix = {
+        "name": "replace_text",
+        "arguments": {"path": "tinyflit/__init__.py", "oldText": "x + x + 1", "newText": "x + x"},
+    }
+    turns = [[call("c1", fix)], [check_call("c2", "tests")]]
+    proc, out = _run(repo, tmp_path / "job", task, turns)
+    assert proc.returncode == 0, (out.get("error"), proc.stderr[-3000:])
+    assert out["status"] == "awaiting_review", out["error"]
+    statuses = {c["id"]: c["status"] for c in out["checks"]}
+    assert statuses == {"tests": "passed", "installed": "passed"}
+    home = Path(os.environ["PATCHBOX_HOME"])
+    steps = [s["name"] for s in _record(home, out["job_id"])["environment"]["steps"]]
+    assert any(s.endswith("-m pip install --no-cache-dir -e .") for s in steps), steps
+    assert [f["path"] for f in out["files"]] == ["tinyflit/__init__.py"]
+
+
 def _minimal_task(environment: object) -> dict[str, Any]:
     return {
         "prompt": "p",
@@ -399,6 +474,45 @@ def test_setup_over_its_time_is_stopped_and_nothing_is_left(
     assert "the setup did not finish within 8 s" in out["error"]["message"]
     assert not _env_images(docker_client, marker)
     assert not _steps_left(docker_client, marker)
+
+
+def _reports(stderr: str, step: str) -> list[int]:
+    """The elapsed seconds of each progress line that names ``step`` while it runs."""
+    found = []
+    for line in stderr.splitlines():
+        head, sep, rest = line.partition(f"environment: {step} (")
+        if sep and head.startswith("patchbox: [") and rest.endswith(" s)"):
+            found.append(int(rest.removesuffix(" s)")))
+    return found
+
+
+@pytest.mark.docker
+def test_a_step_that_runs_long_is_reported_every_10_seconds(
+    docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
+) -> None:
+    """A setup step that writes nothing for 25 s is named with its time at 10 and 20 s, by
+    ``env build`` and by a ``run`` that builds its environment."""
+    del sandbox_image
+    repo = init(tmp_path / "p", {"a.txt": "a\n"}).path
+    tags = []
+    for command in ("env build", "run"):
+        marker = uuid.uuid4().hex
+        step = f"sleep 25 # {marker}"
+        task = {"prompt": "p", "environment": {"setup": [["sh", "-c", step]]}, "limits": LIMITS}
+        if command == "run":
+            proc, out = _run(repo, tmp_path / "job", task, [])
+            assert out["error"]["code"] == "MODEL_TOOL_CALL_UNSUPPORTED", proc.stderr[-2000:]
+            tags.append(_record(Path(os.environ["PATCHBOX_HOME"]), out["job_id"])["environment"])
+        else:
+            (tmp_path / "task.json").write_text(json.dumps(task))
+            proc = patchbox(
+                "env", "build", "--task", str(tmp_path / "task.json"), "--repo", str(repo)
+            )
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            tags.append({"tag": _env_images(docker_client, marker)[0]})
+        assert _reports(proc.stderr, f"setup 1/1: sh -c {step}") == [10, 20], proc.stderr
+    for found in tags:
+        docker_client.images.remove(found["tag"])
 
 
 @pytest.mark.docker

@@ -304,6 +304,30 @@ def test_reaper_keeps_waiting_spares_and_removes_abandoned_claims(
         docker_client.containers.get(cid)
 
 
+def test_removing_the_spares_leaves_one_a_live_controller_is_claiming(
+    docker_client: docker.DockerClient, spec: SandboxSpec, pool: SparePool, tmp_path: Path
+) -> None:
+    """``prune --spares`` (``remove_all``): a waiting spare goes; one whose claim file a
+    live controller holds is that controller's sandbox now and stays."""
+    archive = tmp_path / "empty.tar"
+    archive.write_bytes(b"\0" * 1024)
+    loaded = spec.model_copy(update={"preload": str(archive)})
+    two = SparePool(docker_client, max_spares=2, idle_seconds=300, root=pool.root, home=pool.home)
+    waiting = two.offer("a" * 32, loaded, current_identity())
+    taken = two.offer("b" * 32, loaded, current_identity())
+    assert waiting is not None
+    assert taken is not None
+    claimant = ControllerIdentity(nonce="claimant")  # this process: alive
+    assert two._take(taken, claimant)
+    assert two.remove_all(current_identity()) == [waiting[:12]]
+    with pytest.raises(docker.errors.NotFound):
+        docker_client.containers.get(waiting)
+    assert docker_client.containers.get(taken).status == "running"
+    assert (two.root / taken).read_text().startswith(claimant.token)  # its claim kept
+    two.release(taken)
+    assert two.remove_all(current_identity()) == [taken[:12]]
+
+
 def test_missing_archive_fails_cleanly(
     docker_client: docker.DockerClient, spec: SandboxSpec, tmp_path: Path
 ) -> None:

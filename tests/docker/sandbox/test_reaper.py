@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from unittest import mock
 
 import docker
+import docker.errors
 import pytest
 
 from controller.paths import patchbox_home
-from controller.sandbox.labels import JOB
-from controller.sandbox.reaper import reap
+from controller.sandbox.labels import HOME, JOB, current_identity
+from controller.sandbox.reaper import SPARE_START_GRACE, reap
+from controller.sandbox.spares import SPARE
 from tests.support.sandbox import SandboxFactory
 
 pytestmark = pytest.mark.docker
@@ -65,3 +70,27 @@ def test_reaper_removes_what_a_killed_controller_left(
     assert docker_client.containers.get(alive.container.id).status == "running"
     assert alive.list_files().files == []
     assert report.failures == 0
+
+
+def test_a_spare_being_started_is_not_taken_for_a_stopped_one(
+    docker_client: docker.DockerClient, sandbox_image: str
+) -> None:
+    """Between its create and its start a spare is ``created``: another controller's reaper
+    that lists it then leaves it to the controller starting it (it removed such spares of
+    other state directories as if they had stopped)."""
+    identity = current_identity()
+    labels = {**identity.labels(SPARE, SPARE), HOME: "e" * 16}
+    container = docker_client.containers.create(
+        sandbox_image, entrypoint=["true"], network_disabled=True, labels=labels
+    )
+    try:
+        report = reap(docker_client)
+        assert (container.id or "")[:12] not in report.containers
+        assert docker_client.containers.get(container.id or "").status == "created"
+        old = time.time() + SPARE_START_GRACE + 1
+        with mock.patch("controller.sandbox.reaper.time.time", return_value=old):
+            report = reap(docker_client)
+        assert (container.id or "")[:12] in report.containers  # never started: left over
+    finally:
+        with contextlib.suppress(docker.errors.NotFound):
+            container.remove(force=True)

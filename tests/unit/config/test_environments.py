@@ -6,6 +6,7 @@ under runc and gVisor. Every failure is a clear code with nothing left behind.""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -194,3 +195,32 @@ def test_image_build_no_longer_takes_a_base() -> None:
     proc = patchbox("image", "build", "--base", "x", "--json")
     assert proc.returncode == 2
     assert json.loads(proc.stdout)["error"]["code"] == "USAGE_ERROR"
+
+
+def test_staged_files_carry_a_fixed_time_a_zip_can_hold(project: Path, tmp_path: Path) -> None:
+    """Every file and folder of the build context is dated 2000-01-01 UTC: the same inputs
+    give the same context, and a wheel zipped from them (``pip install .``) can hold the
+    date (a ZIP entry cannot be older than 1980-01-01, in any time zone)."""
+    import io
+    import tarfile
+    import zipfile
+
+    baseline, _ = build_baseline(project)
+    files = list(envmod.read_blobs(baseline, select_inputs(baseline, ["src", "tools"])))
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    context = envmod.build_context("FROM scratch\n", files, ca)
+    assert context == envmod.build_context("FROM scratch\n", files, ca)
+    with tarfile.open(fileobj=io.BytesIO(context)) as tar:
+        members = tar.getmembers()
+    staged = [m for m in members if m.name.startswith("stage/workspace/")]
+    assert {m.name for m in staged} >= {
+        "stage/workspace/src/pkg/core.py",
+        "stage/workspace/tools/run.sh",
+    }
+    assert {m.mtime for m in members} == {envmod.STAGED_MTIME}
+    assert envmod.STAGED_MTIME == 946_684_800
+    zipped = io.BytesIO()
+    with zipfile.ZipFile(zipped, "w") as archive:
+        for m in staged:
+            archive.writestr(zipfile.ZipInfo(m.name, time.gmtime(m.mtime)[:6]), b"")

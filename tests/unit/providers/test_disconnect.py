@@ -38,6 +38,7 @@ from tests.support.openai import (
     chat_json,
     chat_sse,
     key_free,
+    named,
     provider_for,
     responses_json,
     responses_sse,
@@ -183,8 +184,8 @@ def test_stream_always_cut_fails_after_the_bounded_attempts(
     ):
         provider.next_turn([])
     assert caught.value.code == ErrorCode.PROVIDER_ERROR
-    label = "chat completions" if api == "chat" else "responses"
-    assert caught.value.message.startswith(f"{label}: the server disconnected mid-stream (")
+    expected = named(server, api) + "the server disconnected mid-stream ("
+    assert caught.value.message.startswith(expected)
     assert caught.value.message.endswith("; gave up after 3 attempts")
     key_free(caught.value)
     assert len(server.received) == 3
@@ -251,7 +252,7 @@ def test_unframed_junk_is_not_a_disconnect(server: LoopbackServer) -> None:
     server.play(unframed(b"not json{"))
     with provider_for(server) as provider, pytest.raises(ProviderError) as caught:
         provider.next_turn([])
-    assert caught.value.message == "chat completions: answer is not valid JSON"
+    assert caught.value.message == named(server) + "answer is not valid JSON"
     assert len(server.received) == 1
 
 

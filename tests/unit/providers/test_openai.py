@@ -58,6 +58,7 @@ from tests.support.openai import (
     chat_sse,
     key_free,
     make_config,
+    named,
     provider_for,
     responses_sse,
     result,
@@ -350,7 +351,7 @@ def test_wrong_shapes(server: LoopbackServer, api: str, value: Any, fragment: st
     with provider_for(server, api) as provider, pytest.raises(ProviderError) as caught:
         provider.next_turn([])
     assert fragment in caught.value.message
-    assert caught.value.message.startswith(("chat completions: ", "responses: "))
+    assert caught.value.message.startswith(named(server, api))
     assert "\x1b" not in caught.value.message
     assert "boom" not in caught.value.message
 
@@ -512,7 +513,7 @@ def test_server_errors_retried_then_given_up(server: LoopbackServer, status: int
     ):
         provider.next_turn([])
     assert len(server.received) == 3
-    assert caught.value.message == f"chat completions: HTTP {status}; gave up after 3 attempts"
+    assert caught.value.message == named(server) + f"HTTP {status}; gave up after 3 attempts"
     assert [e["attempt"] for e in logs if e["event"] == "provider_retry"] == [1, 2]
 
 
@@ -539,7 +540,7 @@ def test_client_errors_not_retried(server: LoopbackServer, status: int) -> None:
     with provider_for(server) as provider, pytest.raises(ProviderError) as caught:
         provider.next_turn([])
     assert len(server.received) == 1
-    assert caught.value.message == f"chat completions: HTTP {status} (invalid_api_key)"
+    assert caught.value.message == named(server) + f"HTTP {status} (invalid_api_key)"
     key_free(caught.value)
 
 
@@ -547,7 +548,7 @@ def test_error_code_shown_only_when_a_plain_token(server: LoopbackServer) -> Non
     server.play(json_reply({"error": {"code": f"bad {KEY}", "type": "x" * 65}}, 401))
     with provider_for(server) as provider, pytest.raises(ProviderError) as caught:
         provider.next_turn([])
-    assert caught.value.message == "chat completions: HTTP 401"
+    assert caught.value.message == named(server) + "HTTP 401"
 
 
 def test_redirect_not_followed(server: LoopbackServer) -> None:
@@ -565,8 +566,10 @@ def _closed_port() -> int:
 
 
 def test_connection_refused_retried_then_given_up() -> None:
+    """The error names the URL it tried (and never the key)."""
+    port = _closed_port()
     config = ProviderConfig(
-        base_url=f"http://127.0.0.1:{_closed_port()}/v1",
+        base_url=f"http://127.0.0.1:{port}/v1",
         api_key=SecretStr(KEY),
         model="m",
         trust_env=False,
@@ -580,6 +583,9 @@ def test_connection_refused_retried_then_given_up() -> None:
     ):
         provider.next_turn([])
     assert "gave up after 2 attempts" in caught.value.message
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    assert caught.value.message.startswith(f"chat completions at {url}: cannot connect")
+    key_free(caught.value)
     assert len([e for e in logs if e["event"] == "provider_retry"]) == 1
 
 
@@ -602,7 +608,7 @@ def test_oversized_answer(server: LoopbackServer, responder: Responder) -> None:
         pytest.raises(ProviderError) as caught,
     ):
         provider.next_turn([])
-    assert caught.value.message == "chat completions: answer larger than 1024 bytes"
+    assert caught.value.message == named(server) + "answer larger than 1024 bytes"
     assert len(server.received) == 1
 
 
@@ -612,7 +618,7 @@ def test_announced_size_refused_before_reading(server: LoopbackServer) -> None:
     with provider_for(server) as provider, pytest.raises(ProviderError) as caught:
         provider.next_turn([])
     assert time.monotonic() - started < 1.0
-    assert caught.value.message == f"chat completions: answer larger than {16 * 1024 * 1024} bytes"
+    assert caught.value.message == named(server) + f"answer larger than {16 * 1024 * 1024} bytes"
 
 
 def test_answer_at_the_size_bound_is_read(server: LoopbackServer) -> None:
@@ -710,7 +716,7 @@ def test_deadline_bounds_a_request(server: LoopbackServer, responder: Responder)
             provider.next_turn([])
         elapsed = time.monotonic() - started
         assert_workers_end()
-    assert caught.value.message == "chat completions: no complete answer within 0.4 s"
+    assert caught.value.message == named(server) + "no complete answer within 0.4 s"
     assert 0.35 <= elapsed < 1.5
     assert len(server.received) == 1
 
