@@ -9,9 +9,10 @@ effect, the same key with other arguments is refused, and a later turn may reuse
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Required, TypedDict, cast
 
@@ -185,7 +186,8 @@ class ToolExecutor:
             )
             return found, "none"
         if isinstance(args, ReadFileArgs):
-            return self.sandbox.read_file(args.path, args.start_line, args.end_line), "none"
+            with _naming(args.path):
+                return self.sandbox.read_file(args.path, args.start_line, args.end_line), "none"
         if isinstance(args, ApplyPatchArgs):
             for path in _patch_paths(args.patch):
                 self._check_write(path)
@@ -194,7 +196,8 @@ class ToolExecutor:
             return done_patch, "write"
         if isinstance(args, ReplaceTextArgs):
             self._check_write(args.path)
-            done = self.sandbox.replace_text(args.path, args.old_text, args.new_text)
+            with _naming(args.path):
+                done = self.sandbox.replace_text(args.path, args.old_text, args.new_text)
             self._check_cache.clear()
             return done, "write"
         raise ToolError("this tool is not available", code=ErrorCode.TOOL_ARGUMENTS_INVALID)
@@ -302,6 +305,24 @@ def _digest(tool: str, raw: str | Mapping[str, object]) -> str:
     return hashlib.sha256(
         json.dumps([tool, value], sort_keys=True, default=str).encode()
     ).hexdigest()
+
+
+PATH_CODES = frozenset(
+    {ErrorCode.TOOL_PATH_DENIED, ErrorCode.TOOL_PATH_INVALID, ErrorCode.TOOL_FILE_NOT_FOUND}
+)
+
+
+@contextlib.contextmanager
+def _naming(path: str) -> Iterator[None]:
+    """The agent's refusal of ``path`` with the path in front (``src/x.py: no such file``):
+    the model's own argument, cut, and quoted when it holds a character that does not print."""
+    try:
+        yield
+    except ToolError as exc:
+        if exc.code not in PATH_CODES:
+            raise
+        shown = path[:200] if path.isprintable() else repr(path[:200])
+        raise ToolError(f"{shown}: {exc.message}", code=exc.code) from exc
 
 
 def _retryable(exc: ToolError) -> bool:

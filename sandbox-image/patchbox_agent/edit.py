@@ -39,11 +39,13 @@ def _read(dfd: int, name: str) -> Tuple[bytes, os.stat_result]:
     try:
         fd = jail.open_regular(dfd, name)
     except OSError as exc:
-        raise jail.PathDeniedError from exc
+        raise jail.why_not(dfd, name, exc, stat.S_IFREG) from exc
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_EDIT_FILE:
-            raise jail.PathDeniedError
+        if not stat.S_ISREG(st.st_mode):
+            raise jail.PathDeniedError(jail.NOT_ALLOWED + ": not a regular file")
+        if st.st_size > MAX_EDIT_FILE:
+            raise jail.PathDeniedError(f"too large to edit (over {MAX_EDIT_FILE} bytes)")
         chunks = []
         while True:
             chunk = os.read(fd, 1 << 20)
@@ -144,7 +146,7 @@ def _replace_in(dfd: int, name: str, path: str, old: str, new: str) -> Dict[str,
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise jail.PathDeniedError from exc
+        raise jail.PathDeniedError("not a UTF-8 text file") from exc
     pos = _locate(text, old)
     updated = text[:pos] + new + text[pos + len(old) :]
     encoded = updated.encode("utf-8")

@@ -17,6 +17,7 @@ from controller.errors import ErrorCode, SandboxError, ToolError
 from controller.paths import sandbox_image_dir
 from controller.sandbox.local import LocalSandbox
 from controller.sandbox.protocol import KIND_JSON, encode
+from patchbox_agent import jail
 
 
 def _tar(files: dict[str, bytes], modes: dict[str, int] | None = None) -> bytes:
@@ -65,29 +66,49 @@ def test_list_is_bounded(box: LocalSandbox) -> None:
     assert res.truncated is True
 
 
+DENIED = ErrorCode.TOOL_PATH_DENIED
+INVALID = ErrorCode.TOOL_PATH_INVALID
+NOT_FOUND = ErrorCode.TOOL_FILE_NOT_FOUND
+NOT_ALLOWED = (DENIED, "not allowed")
+LINK = (DENIED, "not allowed: a symbolic link, which the tools do not follow")
+MALFORMED = (INVALID, jail.MALFORMED)
+NOT_TEXT = (DENIED, "not a text file the tools read (binary, not UTF-8, or a line over 1 MiB)")
+
+
 @pytest.mark.parametrize(
-    "path",
+    ("path", "expected"),
     [
-        "../outside.txt",
-        "/etc/passwd",
-        "a/../../outside.txt",
-        "sub\\..\\..\\outside.txt",
-        "a.txt\x00",
-        "",
-        ".",
-        "sub",  # a directory
-        "missing.txt",
-        "link.txt",  # a symlink to a real file inside
-        "sub/escape",  # a symlink out of the workspace
-        "fifo",
-        ".git/config",
-        ".GIT/config",
-        ".env",
-        "key.pem",
-        "bin.dat",  # not UTF-8 text
+        ("../outside.txt", (DENIED, "not allowed: '..' leaves the repository")),
+        (
+            "/etc/passwd",
+            (INVALID, jail.ABSOLUTE),
+        ),
+        ("a/../../outside.txt", (DENIED, "not allowed: '..' leaves the repository")),
+        (
+            "sub\\..\\..\\outside.txt",
+            (INVALID, MALFORMED[1] + ", backslashes or control characters"),
+        ),
+        ("a.txt\x00", (INVALID, MALFORMED[1] + ", backslashes or control characters")),
+        ("", MALFORMED),
+        (".", MALFORMED),
+        ("sub", (DENIED, "a folder, not a file (list_files lists what it holds)")),
+        ("missing.txt", (NOT_FOUND, "no such file")),
+        ("sub/missing/deeper.txt", (NOT_FOUND, "no such file")),
+        ("a.txt/inside", (NOT_FOUND, "no such file (a part of the path is a file, not a folder)")),
+        ("link.txt", LINK),  # a symlink to a real file inside
+        ("sub/escape", LINK),  # a symlink out of the workspace
+        ("linkdir/a.txt", LINK),  # through a symlinked folder
+        ("fifo", (DENIED, "not allowed: not a regular file")),
+        (".git/config", NOT_ALLOWED),
+        (".GIT/config", NOT_ALLOWED),
+        (".env", NOT_ALLOWED),
+        ("key.pem", NOT_ALLOWED),
+        ("bin.dat", NOT_TEXT),  # not UTF-8 text
     ],
 )
-def test_read_denials_are_uniform(box: LocalSandbox, tmp_path: Path, path: str) -> None:
+def test_read_denials_say_why(
+    box: LocalSandbox, tmp_path: Path, path: str, expected: tuple[ErrorCode, str]
+) -> None:
     ws = box.workspace
     (tmp_path / "outside.txt").write_text("secret\n")
     (ws / "a.txt").write_text("hello\n")
@@ -100,15 +121,38 @@ def test_read_denials_are_uniform(box: LocalSandbox, tmp_path: Path, path: str) 
     (ws / "key.pem").write_text("-----BEGIN-----\n")
     (ws / "bin.dat").write_bytes(b"\xff\xfe\x00\x01")
     (ws / "link.txt").symlink_to("a.txt")
+    (ws / "linkdir").symlink_to("sub")
+    (ws / "sub" / "a.txt").write_text("x\n")
     (ws / "sub" / "escape").symlink_to(tmp_path / "outside.txt")
     os.mkfifo(ws / "fifo")
     started = time.monotonic()
     with pytest.raises(ToolError) as info:
         box.read_file(path)
-    assert info.value.code is ErrorCode.TOOL_PATH_DENIED
-    assert info.value.message == "path denied"
+    assert (info.value.code, info.value.message) == expected
     assert time.monotonic() - started < 2, "a FIFO must not block the agent"
     assert box.read_file("a.txt").content == "hello\n"
+
+
+PROTECTED = [".env", ".env.local", "key.pem", "id_rsa", ".git/config", "sub/.git/HEAD", ".netrc"]
+
+
+@pytest.mark.parametrize("path", PROTECTED)
+def test_a_protected_name_answers_the_same_whether_it_exists(box: LocalSandbox, path: str) -> None:
+    """Reading, editing or finding a protected name tells nothing of whether it exists."""
+    answers = []
+    for exists in (False, True):
+        if exists:
+            target = box.workspace / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text("SECRET=1\n")
+        for call in (
+            lambda: box.read_file(path),
+            lambda: box.replace_text(path, "SECRET", "x"),
+        ):
+            with pytest.raises(ToolError) as info:
+                call()
+            answers.append((exists, info.value.code, info.value.message))
+    assert [a[1:] for a in answers] == [(DENIED, "not allowed")] * 4
 
 
 def test_protected_and_linked_files_are_not_listed(box: LocalSandbox, tmp_path: Path) -> None:

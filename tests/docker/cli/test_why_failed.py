@@ -53,7 +53,7 @@ def test_refused_calls_are_named_with_their_codes_and_messages(
     lines = text.splitlines()
     refused = {line.split()[2]: line for line in lines if line.startswith("  turn ")}
     assert set(refused) == {"c1", "c2", "c3"}
-    assert refused["c1"].endswith("read_file: TOOL_PATH_DENIED: path denied")
+    assert refused["c1"].endswith("read_file: TOOL_FILE_NOT_FOUND: nope.py: no such file")
     assert refused["c2"].split(" replace_text: ")[1].count(": ") >= 1
     assert "TOOL_PATH_DENIED" in refused["c3"]
     assert not any(line.startswith("decision:") for line in lines)

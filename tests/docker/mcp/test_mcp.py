@@ -250,7 +250,7 @@ def test_hostile_calls_get_the_loops_codes_and_the_session_goes_on(
         async with Client(params, mode="legacy") as client:  # the 2025 handshake
             calls: list[tuple[str, dict[str, Any], str]] = [
                 ("read_file", {"path": "../x"}, DENIED),
-                ("read_file", {"path": "/etc/passwd"}, DENIED),
+                ("read_file", {"path": "/etc/passwd"}, "TOOL_PATH_INVALID"),
                 ("read_file", {"path": ".git/config"}, DENIED),
                 ("replace_text", {"path": ".git/config", "oldText": "[", "newText": "]"}, DENIED),
                 ("read_file", {"path": huge}, INVALID),
