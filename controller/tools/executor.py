@@ -287,7 +287,7 @@ def _patch_paths(text: str) -> list[str]:
     """Every path a patch touches, parsed strictly on the host (the container's parser is
     not trusted to have applied the policy)."""
     try:
-        patches = diffs.parse(text)
+        patches = diffs.parse_patch(text)
     except diffs.DiffError as exc:
         raise ToolError(str(exc)[:1000], code=ErrorCode.PATCH_REJECTED) from exc
     return sorted({p for patch in patches for p in (patch.old_path, patch.new_path) if p})

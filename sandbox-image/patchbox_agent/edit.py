@@ -218,6 +218,18 @@ def _current_mode(root_fd: int, path: str) -> Optional[int]:
     return _in_parent(root_fd, path, look)
 
 
+def _stated_mode(root_fd: int, path: str) -> Optional[str]:
+    """The mode a traditional diff's deleted file is stated with: the file's own (None when
+    it cannot be looked at: the parser or the jail then refuses the path)."""
+    try:
+        mode = _current_mode(root_fd, path)
+    except jail.PathDeniedError:
+        return None
+    if mode is None:
+        return None
+    return "100755" if mode & 0o111 else "100644"
+
+
 def _check_modes(root_fd: int, patches: List[Any]) -> None:
     """No mode escalation: a new file is 100644, an existing file keeps its own mode, and a
     mode line must name the file's real mode."""
@@ -246,7 +258,7 @@ def apply_patch(root_fd: int, text: Any, tree_paths: List[str]) -> Dict[str, Any
     if not isinstance(text, str) or not text:
         raise ValueError("patch must be a non-empty string")
     try:
-        patches = diffs.parse(text)
+        patches = diffs.parse_patch(text, lambda path: _stated_mode(root_fd, path))
         for p in patches:
             for path in {p.old_path, p.new_path} - {None}:
                 jail.split(path)

@@ -384,3 +384,57 @@ def test_changes_sees_files_a_left_over_process_made_later(box: LocalSandbox) ->
     assert changes.count == 3
     raw = box.read_raw("late.txt")
     assert (raw.kind, raw.size, raw.executable) == ("file", 5, False)
+
+
+TRADITIONAL = (
+    "--- a/a.txt\t2026-01-01 00:00:00\n+++ b/a.txt\t2026-01-01 00:00:01\n"
+    "@@ -1,2 +1,2 @@\n one\n-two\n+TWO\n"
+    "--- /dev/null\n+++ b/src/new.py\n@@ -0,0 +1 @@\n+print(2)\n"
+    "--- run.sh\n+++ /dev/null\n@@ -1 +0,0 @@\n-#!/bin/sh\n"
+)
+
+
+def test_apply_patch_takes_a_traditional_unified_diff(box: LocalSandbox) -> None:
+    """What diff -u writes and patch -p1 takes: modify, create, and delete an executable
+    file (its deleted file mode is the file's own)."""
+    box.put_archive(_tar({"a.txt": b"one\ntwo\n", "run.sh": b"#!/bin/sh\n"}, {"run.sh": 0o755}))
+    done = box.apply_patch(TRADITIONAL)
+    assert [(f.path, f.kind, f.added, f.removed) for f in done.files] == [
+        ("a.txt", "modify", 1, 1),
+        ("src/new.py", "create", 1, 0),
+        ("run.sh", "delete", 0, 1),
+    ]
+    ws = box.workspace
+    assert (ws / "a.txt").read_text() == "one\nTWO\n"
+    assert (ws / "src" / "new.py").read_text() == "print(2)\n"
+    assert not (ws / "run.sh").exists()
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [
+        "--- a/.env\n+++ b/.env\n@@ -1 +1 @@\n-TOKEN=x\n+TOKEN=y\n",
+        "--- /dev/null\n+++ b/.env.local\n@@ -0,0 +1 @@\n+TOKEN=y\n",
+        "--- a/../outside.txt\n+++ b/../outside.txt\n@@ -1 +1 @@\n-secret\n+owned\n",
+        "--- /dev/null\n+++ /tmp/planted\n@@ -0,0 +1 @@\n+x\n",
+        "--- a/.git/config\n+++ b/.git/config\n@@ -1 +1 @@\n-[core]\n+[x]\n",
+        "--- a/a.txt\n+++ b/b.txt\n@@ -1 +1 @@\n-one\n+owned\n",
+    ],
+)
+def test_a_hostile_traditional_diff_changes_nothing(
+    box: LocalSandbox, tmp_path: Path, patch: str
+) -> None:
+    (tmp_path / "outside.txt").write_text("secret\n")
+    box.put_archive(_tar({"a.txt": b"one\n", "b.txt": b"one\n", ".env": b"TOKEN=x\n"}))
+    before = sorted((p.relative_to(box.workspace), p.read_bytes()) for p in _files(box.workspace))
+    with pytest.raises(ToolError) as info:
+        box.apply_patch(patch)
+    assert info.value.code is ErrorCode.PATCH_REJECTED
+    after = sorted((p.relative_to(box.workspace), p.read_bytes()) for p in _files(box.workspace))
+    assert after == before
+    assert (tmp_path / "outside.txt").read_text() == "secret\n"
+    assert not Path("/tmp/planted").exists()
+
+
+def _files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file()]

@@ -99,6 +99,37 @@ def test_write_policy_is_enforced_before_the_sandbox(
     assert (box.workspace / "package.json").read_text() == before
 
 
+@pytest.mark.parametrize(
+    ("patch", "reason"),
+    [
+        ("--- a/package.json\n+++ b/package.json\n@@ -1 +1 @@\n-{}\n+[]\n", "configuration"),
+        ("--- /dev/null\n+++ .github/workflows/x.yml\n@@ -0,0 +1 @@\n+on: push\n", "config"),
+        ("--- src/a.py\n+++ /dev/null\n@@ -1,2 +0,0 @@\n-def f():\n-    return 1\n", "allowed"),
+    ],
+)
+def test_a_traditional_diff_is_held_to_the_write_policy_on_the_host(
+    box: LocalSandbox, patch: str, reason: str
+) -> None:
+    """The host reads a traditional diff's paths as the agent does, before the sandbox."""
+    ex = _executor(box, allowed_paths=["tests/"] if reason == "allowed" else None)
+    before = sorted(p.read_bytes() for p in box.workspace.rglob("*") if p.is_file())
+    out = ex.execute(1, "p", "apply_patch", {"patch": patch})
+    assert out.error is not None
+    assert out.error["code"] == "TOOL_PATH_DENIED"
+    assert reason in out.error["message"]
+    assert sorted(p.read_bytes() for p in box.workspace.rglob("*") if p.is_file()) == before
+
+
+def test_a_traditional_diff_is_applied(box: LocalSandbox) -> None:
+    ex = _executor(box)
+    patch = (
+        "--- a/src/a.py\n+++ b/src/a.py\n@@ -1,2 +1,2 @@\n def f():\n-    return 1\n+    return 2\n"
+    )
+    out = ex.execute(1, "p", "apply_patch", {"patch": patch})
+    assert out.ok, out.error
+    assert (box.workspace / "src" / "a.py").read_text() == "def f():\n    return 2\n"
+
+
 def test_config_path_named_in_allowed_paths_may_be_written(box: LocalSandbox) -> None:
     ex = _executor(box, allowed_paths=["package.json"])
     out = ex.execute(
