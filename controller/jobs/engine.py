@@ -45,7 +45,7 @@ from controller.jobs.records import (
     write_lock,
 )
 from controller.jobs.required import run_required_checks
-from controller.providers.base import Provider
+from controller.providers.base import ChecksAware, Provider
 from controller.repo.baseline import Baseline
 from controller.repo.pin import RepoPin
 from controller.sandbox.base import Runtime, SandboxSpec
@@ -319,6 +319,8 @@ class Job:
             raise cancelled_error()
         self._move("running")
         t = time.perf_counter()
+        if isinstance(request.provider, ChecksAware):
+            request.provider.use_checks(checks)
         executor = ToolExecutor(
             prepared.sandbox,
             checks=checks,
