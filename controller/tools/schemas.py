@@ -236,9 +236,12 @@ def _plain(text: str) -> str:
 
 
 def describe_check(check_id: str, spec: CheckSpec) -> str:
-    """One check as the model reads it: its id, what it runs, whether the proposed change
-    must pass it, its time limit."""
-    what = spec.description or shlex.join(spec.argv)
+    """One check as the model reads it: its id, what it runs (control characters and the
+    values of secret variables taken out), whether the proposed change must pass it, its
+    time limit."""
+    from controller.logs import Scrubber  # the secrets of this process's environment
+
+    what = Scrubber("", paths=False).text(spec.description or shlex.join(spec.argv))
     if len(what) > CHECK_TEXT:
         what = what[: CHECK_TEXT - 3] + "..."
     need = "the change must pass it" if spec.required else "optional"

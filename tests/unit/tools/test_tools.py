@@ -194,3 +194,10 @@ def test_apply_patch_shows_a_whole_patch_it_takes() -> None:
     assert example == PATCH_EXAMPLE
     (patch,) = diffs.parse_patch(example)
     assert (patch.kind, patch.path) == ("modify", "src/app.py")
+
+
+def test_a_check_is_described_without_control_or_bidi_characters() -> None:
+    line = describe_check("x", CheckSpec(argv=["echo", "a\u202eb\x1b[31m"]))
+    assert "\u202e" not in line
+    assert "\x1b" not in line
+    assert line.startswith("x: echo ")
