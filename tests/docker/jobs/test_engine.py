@@ -129,7 +129,14 @@ def test_full_job_reaches_review_with_exact_diff_ledger_and_checks(
         {"turn": 1, "id": "c1", "name": "search_text", "ok": True, "error_code": None},
         {"turn": 2, "id": "c2", "name": "read_file", "ok": True, "error_code": None},
         {"turn": 3, "id": "c3", "name": "replace_text", "ok": True, "error_code": None},
-        {"turn": 4, "id": "c4", "name": "run_check", "ok": True, "error_code": None},
+        {
+            "turn": 4,
+            "id": "c4",
+            "name": "run_check",
+            "ok": True,
+            "error_code": None,
+            "verdict": "greet: passed",
+        },
         {"turn": 5, "id": "c5", "name": "apply_patch", "ok": True, "error_code": None},
     ]
     assert data["ledger"] == [
@@ -1058,7 +1065,7 @@ def test_wall_clock_limit_ends_a_running_check(client: docker.DockerClient, repo
 def test_result_bytes_limit_ends_the_job(
     client: docker.DockerClient, repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("controller.jobs.loop.MAX_RESULT_BYTES", 300)
+    monkeypatch.setattr("controller.jobs.loop.MAX_RESULT_BYTES", 150)
     job = new_job(client, repo, make_task(), scripted([search_call("c1")], [search_call("c2")]))
     record = job.run()
     assert record.state == "failed"
