@@ -362,13 +362,24 @@ def _changes(changes: FileChanges) -> CheckChanges:
     }
 
 
+NOT_A_DIFF = frozenset({"garbage", "fence", "begin_patch"})
+"""The reasons of a patch that is not (only) a diff."""
+NOT_A_DIFF_HINT = (
+    "; send only the diff: each file as a '--- a/PATH' line, a '+++ b/PATH' line and its"
+    " '@@ -start,count +start,count @@' hunks (or git's 'diff --git' form), no other text"
+)
+
+
 def _patch_paths(text: str) -> list[str]:
     """Every path a patch touches, parsed strictly on the host (the container's parser is
     not trusted to have applied the policy)."""
     try:
         patches = diffs.parse_patch(text)
     except diffs.DiffError as exc:
-        raise ToolError(str(exc)[:1000], code=ErrorCode.PATCH_REJECTED) from exc
+        message = str(exc)[:1000]
+        if exc.reason in NOT_A_DIFF:
+            message += NOT_A_DIFF_HINT
+        raise ToolError(message, code=ErrorCode.PATCH_REJECTED) from exc
     return sorted({p for patch in patches for p in (patch.old_path, patch.new_path) if p})
 
 

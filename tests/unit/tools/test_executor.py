@@ -373,3 +373,13 @@ def test_a_failed_check_reads_as_its_own_verdict(box: LocalSandbox) -> None:
     assert ok.verdict == "ok: passed"
     listing = ex.execute(1, "l", "list_files", {})
     assert listing.verdict is None
+
+
+def test_text_that_is_not_a_diff_is_told_what_a_diff_is(box: LocalSandbox) -> None:
+    ex = _executor(box)
+    patch = "Here it is:\n--- a/src/a.py\n+++ b/src/a.py\n@@ -1 +1 @@\n-def f():\n+def g():\n"
+    out = ex.execute(1, "p", "apply_patch", {"patch": patch})
+    assert out.error is not None
+    assert out.error["code"] == "PATCH_REJECTED"
+    assert out.error["message"].startswith("garbage: text before the first 'diff --git' line")
+    assert "send only the diff: each file as a '--- a/PATH' line" in out.error["message"]
