@@ -247,7 +247,7 @@ class Session:
             self._calls += 1
             content = json.loads(answer[0].content)
             result = CallResult(
-                ok=bool(content.get("ok")), result=content.get("result"), error=content.get("error")
+                ok="error" not in content, result=content.get("result"), error=content.get("error")
             )
             if request_id is not None:
                 self._seen[request_id] = result

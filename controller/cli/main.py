@@ -170,7 +170,8 @@ def _demo(args: argparse.Namespace) -> int:
     result = run_demo(_progress, runtime=args.runtime)
     lines = [f"job {result['job_id']}: {result['status']} ({result['runtime']})"]
     lines += [
-        f"- turn {c['turn']} {c['name']}: {'ok' if c['ok'] else c['error_code']}"
+        f"- turn {c['turn']} {c['name']}: "
+        + str(c.get("verdict") or ("ok" if c["ok"] else c["error_code"]))
         for c in result["tool_calls"]
     ]
     lines += [f"check {c['id']}: {c['status']} ({c['duration_ms']} ms)" for c in result["checks"]]

@@ -44,6 +44,9 @@ class CheckSpec(BaseModel):
     )
     timeout_seconds: float = Field(default=300.0, gt=0, le=ops.MAX_RUN_SECONDS)
     required: bool = True
+    description: Annotated[str, StringConstraints(min_length=1, max_length=300)] | None = None
+    """What the check checks, in a few words, for the model (``run_check`` lists it); its
+    command is shown when there is none."""
     mutates: bool = False
     """A check that may change files (a formatter); its changes are recorded as its effects.
     Any other check that changes a file fails the job."""

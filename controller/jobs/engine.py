@@ -47,7 +47,7 @@ from controller.jobs.records import (
     write_lock,
 )
 from controller.jobs.required import run_required_checks
-from controller.providers.base import Provider
+from controller.providers.base import ChecksAware, Provider
 from controller.repo.baseline import Baseline
 from controller.repo.layout import locate
 from controller.repo.pin import RepoPin
@@ -408,6 +408,8 @@ class Job:
             raise cancelled_error()
         self._move("running")
         t = time.perf_counter()
+        if isinstance(request.provider, ChecksAware):
+            request.provider.use_checks(checks)
         executor = ToolExecutor(
             prepared.sandbox,
             checks=checks,

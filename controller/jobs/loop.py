@@ -182,11 +182,13 @@ class ToolLoop:
         try:
             outcome = self._execute(turn, call)
         except PatchboxError as exc:
-            error = {"ok": False, "error": exc.to_dict()}
+            error = {"error": exc.to_dict()}
             transcript.append(_transcript_call(call, json.dumps(error), started, ok=False))
             raise
         content = json.dumps(outcome.for_model(), ensure_ascii=False)
-        transcript.append(_transcript_call(call, content, started, ok=outcome.ok))
+        transcript.append(
+            _transcript_call(call, content, started, ok=outcome.ok, verdict=outcome.verdict)
+        )
         self.bytes_left -= len(content.encode())
         if self.bytes_left < 0:
             raise LimitExceededError("tool results exceed the job's byte limit")
@@ -223,6 +225,7 @@ class ToolLoop:
                 ok=outcome.ok,
                 error_code=error["code"] if error else None,
                 error_message=error["message"][:1000] if error else None,
+                verdict=outcome.verdict,
             )
         )
         if outcome.effect != "none" or call.name in {"replace_text", "apply_patch"}:
@@ -252,13 +255,16 @@ class ToolLoop:
         )
 
 
-def _transcript_call(call: ToolCall, content: str, started: float, *, ok: bool) -> TranscriptCall:
+def _transcript_call(
+    call: ToolCall, content: str, started: float, *, ok: bool, verdict: str | None = None
+) -> TranscriptCall:
     result = strip_control(content)
     return TranscriptCall(
         id=call.id,
         name=call.name,
         arguments=call.arguments[:TRANSCRIPT_TEXT],
         ok=ok,
+        verdict=verdict,
         result=result[:TRANSCRIPT_TEXT],
         truncated=len(result) > TRANSCRIPT_TEXT or len(call.arguments) > TRANSCRIPT_TEXT,
         duration_ms=round((time.monotonic() - started) * 1000),
@@ -269,22 +275,10 @@ def _done(outcome: ToolOutcome) -> Literal["done", "rejected"]:
     return "done" if outcome.ok else "rejected"
 
 
-def _call_record(
-    turn: int,
-    call: ToolCall,
-    *,
-    ok: bool,
-    error_code: str | None,
-    error_message: str | None = None,
-) -> ToolCallRecord:
-    return ToolCallRecord(
-        turn=turn,
-        id=call.id,
-        name=call.name,
-        ok=ok,
-        error_code=error_code,
-        error_message=error_message,
-    )
+def _call_record(turn: int, call: ToolCall, *, ok: bool, **outcome: str | None) -> ToolCallRecord:
+    """The record of ``call``: ``outcome`` holds its ``error_code`` and ``error_message`` (a
+    refused call) or its ``verdict`` (a check that ran)."""
+    return ToolCallRecord(turn=turn, id=call.id, name=call.name, ok=ok, **outcome)
 
 
 def ledger_files(tool: str, result: ResultFields) -> list[LedgerFile]:

@@ -100,6 +100,9 @@ class ToolCallRecord(_Value):
     cancelled while it ran); None when it succeeded."""
     error_message: str | None = Field(default=None, exclude_if=lambda v: v is None)
     """The error's message, as the model got it (bounded)."""
+    verdict: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    """A ``run_check`` call's check verdict (``tests: failed, exit 1``): ``ok`` says the
+    call ran, this says how the check went."""
 
 
 TRANSCRIPT_TEXT = 16 * 1024
@@ -117,6 +120,8 @@ class TranscriptCall(_Value):
     result: str
     """The JSON text the model got back (result or error), cleaned of control characters
     and cut at :data:`TRANSCRIPT_TEXT` characters."""
+    verdict: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    """A ``run_check`` call's check verdict (``tests: failed, exit 1``)."""
     truncated: bool = False
     duration_ms: int = 0
 

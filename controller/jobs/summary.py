@@ -56,7 +56,7 @@ def transcript_text(record: JobRecord, width: int = 400) -> str:
         if turn.text:
             lines.append(f"  model: {cut(turn.text)}")
         for c in turn.calls:
-            state = "ok" if c.ok else "error"
+            state = c.verdict or ("ok" if c.ok else "error")
             lines.append(f"  call {c.id} {c.name} {cut(c.arguments)}")
             lines.append(f"    -> {state} ({c.duration_ms} ms): {cut(c.result)}")
     return "\n".join(lines) or "no transcript (the job made no model turn)"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
@@ -40,7 +40,7 @@ from controller.mcp.slot import (
     error_outcome,
     failure,
 )
-from controller.tools.schemas import tool_schemas
+from controller.tools.schemas import checks_text, tool_schemas
 
 if TYPE_CHECKING:
     from mcp.server.context import ServerRequestContext
@@ -63,26 +63,29 @@ INSTRUCTIONS = (
     f"{CHECKS_URI} lists them). When the change is done, call propose once: the diff is"
     " validated, the required checks run again in a fresh sandbox, and the job id, its status"
     " and the diff come back. The user reviews and applies it on the host with"
-    " `patchbox apply JOB`. A tool call after propose starts a new job on the repository's"
+    " patchbox apply JOB. A tool call after propose starts a new job on the repository's"
     " current state (its first result says so under job_started). A job with no call for the"
     " server's idle timeout ends by itself: proposed as it is when it changed something."
 )
 
 
 def propose_schema() -> dict[str, Any]:
-    """``propose``'s JSON Schema, made like the loop's tools' (no titles, no extra fields)."""
+    """``propose``'s JSON Schema, made like the loop's tools' (no titles, no extra fields,
+    the description said once: in the tool's)."""
     schema = ProposeArgs.model_json_schema(by_alias=True)
     schema.pop("title", None)
+    schema.pop("description", None)
     for prop in schema.get("properties", {}).values():
         prop.pop("title", None)
     schema["additionalProperties"] = False
     return schema
 
 
-def tools() -> list[types.Tool]:
-    """The loop's six tools as the providers define them, and ``propose``."""
+def tools(checks: Mapping[str, CheckSpec] | None = None) -> list[types.Tool]:
+    """The loop's six tools as the providers define them for a job with ``checks`` (their
+    ids an ``enum`` of ``run_check``'s ``checkId``), and ``propose``."""
     out = []
-    for spec in tool_schemas():
+    for spec in tool_schemas(checks):
         read_only = spec["name"] in READ_ONLY
         out.append(
             types.Tool(
@@ -120,6 +123,15 @@ def declared_checks(options: Options) -> dict[str, CheckSpec]:
     return checks
 
 
+def _known_checks(options: Options) -> dict[str, CheckSpec] | None:
+    """The session's checks for its tool list; None when they cannot be resolved now (the
+    first call then fails with the reason, and the tool list says only their form)."""
+    try:
+        return declared_checks(options)
+    except PatchboxError:
+        return None
+
+
 def _internal(exc: Exception, options: Options) -> Outcome:
     """An unexpected exception in a call: the error contract and a crash report."""
     from controller.crash import internal_error
@@ -138,8 +150,11 @@ class _Handlers:
         self.options = options
         self.sessions = sessions
         self.http = http
-        self.listed = tools()
+        checks = _known_checks(options)
+        self.listed = tools(checks)
         self.instructions = INSTRUCTIONS
+        if checks is not None:
+            self.instructions += f"\n\n{checks_text(checks)}"
         if options.task_given:
             self.instructions += f"\n\nThe task:\n{options.task.prompt}"
         self.capabilities: types.ServerCapabilities | None = None

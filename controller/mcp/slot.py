@@ -281,7 +281,7 @@ class Slot:
         if self._proposed == session.job_id:
             state, job_id = session.record.state, session.job_id
             return (
-                f"the job {job_id} was proposed ({state}); see `patchbox show {job_id} --diff`"
+                f"the job {job_id} was proposed ({state}); see patchbox show {job_id} --diff"
                 + NEXT_CALL
             )
         idle = session.idle_end
@@ -341,7 +341,7 @@ class Slot:
         job_id, state = session.job_id, session.record.state
         name = f"the previous job {job_id}" if previous else f"the job {job_id}"
         idle = session.idle_end
-        show = f"`patchbox show {job_id} --diff`"
+        show = f"patchbox show {job_id} --diff"
         if idle is not None and not idle.changed:
             return (
                 f"{name} changed nothing and was cancelled after {idle.seconds:g} s without a "
@@ -350,10 +350,10 @@ class Slot:
         if idle is not None:
             how = f"was proposed as it was after {idle.seconds:g} s without a call"
             if state == "awaiting_review":
-                return f"{name} {how} and awaits review ({show}, `patchbox apply {job_id}`)"
+                return f"{name} {how} and awaits review ({show}, patchbox apply {job_id})"
             return f"{name} {how} and ended {state} ({show})"
         if state == "awaiting_review":
-            return f"{name} awaits review ({show}, `patchbox apply {job_id}`)"
+            return f"{name} awaits review ({show}, patchbox apply {job_id})"
         error = session.record.error
         code = f" with {error.code}" if error is not None else ""
         return f"{name} ended {state}{code} ({show})"

@@ -11,12 +11,15 @@ turns is accepted.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Annotated, Protocol, Self, runtime_checkable
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Annotated, Protocol, Self, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from controller.errors import DuplicateToolCallIdError
+
+if TYPE_CHECKING:
+    from controller.config.task import CheckSpec
 
 CallId = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 ToolNameText = Annotated[str, StringConstraints(min_length=1, max_length=128)]
@@ -124,6 +127,15 @@ class Provider(Protocol):
     def close(self) -> None:
         """Releases connections; idempotent. Call it after the last turn, from the loop's thread."""
         ...
+
+
+@runtime_checkable
+class ChecksAware(Protocol):
+    """A provider that tells its model which checks the job has: ``run_check``'s schema
+    (an ``enum`` of their ids) and its instructions list them. The job calls
+    :meth:`use_checks` once, before the first turn."""
+
+    def use_checks(self, checks: Mapping[str, CheckSpec]) -> None: ...
 
 
 @runtime_checkable

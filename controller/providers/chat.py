@@ -28,7 +28,7 @@ from controller.providers.replies import (
     sse_events,
     usage_counts,
 )
-from controller.tools.schemas import tool_schemas
+from controller.tools.schemas import ToolSchema, tool_schemas
 
 MAX_TOOL_CALLS = 1024
 """The highest tool-call index accepted in a stream, plus one."""
@@ -116,9 +116,12 @@ class ChatCompletionsProvider(OpenAIProvider[ChatItem]):
             {"role": "system", "content": self._system_prompt},
             {"role": "user", "content": self._prompt},
         ]
-        self._tools: list[ChatTool] = [
-            {"type": "function", "function": schema} for schema in tool_schemas()
-        ]
+        self._tools: list[ChatTool] = []
+        self._offer(tool_schemas())
+
+    def _offer(self, tools: list[ToolSchema]) -> None:
+        self._messages[0] = {"role": "system", "content": self._system_prompt}
+        self._tools = [{"type": "function", "function": schema} for schema in tools]
 
     @staticmethod
     def _result_items(results: list[ToolResult]) -> list[ChatItem]:

@@ -34,7 +34,7 @@ from controller.providers.replies import (
     token,
     usage_counts,
 )
-from controller.tools.schemas import tool_schemas
+from controller.tools.schemas import ToolSchema, tool_schemas
 
 _USAGE_NAMES = {
     "input_tokens": "input_tokens",
@@ -99,7 +99,11 @@ class ResponsesProvider(OpenAIProvider[ResponsesItem]):
     ) -> None:
         super().__init__(config, prompt, system_prompt=system_prompt)
         self._input: list[ResponsesItem] = [{"role": "user", "content": prompt}]
-        self._tools: list[ResponsesTool] = [
+        self._tools: list[ResponsesTool] = []
+        self._offer(tool_schemas())
+
+    def _offer(self, tools: list[ToolSchema]) -> None:
+        self._tools = [
             {
                 "type": "function",
                 "strict": False,
@@ -107,7 +111,7 @@ class ResponsesProvider(OpenAIProvider[ResponsesItem]):
                 "description": schema["description"],
                 "parameters": schema["parameters"],
             }
-            for schema in tool_schemas()
+            for schema in tools
         ]
 
     @staticmethod

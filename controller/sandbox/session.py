@@ -30,6 +30,8 @@ _AGENT_ERROR_CODES = frozenset(
     {
         ErrorCode.TOOL_ARGUMENTS_INVALID,
         ErrorCode.TOOL_PATH_DENIED,
+        ErrorCode.TOOL_PATH_INVALID,
+        ErrorCode.TOOL_FILE_NOT_FOUND,
         ErrorCode.PATCH_REJECTED,
         ErrorCode.SANDBOX_FAILED,
     }

@@ -9,9 +9,10 @@ effect, the same key with other arguments is refused, and a later turn may reuse
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Required, TypedDict, cast
 
@@ -73,6 +74,8 @@ class CheckChanges(TypedDict):
 class CheckOutput(TypedDict):
     """A check run as the model (and the evidence) gets it."""
 
+    verdict: str
+    """The check's own verdict in words (:func:`verdict`): ``tests: failed, exit 1``."""
     checkId: str
     status: Literal["passed", "failed", "timed_out"]
     exitCode: int | None
@@ -108,16 +111,66 @@ class ToolOutcome:
     error: ToolErrorInfo | None = None
     effect: str = "none"
     """``none``, ``write`` (workspace changed) or ``process`` (a check ran)."""
+    details: bool = False
+    """The call asked for the result's bookkeeping (``details``): hashes, versions, counts."""
 
     def for_model(self) -> Mapping[str, object]:
+        """What the model gets: ``{"result": ...}`` (the result as :func:`shown` shows it)
+        for a call that ran, ``{"error": ...}`` for a refused one. A check that ran is a
+        result whatever its verdict: its ``verdict`` says how the check itself went."""
         if self.ok:
-            return {"ok": True, "result": self.result}
-        return {"ok": False, "error": self.error}
+            return {"result": shown(self.tool, self.result or {}, details=self.details)}
+        return {"error": self.error}
+
+    @property
+    def verdict(self) -> str | None:
+        """A check run's own verdict (``tests: failed, exit 1``); None for other calls."""
+        if not self.ok or self.tool != "run_check" or self.result is None:
+            return None
+        value = self.result.get("verdict")
+        return value if isinstance(value, str) else None
 
     @property
     def fields(self) -> ResultFields:
         """The fields of the result the ledger reads (none for a refused call)."""
         return cast("ResultFields", self.result or {})
+
+
+BOOKKEEPING: dict[str, frozenset[str]] = {
+    "list_files": frozenset({"version"}),
+    "search_text": frozenset({"filesScanned", "version", "cached"}),
+    "replace_text": frozenset({"sha256Before", "sha256After", "version"}),
+    "apply_patch": frozenset({"version"}),
+}
+"""The result fields a model does not need unless it asks (``details``); the job's ledger
+reads them from the whole result either way."""
+FILE_BOOKKEEPING = frozenset({"sha256Before", "sha256After"})
+"""The same for each file of an ``apply_patch`` result."""
+
+
+def shown(tool: str, result: Mapping[str, Any], *, details: bool = False) -> dict[str, Any]:
+    """A result as the model gets it: without the bookkeeping of :data:`BOOKKEEPING` unless
+    ``details``; a check's result without its empty fields (no signal, no changes, not
+    reused)."""
+    if tool == "run_check":
+        empty = {"signal": None, "changes": None, "reused": False}
+        return {k: v for k, v in result.items() if k not in empty or empty[k] != v}
+    if details:
+        return dict(result)
+    hidden = BOOKKEEPING.get(tool, frozenset())
+    out = {k: v for k, v in result.items() if k not in hidden}
+    if tool == "apply_patch" and isinstance(out.get("files"), list):
+        out["files"] = [
+            {k: v for k, v in f.items() if k not in FILE_BOOKKEEPING} if isinstance(f, dict) else f
+            for f in out["files"]
+        ]
+    return out
+
+
+def numbered(content: str, first: int) -> str:
+    """``content``'s lines, each after its number (from ``first``) and a tab."""
+    lines = content.splitlines(keepends=True)
+    return "".join(f"{first + n}\t{line}" for n, line in enumerate(lines))
 
 
 @dataclass
@@ -174,7 +227,18 @@ class ToolExecutor:
             if not _retryable(exc):
                 raise
             return self._refuse(turn, call_id, tool, exc.code, exc.message)
-        return ToolOutcome(turn, call_id, tool, ok=True, result=result.model_dump(), effect=effect)
+        data = result.model_dump()
+        if isinstance(args, ReadFileArgs) and args.line_numbers:
+            data["content"] = numbered(data["content"], data["startLine"])
+        return ToolOutcome(
+            turn,
+            call_id,
+            tool,
+            ok=True,
+            result=data,
+            effect=effect,
+            details=getattr(args, "details", False),
+        )
 
     def _dispatch(self, args: object) -> tuple[BaseModel, str]:
         if isinstance(args, ListFilesArgs):
@@ -185,7 +249,8 @@ class ToolExecutor:
             )
             return found, "none"
         if isinstance(args, ReadFileArgs):
-            return self.sandbox.read_file(args.path, args.start_line, args.end_line), "none"
+            with _naming(args.path):
+                return self.sandbox.read_file(args.path, args.start_line, args.end_line), "none"
         if isinstance(args, ApplyPatchArgs):
             for path in _patch_paths(args.patch):
                 self._check_write(path)
@@ -194,7 +259,8 @@ class ToolExecutor:
             return done_patch, "write"
         if isinstance(args, ReplaceTextArgs):
             self._check_write(args.path)
-            done = self.sandbox.replace_text(args.path, args.old_text, args.new_text)
+            with _naming(args.path):
+                done = self.sandbox.replace_text(args.path, args.old_text, args.new_text)
             self._check_cache.clear()
             return done, "write"
         raise ToolError("this tool is not available", code=ErrorCode.TOOL_ARGUMENTS_INVALID)
@@ -215,6 +281,7 @@ class ToolExecutor:
         cached = self._check_cache.get(check_id)
         if cached is not None:
             result = dict(cached.result or {}, reused=True)
+            result["verdict"] = f"{result['verdict']} (reused: nothing changed since it ran)"
             return ToolOutcome(turn, call_id, "run_check", ok=True, result=result, effect="none")
         run = self.sandbox.run(
             list(spec.argv),
@@ -259,6 +326,7 @@ def check_result(check_id: str, run: RunResult) -> CheckOutput:
         status = "failed"
     output = strip_control(run.output)[-OUTPUT_TAIL:]
     return {
+        "verdict": verdict(check_id, status, run.exit_code, run.signal),
         "checkId": check_id,
         "status": status,
         "exitCode": run.exit_code,
@@ -271,6 +339,20 @@ def check_result(check_id: str, run: RunResult) -> CheckOutput:
     }
 
 
+def verdict(check_id: str, status: str, exit_code: int | None, signal: int | None) -> str:
+    """A check run in words, as the model and the transcript read it: ``tests: passed``,
+    ``tests: failed, exit 1``, ``tests: failed, signal 9``, ``tests: timed out``."""
+    if status == "passed":
+        return f"{check_id}: passed"
+    if status == "timed_out":
+        return f"{check_id}: timed out"
+    if exit_code is not None:
+        return f"{check_id}: failed, exit {exit_code}"
+    if signal is not None:
+        return f"{check_id}: failed, signal {signal}"
+    return f"{check_id}: failed"
+
+
 def _changes(changes: FileChanges) -> CheckChanges:
     return {
         "added": changes.added,
@@ -280,13 +362,24 @@ def _changes(changes: FileChanges) -> CheckChanges:
     }
 
 
+NOT_A_DIFF = frozenset({"garbage", "fence", "begin_patch"})
+"""The reasons of a patch that is not (only) a diff."""
+NOT_A_DIFF_HINT = (
+    "; send only the diff: each file as a '--- a/PATH' line, a '+++ b/PATH' line and its"
+    " '@@ -start,count +start,count @@' hunks (or git's 'diff --git' form), no other text"
+)
+
+
 def _patch_paths(text: str) -> list[str]:
     """Every path a patch touches, parsed strictly on the host (the container's parser is
     not trusted to have applied the policy)."""
     try:
-        patches = diffs.parse(text)
+        patches = diffs.parse_patch(text)
     except diffs.DiffError as exc:
-        raise ToolError(str(exc)[:1000], code=ErrorCode.PATCH_REJECTED) from exc
+        message = str(exc)[:1000]
+        if exc.reason in NOT_A_DIFF:
+            message += NOT_A_DIFF_HINT
+        raise ToolError(message, code=ErrorCode.PATCH_REJECTED) from exc
     return sorted({p for patch in patches for p in (patch.old_path, patch.new_path) if p})
 
 
@@ -302,6 +395,24 @@ def _digest(tool: str, raw: str | Mapping[str, object]) -> str:
     return hashlib.sha256(
         json.dumps([tool, value], sort_keys=True, default=str).encode()
     ).hexdigest()
+
+
+PATH_CODES = frozenset(
+    {ErrorCode.TOOL_PATH_DENIED, ErrorCode.TOOL_PATH_INVALID, ErrorCode.TOOL_FILE_NOT_FOUND}
+)
+
+
+@contextlib.contextmanager
+def _naming(path: str) -> Iterator[None]:
+    """The agent's refusal of ``path`` with the path in front (``src/x.py: no such file``):
+    the model's own argument, cut, and quoted when it holds a character that does not print."""
+    try:
+        yield
+    except ToolError as exc:
+        if exc.code not in PATH_CODES:
+            raise
+        shown = path[:200] if path.isprintable() else repr(path[:200])
+        raise ToolError(f"{shown}: {exc.message}", code=exc.code) from exc
 
 
 def _retryable(exc: ToolError) -> bool:

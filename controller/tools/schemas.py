@@ -9,6 +9,7 @@ or are larger than :data:`MAX_ARGUMENT_BYTES`, end the job.
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Mapping
 from typing import Annotated, Any, Self, TypedDict
 
@@ -21,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from controller.config.task import CheckId
+from controller.config.task import CheckId, CheckSpec
 from controller.errormap import describe_validation
 from controller.errors import ArgumentsNotAnObjectError, ErrorCode, ProtocolError, ToolError
 from controller.sandbox.protocol import decode_json
@@ -38,7 +39,8 @@ LineNumber = Annotated[int, Field(ge=1, le=ops.MAX_LINE_NUMBER)]
 class _Args(BaseModel):
     """A tool's arguments: snake_case attributes, camelCase names in the JSON Schema the model
     sees and in what it sends. Only those names validate (``validate_by_name`` stays off: the
-    model may not send ``start_line`` for ``startLine``)."""
+    model may not send ``start_line`` for ``startLine``). The attributes' docstrings are the
+    descriptions the model reads: plain text, no markup."""
 
     model_config = ConfigDict(
         extra="forbid",
@@ -52,38 +54,53 @@ class _Args(BaseModel):
 
 
 class ListFilesArgs(_Args):
-    """List the files of the workspace that the model may see."""
+    """List the files of the repository copy that the tools can see (protected files such as
+    .git, .env or keys are never shown). Returns the paths, relative to the repository top,
+    and whether the list was cut at maxResults."""
 
     glob: Glob | None = None
-    """Only paths matching this glob (``*`` stays within a folder, ``**`` crosses folders)."""
+    """Only paths matching this glob, relative to the repository top: * matches within one
+    folder, ** across folders (for example src/**/*.py)."""
     max_results: int | None = Field(default=None, ge=1, le=ops.MAX_LIST_RESULTS, alias="maxResults")
     """At most this many paths (default 1000)."""
+    details: bool = False
+    """Also return the workspace version."""
 
 
 class SearchTextArgs(_Args):
-    """Search the text files of the workspace; returns path, line number and line."""
+    """Search the text files of the repository copy for a string or a regular expression.
+    Returns each hit's path, line number and line, and whether the hits were cut at
+    maxResults."""
 
     query: Annotated[str, StringConstraints(min_length=1, max_length=ops.MAX_QUERY)]
-    """A literal string, or a regular expression when ``regex`` is true."""
+    """The text to find: a literal string, or a regular expression when regex is true."""
     glob: Glob | None = None
-    """Only files whose path matches this glob."""
+    """Only files whose path matches this glob (* within one folder, ** across folders)."""
     max_results: int | None = Field(
         default=None, ge=1, le=ops.MAX_SEARCH_RESULTS, alias="maxResults"
     )
     """At most this many hits (default 100)."""
     regex: bool = False
-    """Treat ``query`` as a regular expression (run with a time bound)."""
+    """Read query as a Python regular expression (run with a time bound)."""
+    details: bool = False
+    """Also return how many files were scanned, whether the answer was cached, and the
+    workspace version."""
 
 
 class ReadFileArgs(_Args):
-    """Read a range of lines of one text file."""
+    """Read lines of one text file (at most 2000 lines per call). Returns the text, the line
+    range returned, the file's total line count, and whether the range was cut."""
 
     path: WorkspacePath
-    """A relative POSIX path inside the workspace."""
+    """The file's path relative to the repository top, with / between names (for example
+    src/app.py)."""
     start_line: LineNumber | None = Field(default=None, alias="startLine")
-    """First line, 1-based (default 1)."""
+    """First line to return, counting from 1 (default 1)."""
     end_line: LineNumber | None = Field(default=None, alias="endLine")
-    """Last line, inclusive (default: a bounded window)."""
+    """Last line to return, inclusive (default: up to 2000 lines from startLine)."""
+    line_numbers: bool = Field(default=False, alias="lineNumbers")
+    """Start each returned line with its number and a tab (for example 12 then a tab then
+    the line). The numbers are not part of the file: leave them out of oldText and patches."""
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
@@ -98,15 +115,20 @@ class ReadFileArgs(_Args):
 
 
 class ReplaceTextArgs(_Args):
-    """Replace the one exact occurrence of ``oldText`` in a file with ``newText``."""
+    """Replace text in one file: oldText must occur exactly once in the file, and becomes
+    newText. Returns the path, the first line replaced, and the lines removed and added."""
 
     path: WorkspacePath
+    """The file's path relative to the repository top (for example src/app.py)."""
     old_text: Annotated[str, StringConstraints(min_length=1, max_length=1024 * 1024)] = Field(
         alias="oldText"
     )
-    """Text that occurs exactly once in the file."""
+    """The exact text to replace, with its whitespace and line breaks; it must occur exactly
+    once in the file (include surrounding lines to make it unique)."""
     new_text: Annotated[str, StringConstraints(max_length=1024 * 1024)] = Field(alias="newText")
-    """Its replacement; must differ from ``oldText``."""
+    """The text that takes its place; it must differ from oldText (empty deletes it)."""
+    details: bool = False
+    """Also return the file's content hashes before and after, and the workspace version."""
 
     @model_validator(mode="after")
     def _differs(self) -> Self:
@@ -116,16 +138,40 @@ class ReplaceTextArgs(_Args):
         return self
 
 
+PATCH_EXAMPLE = (
+    "--- a/src/app.py\n"
+    "+++ b/src/app.py\n"
+    "@@ -1,3 +1,3 @@\n"
+    " def greet():\n"
+    '-    return "hello"\n'
+    '+    return "Hello"\n'
+    " greet()\n"
+)
+"""A complete patch the tool takes (one file, one hunk), shown in its description."""
+
+
 class ApplyPatchArgs(_Args):
-    """Apply one canonical unified git diff (``diff --git a/P b/P`` sections) to the workspace."""
+    """Apply a unified diff to the repository copy, all files or none. Paths are relative to
+    the repository top, each file's section starts with --- and +++ lines (with a/ and b/
+    prefixes or without, /dev/null for a new or a deleted file), or with a diff --git line
+    as git writes it, followed by @@ hunks whose line numbers and context match the file
+    exactly (no offset or fuzz). A rename needs the git form (rename from and rename to
+    lines); binary files, links and mode changes are refused. Returns each file's path,
+    kind (modify, create, delete, rename) and the lines added and removed."""
 
     patch: Annotated[str, StringConstraints(min_length=1, max_length=diffs.MAX_BYTES)]
+    """The whole diff text, ending with a newline, and nothing else (no prose, no markdown
+    fences): context lines start with a space, removed lines with -, added lines with +."""
+    details: bool = False
+    """Also return each file's content hashes before and after, and the workspace version."""
 
 
 class RunCheckArgs(_Args):
-    """Run one check of the trusted configuration (by id) and get its result."""
+    """Run one of the job's configured checks (tests, linters: the operator's commands, not
+    yours) in the repository copy and get its verdict, exit code and the end of its output."""
 
     check_id: CheckId = Field(alias="checkId")
+    """The id of the check to run."""
 
 
 ARGUMENT_MODELS: dict[str, type[_Args]] = {
@@ -184,16 +230,85 @@ class ToolSchema(TypedDict):
     """The arguments' JSON Schema document."""
 
 
-def tool_schemas() -> list[ToolSchema]:
-    """The tools as function definitions for a model: name, description, JSON Schema."""
+def _plain(text: str) -> str:
+    """A docstring as one paragraph of plain text."""
+    return " ".join(text.split())
+
+
+def describe_check(check_id: str, spec: CheckSpec) -> str:
+    """One check as the model reads it: its id, what it runs (control characters and the
+    values of secret variables taken out), whether the proposed change must pass it, its
+    time limit."""
+    from controller.logs import Scrubber  # the secrets of this process's environment
+
+    what = Scrubber("", paths=False).text(spec.description or shlex.join(spec.argv))
+    if len(what) > CHECK_TEXT:
+        what = what[: CHECK_TEXT - 3] + "..."
+    need = "the change must pass it" if spec.required else "optional"
+    return f"{check_id}: {_plain(what)} ({need}; at most {spec.timeout_seconds:g} s)"
+
+
+CHECK_TEXT = 300
+"""Characters of a check's description or command shown to the model."""
+NO_CHECKS = "This job has no configured checks, so run_check has nothing to run: do not call it."
+
+
+def checks_text(checks: Mapping[str, CheckSpec]) -> str:
+    """The job's checks in words, for the system prompt and run_check's description."""
+    if not checks:
+        return NO_CHECKS
+    lines = [describe_check(cid, spec) for cid, spec in sorted(checks.items())]
+    return "The checks run_check can run (checkId: what it runs):\n" + "\n".join(
+        f"- {line}" for line in lines
+    )
+
+
+def _simplified(prop: dict[str, Any]) -> dict[str, Any]:
+    """A property without a title, and an optional one (``X | None = None``) as plain ``X``:
+    leaving it out is how the model says none."""
+    prop.pop("title", None)
+    branches = prop.get("anyOf")
+    if prop.get("default", 0) is None and isinstance(branches, list):
+        kept = [b for b in branches if b != {"type": "null"}]
+        if len(kept) == 1:
+            del prop["anyOf"], prop["default"]
+            prop = {**kept[0], **prop}
+    return prop
+
+
+def _schema(model: type[_Args]) -> dict[str, Any]:
+    schema = model.model_json_schema(by_alias=True)
+    for key in ("title", "description"):  # the description is the tool's, said once
+        schema.pop(key, None)
+    properties = schema.get("properties", {})
+    for name, prop in properties.items():
+        properties[name] = _simplified(prop)
+        properties[name]["description"] = _plain(properties[name].get("description", ""))
+    schema["additionalProperties"] = False
+    return schema
+
+
+def tool_schemas(checks: Mapping[str, CheckSpec] | None = None) -> list[ToolSchema]:
+    """The tools as function definitions for a model: name, description, JSON Schema.
+
+    With the job's ``checks``, run_check's checkId is an ``enum`` of their ids and its
+    description lists them; a job without checks says so in run_check's description (the
+    tool stays, so every job offers the same six tools). Without ``checks`` (None: not known
+    yet) checkId is any id of the right form."""
     out: list[ToolSchema] = []
     for name, model in ARGUMENT_MODELS.items():
-        schema = model.model_json_schema(by_alias=True)
-        schema.pop("title", None)
-        for prop in schema.get("properties", {}).values():
-            prop.pop("title", None)
-        schema["additionalProperties"] = False
-        out.append(
-            {"name": name, "description": (model.__doc__ or "").strip(), "parameters": schema}
-        )
+        schema = _schema(model)
+        description = _plain(model.__doc__ or "")
+        if model is ApplyPatchArgs:
+            description += " Example of a whole patch:\n" + PATCH_EXAMPLE
+        if model is RunCheckArgs and checks is not None:
+            prop = schema["properties"]["checkId"]
+            if checks:
+                prop.pop("pattern", None)
+                prop["enum"] = sorted(checks)
+                prop["description"] = "The id of the check to run: " + ", ".join(sorted(checks))
+            else:
+                prop["description"] = "No check is configured for this job."
+            description += "\n" + checks_text(checks)
+        out.append({"name": name, "description": description, "parameters": schema})
     return out

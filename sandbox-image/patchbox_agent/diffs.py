@@ -11,9 +11,12 @@ in :mod:`patchbox_agent.patching`; callers import their public names from here. 
 reason codes below is its contract.
 
 ``parse(text)`` returns one ``FilePatch`` per ``diff --git`` section or raises
-``DiffError(reason, message)``. ``apply(patches, read)`` returns the new content of every
-touched path (``None`` = deleted), all or nothing; by default it also checks the ``index``
-line's blob ids against the old and new content. ``stats(patches)`` counts lines.
+``DiffError(reason, message)``; ``parse_patch(text)`` (what a model's ``apply_patch`` goes
+through) also takes a traditional unified diff, turned into that form first
+(:mod:`patchbox_agent.unified`) and then held to the same rules. ``apply(patches, read)``
+returns the new content of every touched path (``None`` = deleted), all or nothing; by
+default it also checks the ``index`` line's blob ids against the old and new content.
+``stats(patches)`` counts lines.
 ``check_path``, ``unquote``, ``fold`` and ``blob_id`` are the building blocks, public for
 callers that check names or contents themselves.
 
@@ -34,7 +37,8 @@ Reason codes (``DiffError.reason``), a closed set (``REASONS``):
 - text: ``empty`` (no sections, or a section that changes nothing), ``too_large``,
   ``too_many_files``, ``not_text`` (not UTF-8: the diff, a quoted name, or a file's content),
   ``nul`` (NUL anywhere), ``truncated`` (no newline at the end of the diff text);
-- outside a file section: ``garbage`` (prose, a plain ``---`` diff, trailing lines),
+- outside a file section: ``garbage`` (prose, a plain ``---`` diff given to ``parse``,
+  trailing lines),
   ``fence`` (markdown fences), ``begin_patch`` (``*** Begin Patch`` style wrappers);
 - headers: ``bad_header`` (malformed or repeated extended header, ``index`` line, mode
   lines without each other), ``header_mismatch`` (names or ``/dev/null`` that disagree),
@@ -85,6 +89,11 @@ from .names import (
 )
 from .patch import MODE_EXEC, MODE_FILE, DiffError, FilePatch, Hunk, Kind
 from .patching import apply, blob_id, patch_bytes
+from .unified import canonical, is_traditional
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Optional
 
 __all__ = [
     "MAX_BYTES",
@@ -101,10 +110,12 @@ __all__ = [
     "Kind",
     "apply",
     "blob_id",
+    "canonical",
     "check_collisions",
     "check_path",
     "fold",
     "parse",
+    "parse_patch",
     "patch_bytes",
     "stats",
     "unquote",
@@ -419,6 +430,30 @@ def parse(text: str, *, max_files: int = MAX_FILES, max_bytes: int = MAX_BYTES) 
     patches = [_parse_section(lines[start:end], start + 1) for start, end in sections]
     check_collisions(patches)
     return patches
+
+
+def parse_patch(
+    text: str,
+    mode_of: Optional[Callable[[str], Optional[str]]] = None,
+    *,
+    max_files: int = MAX_FILES,
+    max_bytes: int = MAX_BYTES,
+) -> list[FilePatch]:
+    """A patch a model sent: a canonical git diff, or a traditional unified diff (``---``,
+    ``+++`` and ``@@`` with no ``diff --git`` line) turned into one first
+    (:func:`patchbox_agent.unified.canonical`, ``mode_of`` as there); then :func:`parse`
+    with every rule. The line numbers of an error in a converted diff count its git form."""
+    if not is_traditional(text):
+        return parse(text, max_files=max_files, max_bytes=max_bytes)
+    _check_text(text, max_bytes)
+    converted = canonical(text, mode_of)
+    try:
+        return parse(converted, max_files=max_files, max_bytes=max_bytes)
+    except DiffError as exc:
+        if " line " not in exc.message:
+            raise
+        note = " (line numbers count the diff in git form: 'diff --git' and mode lines added)"
+        raise DiffError(exc.reason, exc.message + note) from exc
 
 
 def stats(patches: Iterable[FilePatch]) -> list[FileStats]:

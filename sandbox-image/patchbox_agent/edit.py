@@ -39,11 +39,13 @@ def _read(dfd: int, name: str) -> Tuple[bytes, os.stat_result]:
     try:
         fd = jail.open_regular(dfd, name)
     except OSError as exc:
-        raise jail.PathDeniedError from exc
+        raise jail.why_not(dfd, name, exc, stat.S_IFREG) from exc
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_EDIT_FILE:
-            raise jail.PathDeniedError
+        if not stat.S_ISREG(st.st_mode):
+            raise jail.PathDeniedError(jail.NOT_ALLOWED + ": not a regular file")
+        if st.st_size > MAX_EDIT_FILE:
+            raise jail.PathDeniedError(f"too large to edit (over {MAX_EDIT_FILE} bytes)")
         chunks = []
         while True:
             chunk = os.read(fd, 1 << 20)
@@ -144,7 +146,7 @@ def _replace_in(dfd: int, name: str, path: str, old: str, new: str) -> Dict[str,
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise jail.PathDeniedError from exc
+        raise jail.PathDeniedError("not a UTF-8 text file") from exc
     pos = _locate(text, old)
     updated = text[:pos] + new + text[pos + len(old) :]
     encoded = updated.encode("utf-8")
@@ -216,6 +218,18 @@ def _current_mode(root_fd: int, path: str) -> Optional[int]:
     return _in_parent(root_fd, path, look)
 
 
+def _stated_mode(root_fd: int, path: str) -> Optional[str]:
+    """The mode a traditional diff's deleted file is stated with: the file's own (None when
+    it cannot be looked at: the parser or the jail then refuses the path)."""
+    try:
+        mode = _current_mode(root_fd, path)
+    except jail.PathDeniedError:
+        return None
+    if mode is None:
+        return None
+    return "100755" if mode & 0o111 else "100644"
+
+
 def _check_modes(root_fd: int, patches: List[Any]) -> None:
     """No mode escalation: a new file is 100644, an existing file keeps its own mode, and a
     mode line must name the file's real mode."""
@@ -244,7 +258,7 @@ def apply_patch(root_fd: int, text: Any, tree_paths: List[str]) -> Dict[str, Any
     if not isinstance(text, str) or not text:
         raise ValueError("patch must be a non-empty string")
     try:
-        patches = diffs.parse(text)
+        patches = diffs.parse_patch(text, lambda path: _stated_mode(root_fd, path))
         for p in patches:
             for path in {p.old_path, p.new_path} - {None}:
                 jail.split(path)

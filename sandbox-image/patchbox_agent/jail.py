@@ -14,6 +14,7 @@ and devices never block the agent. See docs/architecture.md, "The path jail".
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import unicodedata
@@ -53,8 +54,41 @@ def operator_protected(path: str) -> bool:
     return any(g(folded) for g in _EXTRA)
 
 
+NOT_ALLOWED = "not allowed"
+"""The one answer for a protected path, whether or not it exists (never more specific)."""
+ABSOLUTE = "use a path relative to the repository top (like src/app.py), not an absolute path"
+MALFORMED = (
+    "not a valid path: use a path relative to the repository top, with / between names and"
+    " no empty or '.' parts"
+)
+NO_SUCH_FILE = "no such file"
+
+
 class PathDeniedError(Exception):
-    """The path is not allowed or not a readable regular file; the reason is never shown."""
+    """The path may not be used (``TOOL_PATH_DENIED``): protected, outside the workspace, or
+    not a regular file the tools read. A protected name always gets :data:`NOT_ALLOWED`,
+    before anything is looked up, so whether it exists is never shown."""
+
+    code = "TOOL_PATH_DENIED"
+
+    def __init__(self, message: str = NOT_ALLOWED) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class PathInvalidError(PathDeniedError):
+    """Not a workspace path at all (``TOOL_PATH_INVALID``): absolute, empty, malformed."""
+
+    code = "TOOL_PATH_INVALID"
+
+
+class NoSuchFileError(PathDeniedError):
+    """A path the model may use names nothing (``TOOL_FILE_NOT_FOUND``)."""
+
+    code = "TOOL_FILE_NOT_FOUND"
+
+    def __init__(self, message: str = NO_SUCH_FILE) -> None:
+        super().__init__(message)
 
 
 def fold(name: str) -> str:
@@ -77,22 +111,32 @@ def protected_in(folder: str) -> Callable[[str], bool]:
     return protected.protected_in(folder)
 
 
+def _well_formed(path: object) -> str:
+    """``path`` when it is a string a relative path may be (PathInvalidError otherwise)."""
+    if not isinstance(path, str) or not path:
+        raise PathInvalidError(MALFORMED)
+    if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
+        raise PathInvalidError(f"not a valid path: longer than {MAX_PATH_BYTES} bytes")
+    if path.startswith("/"):
+        raise PathInvalidError(ABSOLUTE)
+    if "\\" in path or "\x00" in path or any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in path):
+        raise PathInvalidError(MALFORMED + ", backslashes or control characters")
+    return path
+
+
 def split(path: object) -> list[str]:
     """Validates a workspace path and returns its components (raises PathDeniedError)."""
-    if not isinstance(path, str) or not path:
-        raise PathDeniedError
-    if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
-        raise PathDeniedError
-    if path.startswith("/") or "\\" in path or "\x00" in path:
-        raise PathDeniedError
-    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in path):
-        raise PathDeniedError
+    path = _well_formed(path)
     parts = path.split("/")
     if len(parts) > MAX_COMPONENTS:
-        raise PathDeniedError
+        raise PathInvalidError(f"not a valid path: more than {MAX_COMPONENTS} parts")
+    if ".." in parts:
+        raise PathDeniedError(NOT_ALLOWED + ": '..' leaves the repository")
     for part in parts:
-        if part in ("", ".", "..") or is_protected_component(part):
+        if is_protected_component(part):
             raise PathDeniedError
+    if any(part in ("", ".") for part in parts):
+        raise PathInvalidError(MALFORMED)
     if is_protected_path(path) or operator_protected(path):
         raise PathDeniedError
     return parts
@@ -132,18 +176,41 @@ def open_regular(dfd: int, name: str) -> int:
     return _open_verified(dfd, name, _FILE_FLAGS, stat.S_IFREG)
 
 
+def why_not(dfd: int, name: str, error: OSError, want: int) -> PathDeniedError:
+    """The error for ``name`` in ``dfd`` that could not be opened as a ``want`` (a
+    directory or a regular file): missing, or what it is instead. Only ever called for a
+    name :func:`split` let through, so a protected name never gets here."""
+    try:
+        kind = stat.S_IFMT(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode)
+    except OSError:
+        if error.errno in (errno.ENOENT, errno.ENOTDIR):
+            return NoSuchFileError()
+        return PathDeniedError(NOT_ALLOWED + ": it cannot be opened")
+    if kind == stat.S_IFLNK:
+        return PathDeniedError(NOT_ALLOWED + ": a symbolic link, which the tools do not follow")
+    if kind == want or kind not in (stat.S_IFREG, stat.S_IFDIR):
+        what = "not a regular file" if kind != want else "it changed while it was opened"
+        return PathDeniedError(f"{NOT_ALLOWED}: {what}")
+    if want == stat.S_IFREG:
+        return PathDeniedError("a folder, not a file (list_files lists what it holds)")
+    return NoSuchFileError(NO_SUCH_FILE + " (a part of the path is a file, not a folder)")
+
+
 def open_dir(root_fd: int, parts: list[str]) -> int:
-    """Opens the directory ``parts`` beneath ``root_fd``; PathDeniedError if any component
-    is a link or not a directory."""
+    """Opens the directory ``parts`` beneath ``root_fd``; NoSuchFileError if one is missing,
+    PathDeniedError if any component is a link or not a directory."""
     fd = os.dup(root_fd)
     try:
         for part in parts:
-            nfd = open_subdir(fd, part)
+            try:
+                nfd = open_subdir(fd, part)
+            except OSError as exc:
+                raise why_not(fd, part, exc, stat.S_IFDIR) from exc
             os.close(fd)
             fd = nfd
-    except OSError as exc:
+    except PathDeniedError:
         os.close(fd)
-        raise PathDeniedError from exc
+        raise
     return fd
 
 
@@ -173,7 +240,7 @@ def open_file(root_fd: int, path: object) -> int:
     try:
         return open_regular(dfd, parts[-1])
     except OSError as exc:
-        raise PathDeniedError from exc
+        raise why_not(dfd, parts[-1], exc, stat.S_IFREG) from exc
     finally:
         os.close(dfd)
 

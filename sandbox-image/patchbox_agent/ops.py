@@ -49,6 +49,9 @@ SEED = "/opt/patchbox-seed"
 RAW_CHUNK = 2 * 1024 * 1024
 
 
+NOT_TEXT = "not a text file the tools read (binary, not UTF-8, or a line over 1 MiB)"
+
+
 class OpError(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -258,8 +261,10 @@ class Workspace:
         end = min(end, start + MAX_READ_LINES - 1)
         fd = jail.open_file(self._root_fd, args.get("path"))
         with os.fdopen(fd, "rb") as fh:
-            if os.fstat(fd).st_size > MAX_READ_FILE or b"\x00" in fh.read(8192):
-                raise jail.PathDeniedError
+            if os.fstat(fd).st_size > MAX_READ_FILE:
+                raise jail.PathDeniedError(f"too large to read (over {MAX_READ_FILE} bytes)")
+            if b"\x00" in fh.read(8192):
+                raise jail.PathDeniedError(NOT_TEXT)
             fh.seek(0)
             lines, total, truncated = _read_lines(fh, start, end)
         last = start + len(lines) - 1 if lines else start - 1
@@ -432,12 +437,12 @@ def _read_lines(fh: IO[bytes], start: int, end: int) -> tuple[list[str], int, bo
         if not raw:
             break
         if len(raw) > MAX_LINE_BYTES or b"\x00" in raw:
-            raise jail.PathDeniedError
+            raise jail.PathDeniedError(NOT_TEXT)
         total += 1
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise jail.PathDeniedError from exc
+            raise jail.PathDeniedError(NOT_TEXT) from exc
         if start <= total <= end and not truncated:
             if size + len(raw) > MAX_READ_BYTES:
                 truncated = True

@@ -75,8 +75,8 @@ class Agent:
             self._send(
                 {"id": rid, "ok": False, "error": {"code": exc.code, "message": exc.message}}
             )
-        except jail.PathDeniedError:
-            err = {"code": "TOOL_PATH_DENIED", "message": "path denied"}
+        except jail.PathDeniedError as exc:
+            err = {"code": exc.code, "message": exc.message[:1000]}
             self._send({"id": rid, "ok": False, "error": err})
         except FrameError:
             raise

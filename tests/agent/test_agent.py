@@ -17,6 +17,7 @@ from controller.errors import ErrorCode, SandboxError, ToolError
 from controller.paths import sandbox_image_dir
 from controller.sandbox.local import LocalSandbox
 from controller.sandbox.protocol import KIND_JSON, encode
+from patchbox_agent import jail
 
 
 def _tar(files: dict[str, bytes], modes: dict[str, int] | None = None) -> bytes:
@@ -65,29 +66,49 @@ def test_list_is_bounded(box: LocalSandbox) -> None:
     assert res.truncated is True
 
 
+DENIED = ErrorCode.TOOL_PATH_DENIED
+INVALID = ErrorCode.TOOL_PATH_INVALID
+NOT_FOUND = ErrorCode.TOOL_FILE_NOT_FOUND
+NOT_ALLOWED = (DENIED, "not allowed")
+LINK = (DENIED, "not allowed: a symbolic link, which the tools do not follow")
+MALFORMED = (INVALID, jail.MALFORMED)
+NOT_TEXT = (DENIED, "not a text file the tools read (binary, not UTF-8, or a line over 1 MiB)")
+
+
 @pytest.mark.parametrize(
-    "path",
+    ("path", "expected"),
     [
-        "../outside.txt",
-        "/etc/passwd",
-        "a/../../outside.txt",
-        "sub\\..\\..\\outside.txt",
-        "a.txt\x00",
-        "",
-        ".",
-        "sub",  # a directory
-        "missing.txt",
-        "link.txt",  # a symlink to a real file inside
-        "sub/escape",  # a symlink out of the workspace
-        "fifo",
-        ".git/config",
-        ".GIT/config",
-        ".env",
-        "key.pem",
-        "bin.dat",  # not UTF-8 text
+        ("../outside.txt", (DENIED, "not allowed: '..' leaves the repository")),
+        (
+            "/etc/passwd",
+            (INVALID, jail.ABSOLUTE),
+        ),
+        ("a/../../outside.txt", (DENIED, "not allowed: '..' leaves the repository")),
+        (
+            "sub\\..\\..\\outside.txt",
+            (INVALID, MALFORMED[1] + ", backslashes or control characters"),
+        ),
+        ("a.txt\x00", (INVALID, MALFORMED[1] + ", backslashes or control characters")),
+        ("", MALFORMED),
+        (".", MALFORMED),
+        ("sub", (DENIED, "a folder, not a file (list_files lists what it holds)")),
+        ("missing.txt", (NOT_FOUND, "no such file")),
+        ("sub/missing/deeper.txt", (NOT_FOUND, "no such file")),
+        ("a.txt/inside", (NOT_FOUND, "no such file (a part of the path is a file, not a folder)")),
+        ("link.txt", LINK),  # a symlink to a real file inside
+        ("sub/escape", LINK),  # a symlink out of the workspace
+        ("linkdir/a.txt", LINK),  # through a symlinked folder
+        ("fifo", (DENIED, "not allowed: not a regular file")),
+        (".git/config", NOT_ALLOWED),
+        (".GIT/config", NOT_ALLOWED),
+        (".env", NOT_ALLOWED),
+        ("key.pem", NOT_ALLOWED),
+        ("bin.dat", NOT_TEXT),  # not UTF-8 text
     ],
 )
-def test_read_denials_are_uniform(box: LocalSandbox, tmp_path: Path, path: str) -> None:
+def test_read_denials_say_why(
+    box: LocalSandbox, tmp_path: Path, path: str, expected: tuple[ErrorCode, str]
+) -> None:
     ws = box.workspace
     (tmp_path / "outside.txt").write_text("secret\n")
     (ws / "a.txt").write_text("hello\n")
@@ -100,15 +121,38 @@ def test_read_denials_are_uniform(box: LocalSandbox, tmp_path: Path, path: str) 
     (ws / "key.pem").write_text("-----BEGIN-----\n")
     (ws / "bin.dat").write_bytes(b"\xff\xfe\x00\x01")
     (ws / "link.txt").symlink_to("a.txt")
+    (ws / "linkdir").symlink_to("sub")
+    (ws / "sub" / "a.txt").write_text("x\n")
     (ws / "sub" / "escape").symlink_to(tmp_path / "outside.txt")
     os.mkfifo(ws / "fifo")
     started = time.monotonic()
     with pytest.raises(ToolError) as info:
         box.read_file(path)
-    assert info.value.code is ErrorCode.TOOL_PATH_DENIED
-    assert info.value.message == "path denied"
+    assert (info.value.code, info.value.message) == expected
     assert time.monotonic() - started < 2, "a FIFO must not block the agent"
     assert box.read_file("a.txt").content == "hello\n"
+
+
+PROTECTED = [".env", ".env.local", "key.pem", "id_rsa", ".git/config", "sub/.git/HEAD", ".netrc"]
+
+
+@pytest.mark.parametrize("path", PROTECTED)
+def test_a_protected_name_answers_the_same_whether_it_exists(box: LocalSandbox, path: str) -> None:
+    """Reading, editing or finding a protected name tells nothing of whether it exists."""
+    answers = []
+    for exists in (False, True):
+        if exists:
+            target = box.workspace / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text("SECRET=1\n")
+        for call in (
+            lambda: box.read_file(path),
+            lambda: box.replace_text(path, "SECRET", "x"),
+        ):
+            with pytest.raises(ToolError) as info:
+                call()
+            answers.append((exists, info.value.code, info.value.message))
+    assert [a[1:] for a in answers] == [(DENIED, "not allowed")] * 4
 
 
 def test_protected_and_linked_files_are_not_listed(box: LocalSandbox, tmp_path: Path) -> None:
@@ -340,3 +384,57 @@ def test_changes_sees_files_a_left_over_process_made_later(box: LocalSandbox) ->
     assert changes.count == 3
     raw = box.read_raw("late.txt")
     assert (raw.kind, raw.size, raw.executable) == ("file", 5, False)
+
+
+TRADITIONAL = (
+    "--- a/a.txt\t2026-01-01 00:00:00\n+++ b/a.txt\t2026-01-01 00:00:01\n"
+    "@@ -1,2 +1,2 @@\n one\n-two\n+TWO\n"
+    "--- /dev/null\n+++ b/src/new.py\n@@ -0,0 +1 @@\n+print(2)\n"
+    "--- run.sh\n+++ /dev/null\n@@ -1 +0,0 @@\n-#!/bin/sh\n"
+)
+
+
+def test_apply_patch_takes_a_traditional_unified_diff(box: LocalSandbox) -> None:
+    """What diff -u writes and patch -p1 takes: modify, create, and delete an executable
+    file (its deleted file mode is the file's own)."""
+    box.put_archive(_tar({"a.txt": b"one\ntwo\n", "run.sh": b"#!/bin/sh\n"}, {"run.sh": 0o755}))
+    done = box.apply_patch(TRADITIONAL)
+    assert [(f.path, f.kind, f.added, f.removed) for f in done.files] == [
+        ("a.txt", "modify", 1, 1),
+        ("src/new.py", "create", 1, 0),
+        ("run.sh", "delete", 0, 1),
+    ]
+    ws = box.workspace
+    assert (ws / "a.txt").read_text() == "one\nTWO\n"
+    assert (ws / "src" / "new.py").read_text() == "print(2)\n"
+    assert not (ws / "run.sh").exists()
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [
+        "--- a/.env\n+++ b/.env\n@@ -1 +1 @@\n-TOKEN=x\n+TOKEN=y\n",
+        "--- /dev/null\n+++ b/.env.local\n@@ -0,0 +1 @@\n+TOKEN=y\n",
+        "--- a/../outside.txt\n+++ b/../outside.txt\n@@ -1 +1 @@\n-secret\n+owned\n",
+        "--- /dev/null\n+++ /tmp/planted\n@@ -0,0 +1 @@\n+x\n",
+        "--- a/.git/config\n+++ b/.git/config\n@@ -1 +1 @@\n-[core]\n+[x]\n",
+        "--- a/a.txt\n+++ b/b.txt\n@@ -1 +1 @@\n-one\n+owned\n",
+    ],
+)
+def test_a_hostile_traditional_diff_changes_nothing(
+    box: LocalSandbox, tmp_path: Path, patch: str
+) -> None:
+    (tmp_path / "outside.txt").write_text("secret\n")
+    box.put_archive(_tar({"a.txt": b"one\n", "b.txt": b"one\n", ".env": b"TOKEN=x\n"}))
+    before = sorted((p.relative_to(box.workspace), p.read_bytes()) for p in _files(box.workspace))
+    with pytest.raises(ToolError) as info:
+        box.apply_patch(patch)
+    assert info.value.code is ErrorCode.PATCH_REJECTED
+    after = sorted((p.relative_to(box.workspace), p.read_bytes()) for p in _files(box.workspace))
+    assert after == before
+    assert (tmp_path / "outside.txt").read_text() == "secret\n"
+    assert not Path("/tmp/planted").exists()
+
+
+def _files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file()]

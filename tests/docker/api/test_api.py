@@ -49,7 +49,9 @@ def test_a_session_proposes_and_the_job_is_applied_and_reverted(
         assert read.result is not None
         assert '"hello "' in read.result["content"]
         missing = session.call("read_file", {"path": "nope.py"})
-        assert (missing.ok, missing.code) == (False, "TOOL_PATH_DENIED")
+        assert (missing.ok, missing.code) == (False, "TOOL_FILE_NOT_FOUND")
+        assert missing.error is not None
+        assert missing.error["message"] == "nope.py: no such file"
         bad = session.call("replace_text", {"path": "app.py"})
         assert (bad.ok, bad.code) == (False, "TOOL_ARGUMENTS_INVALID")
         assert session.call("replace_text", EDIT, request_id="r1").ok

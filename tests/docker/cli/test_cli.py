@@ -118,6 +118,8 @@ def test_demo_runs_a_full_job_to_review(sandbox_image: str) -> None:
     names = [c["name"] for c in data["tool_calls"]]
     assert names == ["search_text", "read_file", "run_check", "replace_text", "run_check"]
     assert all(c["ok"] for c in data["tool_calls"])
+    verdicts = [c.get("verdict") for c in data["tool_calls"] if c["name"] == "run_check"]
+    assert verdicts == ["tests: failed, exit 1", "tests: passed"]
     assert data["checks"][0]["id"] == "tests"
     assert data["checks"][0]["status"] == "passed"
     assert "+    if not text.strip():" in data["diff"]

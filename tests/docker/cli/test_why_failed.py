@@ -53,7 +53,7 @@ def test_refused_calls_are_named_with_their_codes_and_messages(
     lines = text.splitlines()
     refused = {line.split()[2]: line for line in lines if line.startswith("  turn ")}
     assert set(refused) == {"c1", "c2", "c3"}
-    assert refused["c1"].endswith("read_file: TOOL_PATH_DENIED: path denied")
+    assert refused["c1"].endswith("read_file: TOOL_FILE_NOT_FOUND: nope.py: no such file")
     assert refused["c2"].split(" replace_text: ")[1].count(": ") >= 1
     assert "TOOL_PATH_DENIED" in refused["c3"]
     assert not any(line.startswith("decision:") for line in lines)
@@ -98,6 +98,7 @@ def test_the_transcript_holds_the_conversation(
     assert '"oldText": "\\"hello \\""' in text
     assert "-> ok" in text
     assert "-> error" in text
+    assert "-> greet: passed (" in text  # a check's call reads as the check's verdict
     assert "model: I could not do it." in text
     as_json = json.loads(patchbox("show", job_id, "--transcript", "--json").stdout)
     turns_seen = as_json["transcript"]
@@ -109,6 +110,7 @@ def test_the_transcript_holds_the_conversation(
     ]
     check = turns_seen[2]["calls"][0]
     assert json.loads(check["result"])["result"]["status"] == "passed"
+    assert check["verdict"] == "greet: passed"
     assert turns_seen[3]["text"] == "I could not do it."
     evidence = Path(as_json["evidence"])
     home = Path(__import__("os").environ["PATCHBOX_HOME"])

@@ -108,7 +108,9 @@ def test_a_job_printing_bidi_controls_stores_and_shows_none(
     bundle = json.loads(evidence)
     tool_check = bundle["tool_calls"][1]
     assert (tool_check["name"], tool_check["ok"]) == ("run_check", True)
-    assert bundle["tool_calls"][2]["error_code"] == "TOOL_PATH_DENIED"
+    assert bundle["tool_calls"][2]["error_code"] == "TOOL_FILE_NOT_FOUND"
+    assert bundle["tool_calls"][2]["error_message"] == ("'src/\\u202eexe.txt\\u2066': no such file")
+    assert tool_check["verdict"] == "bidi: failed, exit 1"
     assert bundle["final_message"] == "done enod"
     assert next(c for c in bundle["checks"] if c["id"] == "bidi")["output_tail"] == EXPECTED_TAIL
     failure = next(c for c in ET.fromstring(xml).iter("testcase") if c.get("name") == "bidi")  # noqa: S314

@@ -24,6 +24,7 @@ from controller.errors import ErrorCode, InternalError, PatchboxError
 from controller.jobs.decision import GATE_HINTS
 from controller.jobs.engine import Job, JobRequest
 from controller.jobs.records import JobRecord, JobStore, LedgerEntry
+from controller.jobs.summary import transcript_text
 from controller.providers import (
     ModelTurn,
     ProviderConfig,
@@ -128,7 +129,14 @@ def test_full_job_reaches_review_with_exact_diff_ledger_and_checks(
         {"turn": 1, "id": "c1", "name": "search_text", "ok": True, "error_code": None},
         {"turn": 2, "id": "c2", "name": "read_file", "ok": True, "error_code": None},
         {"turn": 3, "id": "c3", "name": "replace_text", "ok": True, "error_code": None},
-        {"turn": 4, "id": "c4", "name": "run_check", "ok": True, "error_code": None},
+        {
+            "turn": 4,
+            "id": "c4",
+            "name": "run_check",
+            "ok": True,
+            "error_code": None,
+            "verdict": "greet: passed",
+        },
         {"turn": 5, "id": "c5", "name": "apply_patch", "ok": True, "error_code": None},
     ]
     assert data["ledger"] == [
@@ -811,12 +819,64 @@ def test_openai_compatible_endpoint_drives_the_job(
         last = request.json()["messages"][-1]
         assert (last["role"], last["tool_call_id"]) == ("tool", f"call_{number}")
         results.append(json.loads(last["content"]))
-    assert all(r["ok"] for r in results)
+    assert all(set(r) == {"result"} for r in results)
     assert [h["path"] for h in results[0]["result"]["hits"]] == ["app.py"]
     assert results[1]["result"]["content"] == APP
     assert results[2]["result"]["path"] == "app.py"
     evidence = (JobStore().folder(record.job_id) / "evidence.json").read_text()
     assert KEY not in evidence
+
+
+def test_a_model_sees_the_checks_runs_them_and_sends_a_traditional_diff(
+    client: docker.DockerClient, repo: Path, server: LoopbackServer
+) -> None:
+    """Through a real sandbox, as a model drives it: run_check's enum names the job's check,
+    the failed check reads as its verdict, a ---/+++ diff is applied, the check passes."""
+    patch = (
+        "--- a/app.py\t2026-01-01 00:00:00\n+++ b/app.py\t2026-01-01 00:00:01\n"
+        '@@ -1,2 +1,2 @@\n def greet(name):\n-    return "hello " + name\n'
+        '+    return "Hello " + name\n'
+    )
+    server.play(
+        chat_reply([("call_1", "run_check", {"checkId": "greet"})]),
+        chat_reply([("call_2", "apply_patch", {"patch": patch})]),
+        chat_reply([("call_3", "run_check", {"checkId": "greet"})]),
+        chat_reply([], "Capitalized."),
+    )
+    provider = openai(server)
+    try:
+        job = new_job(client, repo, make_task(), provider, secrets=(KEY,))
+        record = job.run()
+    finally:
+        provider.close()
+    assert record.state == "awaiting_review", record.error
+    first = server.received[0].json()
+    (run_check,) = [t["function"] for t in first["tools"] if t["function"]["name"] == "run_check"]
+    assert run_check["parameters"]["properties"]["checkId"]["enum"] == ["greet"]
+    listed = "- greet: python3 check.py (the change must pass it; at most 60 s)"
+    assert run_check["description"].endswith(listed)
+    assert first["messages"][0]["content"].endswith(listed)
+    results = [json.loads(r.json()["messages"][-1]["content"]) for r in server.received[1:]]
+    assert results[0]["result"]["verdict"] == "greet: failed, exit 1"
+    assert (results[0]["result"]["status"], results[0]["result"]["exitCode"]) == ("failed", 1)
+    assert results[1] == {
+        "result": {
+            "files": [
+                {"path": "app.py", "oldPath": None, "kind": "modify", "added": 1, "removed": 1}
+            ]
+        }
+    }
+    assert results[2]["result"]["verdict"] == "greet: passed"
+    assert [(c.id, c.ok, c.verdict) for c in record.tool_calls] == [
+        ("call_1", True, "greet: failed, exit 1"),
+        ("call_2", True, None),
+        ("call_3", True, "greet: passed"),
+    ]
+    text = transcript_text(record)
+    assert "-> greet: failed, exit 1 (" in text
+    assert "-> greet: passed (" in text
+    assert job.diff is not None
+    assert '+    return "Hello " + name\n' in job.diff
 
 
 # -- 11. reconciliation -----------------------------------------------------------------
@@ -1005,7 +1065,7 @@ def test_wall_clock_limit_ends_a_running_check(client: docker.DockerClient, repo
 def test_result_bytes_limit_ends_the_job(
     client: docker.DockerClient, repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("controller.jobs.loop.MAX_RESULT_BYTES", 300)
+    monkeypatch.setattr("controller.jobs.loop.MAX_RESULT_BYTES", 150)
     job = new_job(client, repo, make_task(), scripted([search_call("c1")], [search_call("c2")]))
     record = job.run()
     assert record.state == "failed"

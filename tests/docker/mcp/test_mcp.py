@@ -34,6 +34,7 @@ import pytest
 from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters
 
+from controller.config.task import CheckSpec
 from controller.jobs.records import JobRecord, JobStore
 from controller.mcp.slot import JOB_STARTED, PROPOSE
 from controller.sandbox.base import Runtime
@@ -44,6 +45,9 @@ from tests.support.cli import patchbox
 from tests.support.jobs import APP, APP_AFTER, containers_of, make_repo
 from tests.support.mcp import LOOP_TOOLS, TASK, code, data
 from tests.support.paths import REPO_ROOT
+
+CHECKS = {cid: CheckSpec.model_validate(spec) for cid, spec in TASK["checks"].items()}
+"""The session's checks, as its tool list describes them."""
 
 ROOT = REPO_ROOT
 EDIT = {"path": "app.py", "oldText": '"hello "', "newText": '"Hello "'}
@@ -199,19 +203,26 @@ def test_a_stdio_session_reads_edits_checks_proposes_and_the_cli_applies_and_rev
         async with Client(params) as client:  # "auto": the 2026 protocol over stdio
             listed = {t.name: t for t in (await client.list_tools()).tools}
             assert list(listed) == [*LOOP_TOOLS, PROPOSE]
-            for loop in tool_schemas():
+            for loop in tool_schemas(CHECKS):
                 assert listed[loop["name"]].input_schema == loop["parameters"]
+                assert listed[loop["name"]].description == loop["description"]
+            check_id = listed["run_check"].input_schema["properties"]["checkId"]
+            assert check_id["enum"] == ["greet"]
+            line = "- greet: python3 check.py (the change must pass it; at most 60 s)"
+            assert (listed["run_check"].description or "").endswith(line)
+            assert line in (client.instructions or "")
             assert "Capitalize the greeting." in (client.instructions or "")
             found = data(await client.call_tool("search_text", {"query": "hello"}))
             assert [h["path"] for h in found["hits"]] == ["app.py"]
             read = data(await client.call_tool("read_file", {"path": "app.py"}))
             assert read["content"] == APP
             before = await client.call_tool("run_check", {"checkId": "greet"})
-            assert not before.is_error
+            assert not before.is_error  # the call ran; the check failed, and says so
             assert data(before)["status"] == "failed"
+            assert data(before)["verdict"] == "greet: failed, exit 1"
             assert not (await client.call_tool("replace_text", EDIT)).is_error
             after = data(await client.call_tool("run_check", {"checkId": "greet"}))
-            assert after["status"] == "passed"
+            assert (after["status"], after["verdict"]) == ("passed", "greet: passed")
             proposal = await client.call_tool(PROPOSE, {"message": "capitalized"})
             assert not proposal.is_error
             assert code(await client.call_tool(PROPOSE, {})) == "USAGE_ERROR"
@@ -250,7 +261,7 @@ def test_hostile_calls_get_the_loops_codes_and_the_session_goes_on(
         async with Client(params, mode="legacy") as client:  # the 2025 handshake
             calls: list[tuple[str, dict[str, Any], str]] = [
                 ("read_file", {"path": "../x"}, DENIED),
-                ("read_file", {"path": "/etc/passwd"}, DENIED),
+                ("read_file", {"path": "/etc/passwd"}, "TOOL_PATH_INVALID"),
                 ("read_file", {"path": ".git/config"}, DENIED),
                 ("replace_text", {"path": ".git/config", "oldText": "[", "newText": "]"}, DENIED),
                 ("read_file", {"path": huge}, INVALID),
@@ -635,7 +646,7 @@ async def http_sessions(url: str, repo: str) -> tuple[dict[str, Any], str]:
         assert client.protocol_version == "2025-11-25"
         listed = {t.name: t.input_schema for t in (await client.list_tools()).tools}
         assert listed == {
-            **{t["name"]: t["parameters"] for t in tool_schemas()},
+            **{t["name"]: t["parameters"] for t in tool_schemas(CHECKS)},
             PROPOSE: listed[PROPOSE],
         }
         read = data(await client.call_tool("read_file", {"path": "app.py"}))

@@ -180,3 +180,55 @@ def test_executor_applies_policy_to_every_path_of_a_patch(ws: AgentWorkspace) ->
     garbage = ex.execute(1, "p3", "apply_patch", {"patch": "please apply\n" + MODIFY})
     assert garbage.error is not None
     assert garbage.error["code"] == "PATCH_REJECTED"
+
+
+TRADITIONAL = (
+    "--- a/src/a.py\t2026-01-01 00:00:00.000000000 +0000\n"
+    "+++ b/src/a.py\t2026-01-01 00:00:01.000000000 +0000\n"
+    "@@ -1,2 +1,2 @@\n def f(text):\n-    return text.split(',')\n"
+    "+    return text.split(',') if text else []\n"
+    "--- /dev/null\n+++ tests/test_a.py\n@@ -0,0 +1 @@\n+assert True\n"
+    "--- old.txt\n+++ /dev/null\n@@ -1 +0,0 @@\n-gone\n"
+    "--- a/run.sh\n+++ /dev/null\n@@ -1 +0,0 @@\n-#!/bin/sh\n"
+)
+
+
+def test_a_traditional_diff_applies_as_patch_p1_would(ws: AgentWorkspace) -> None:
+    """diff -u's form (prefixes or none, timestamps, /dev/null), an executable file deleted
+    under its own mode, through the real agent."""
+    done = ws.box.apply_patch(TRADITIONAL)
+    assert [(f.path, f.kind) for f in done.files] == [
+        ("src/a.py", "modify"),
+        ("tests/test_a.py", "create"),
+        ("old.txt", "delete"),
+        ("run.sh", "delete"),
+    ]
+    assert (
+        ws.read("src/a.py") == A_PY.replace("split(',')\n", "split(',') if text else []\n").encode()
+    )
+    assert ws.read("tests/test_a.py") == b"assert True\n"
+    assert "old.txt" not in ws.files()
+    assert "run.sh" not in ws.files()
+
+
+@pytest.mark.parametrize(
+    ("patch", "reason"),
+    [
+        ("--- a/.env\n+++ b/.env\n@@ -1 +1 @@\n-A=1\n+A=2\n", "may not be written"),
+        ("--- link.txt\n+++ link.txt\n@@ -1 +1 @@\n-secret\n+owned\n", ""),
+        ("--- linkdir/t.txt\n+++ linkdir/t.txt\n@@ -1 +1 @@\n-secret\n+owned\n", ""),
+        ("--- a/../x\n+++ b/../x\n@@ -1 +1 @@\n-a\n+b\n", "dotdot"),
+        ("--- /etc/hosts\n+++ /etc/hosts\n@@ -1 +1 @@\n-a\n+b\n", "absolute_path"),
+        ("--- a/src/a.py\n+++ b/src/b.py\n@@ -1 +1 @@\n-def f(text):\n+x\n", "header_mismatch"),
+        ("--- a/.git/config\n+++ b/.git/config\n@@ -1 +1 @@\n-a\n+b\n", "git_dir"),
+    ],
+)
+def test_a_hostile_traditional_diff_changes_nothing(
+    ws: AgentWorkspace, patch: str, reason: str
+) -> None:
+    before = ws.files()
+    with pytest.raises(ToolError, match=reason) as info:
+        ws.box.apply_patch(patch)
+    assert info.value.code is ErrorCode.PATCH_REJECTED
+    assert ws.files() == before
+    assert ws.outside("t.txt") == b"secret\n"

@@ -67,24 +67,24 @@ def test_rejections_leave_the_workspace_unchanged(
 
 
 @pytest.mark.parametrize(
-    "path",
+    ("path", "code"),
     [
-        "link.txt",
-        "linkdir/outside.txt",
-        ".env",
-        "fifo",
-        "latin1.txt",
-        "src",
-        "missing.py",
-        "../outside.txt",
-        "/etc/hosts",
+        ("link.txt", ErrorCode.TOOL_PATH_DENIED),
+        ("linkdir/outside.txt", ErrorCode.TOOL_PATH_DENIED),
+        (".env", ErrorCode.TOOL_PATH_DENIED),
+        ("fifo", ErrorCode.TOOL_PATH_DENIED),
+        ("latin1.txt", ErrorCode.TOOL_PATH_DENIED),
+        ("src", ErrorCode.TOOL_PATH_DENIED),
+        ("missing.py", ErrorCode.TOOL_FILE_NOT_FOUND),
+        ("../outside.txt", ErrorCode.TOOL_PATH_DENIED),
+        ("/etc/hosts", ErrorCode.TOOL_PATH_INVALID),
     ],
 )
-def test_denied_paths(ws: AgentWorkspace, path: str) -> None:
+def test_denied_paths(ws: AgentWorkspace, path: str, code: ErrorCode) -> None:
     before = ws.files()
     with pytest.raises(ToolError) as info:
         ws.box.replace_text(path, "secret", "public")
-    assert info.value.code is ErrorCode.TOOL_PATH_DENIED
+    assert info.value.code is code
     assert ws.files() == before
     assert ws.outside("outside.txt") == b"secret\n"
 

@@ -87,7 +87,7 @@ def test_credentials_are_never_read(cred_ws: AgentWorkspace, path: str) -> None:
     with pytest.raises(ToolError) as info:
         cred_ws.box.read_file(path)
     assert info.value.code is ErrorCode.TOOL_PATH_DENIED
-    assert info.value.message == "path denied"
+    assert info.value.message == "not allowed"
 
 
 def test_credentials_are_never_written(cred_ws: AgentWorkspace) -> None:

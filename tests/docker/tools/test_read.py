@@ -1,5 +1,6 @@
 """read_file attacked on the real agent (over pipes and in a container): every denial is the
-same TOOL_PATH_DENIED, nothing blocks, nothing outside the workspace is ever returned."""
+refusal says why (TOOL_FILE_NOT_FOUND, TOOL_PATH_INVALID, TOOL_PATH_DENIED) and never more
+than "not allowed" for a protected name, nothing blocks, nothing outside the workspace is ever returned."""
 
 from __future__ import annotations
 
@@ -50,31 +51,10 @@ def ws(agent: AgentWorkspace) -> AgentWorkspace:
     return agent
 
 
-DENIED = [
-    "../outside/secret.txt",
-    "../../etc/passwd",
-    "/etc/passwd",
-    "a/../../etc/passwd",
-    "sub/../a.txt",
-    "./a.txt",
-    "sub//b.txt",
-    "sub\\..\\a.txt",
-    "%2e%2e/etc/passwd",
-    "..%2fetc%2fpasswd",
-    "a.txt\x00",
-    "\uff0e\uff0e/etc/passwd",  # fullwidth dots
-    "\u2024\u2024/etc/passwd",  # one-dot leaders
-    "",
-    ".",
-    "sub",
-    "missing.txt",
-    "link.txt",
-    "escape",
-    "procroot",
-    "agentsrc",
-    "zero",
-    "linkdir/secret.txt",
-    "fifo",
+D = ErrorCode.TOOL_PATH_DENIED
+INV = ErrorCode.TOOL_PATH_INVALID
+N = ErrorCode.TOOL_FILE_NOT_FOUND
+PROTECTED = [
     ".git/config",
     ".GIT/config",
     "sub/.Git/HEAD",
@@ -82,23 +62,54 @@ DENIED = [
     ".env.local",
     "key.pem",
     "id_rsa",
-    "bin.dat",
-    "latin1.txt",
-    "nul.txt",
-    "a.txt\n",
-    "a.txt\r",
-    "\x1b[31ma.txt",
-    "x" * 5000,
 ]
+DENIED: dict[str, ErrorCode] = {
+    "../outside/secret.txt": D,
+    "../../etc/passwd": D,
+    "/etc/passwd": INV,
+    "a/../../etc/passwd": D,
+    "sub/../a.txt": D,
+    "./a.txt": INV,
+    "sub//b.txt": INV,
+    "sub\\..\\a.txt": INV,
+    "%2e%2e/etc/passwd": N,
+    "..%2fetc%2fpasswd": N,
+    "a.txt\x00": INV,
+    "\uff0e\uff0e/etc/passwd": N,  # fullwidth dots: a name like any other, not ".."
+    "\u2024\u2024/etc/passwd": N,  # one-dot leaders
+    "": INV,
+    ".": INV,
+    "sub": D,
+    "missing.txt": N,
+    "link.txt": D,
+    "escape": D,
+    "procroot": D,
+    "agentsrc": D,
+    "zero": D,
+    "linkdir/secret.txt": D,
+    "fifo": D,
+    **dict.fromkeys(PROTECTED, D),
+    "bin.dat": D,
+    "latin1.txt": D,
+    "nul.txt": D,
+    "a.txt\n": INV,
+    "a.txt\r": INV,
+    "\x1b[31ma.txt": INV,
+    "x" * 5000: INV,
+}
 
 
-@pytest.mark.parametrize("path", DENIED, ids=[repr(p)[:40] for p in DENIED])
-def test_every_denial_looks_the_same(ws: AgentWorkspace, path: str) -> None:
+@pytest.mark.parametrize("path", list(DENIED), ids=[repr(p)[:40] for p in DENIED])
+def test_every_refusal_says_why_and_nothing_more(ws: AgentWorkspace, path: str) -> None:
+    """Each refused path gets its reason's code (no such file, not a relative path, not
+    allowed); a protected name gets the bare "not allowed", whatever is behind it."""
     started = time.monotonic()
     with pytest.raises(ToolError) as info:
         ws.box.read_file(path)
-    assert info.value.code is ErrorCode.TOOL_PATH_DENIED
-    assert info.value.message == "path denied"
+    assert info.value.code is DENIED[path]
+    if path in PROTECTED:
+        assert info.value.message == "not allowed"
+    assert MARKER not in info.value.message
     assert time.monotonic() - started < 3, "nothing may block the agent"
     assert ws.box.read_file("a.txt").content == "hello\n"
 
@@ -128,11 +139,11 @@ def test_huge_sparse_file_is_refused_quickly(ws: AgentWorkspace) -> None:
 
 
 def _read_or_denied(ws: AgentWorkspace, path: str) -> str | None:
-    """The content, or None for TOOL_PATH_DENIED (any other error fails the test)."""
+    """The content, or None for a refusal of the path (any other error fails the test)."""
     try:
         return ws.box.read_file(path).content
     except ToolError as exc:
-        if exc.code is not ErrorCode.TOOL_PATH_DENIED:
+        if exc.code not in (ErrorCode.TOOL_PATH_DENIED, ErrorCode.TOOL_FILE_NOT_FOUND):
             raise
         return None
 

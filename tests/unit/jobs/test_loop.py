@@ -191,3 +191,32 @@ def test_a_work_clock_counts_only_while_it_runs() -> None:
     assert clock.used() >= used + 0.05
     assert not clock.expired()
     assert WorkClock(0.0).expired()
+
+
+def test_a_failed_check_reads_as_its_verdict_in_the_record_and_the_transcript() -> None:
+    """The call ran (ok), the check failed: the record and the transcript say the check's own
+    verdict, never a bare "ok"."""
+    from controller.jobs.summary import transcript_text
+
+    verdict = "tests: failed, exit 1"
+    tools = FakeTools(
+        {"run_check": {"verdict": verdict, "checkId": "tests", "status": "failed", "exitCode": 1}}
+    )
+    run = loop([[("c1", "run_check"), ("c2", "list_files")]], tools)
+    assert run.run() == "done"
+    data = run.record.model_dump(mode="json")
+    assert [(c["id"], c["ok"], c.get("verdict")) for c in data["tool_calls"]] == [
+        ("c1", True, verdict),
+        ("c2", True, None),
+    ]
+    (turn, _final) = run.record.transcript
+    check, listing = turn.calls
+    assert check.verdict == verdict
+    assert json.loads(check.result) == {
+        "result": {"verdict": verdict, "checkId": "tests", "status": "failed", "exitCode": 1}
+    }
+    assert json.loads(listing.result) == {"result": {}}
+    text = transcript_text(run.record)
+    assert f"    -> {verdict} (" in text
+    assert "-> ok" in text  # the listing's call
+    assert text.count("-> ok") == 1

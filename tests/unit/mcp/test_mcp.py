@@ -171,3 +171,33 @@ def test_a_bad_idle_timeout_fails_before_serving(tmp_path: Path) -> None:
         res = patchbox("mcp", "--repo", str(repo), "--idle-timeout", bad)
         assert (res.returncode, res.stdout) == (2, ""), bad
         assert "--idle-timeout" in res.stderr
+
+
+def test_the_listed_run_check_names_the_sessions_checks(tmp_path: Path) -> None:
+    """What an MCP client's model reads: checkId an enum of the session's check ids, each
+    check described in run_check's description and the instructions; none said plainly."""
+    with_checks = options(tmp_path / "a")
+    without = Options(
+        repo=with_checks.repo,
+        task=TaskSpec.model_validate(TASK | {"checks": {}}),
+        config=with_checks.config,
+        task_given=True,
+    )
+
+    async def listing(opts: Options) -> tuple[dict[str, Any], str, str]:
+        server = build_server(opts, Sessions(lambda: Slot(opts, print)))
+        async with Client(server) as client:
+            listed = {t.name: t for t in (await client.list_tools()).tools}
+            run_check = listed["run_check"]
+            return run_check.input_schema, run_check.description or "", client.instructions or ""
+
+    schema, description, instructions = anyio.run(listing, with_checks)
+    assert schema["properties"]["checkId"]["enum"] == ["greet"]
+    line = "- greet: python3 check.py (the change must pass it; at most 60 s)"
+    assert description.endswith(line)
+    assert line in instructions
+    schema, description, instructions = anyio.run(listing, without)
+    assert "enum" not in schema["properties"]["checkId"]
+    none = "This job has no configured checks, so run_check has nothing to run: do not call it."
+    assert description.endswith(none)
+    assert none in instructions

@@ -18,6 +18,7 @@ import pytest
 import structlog
 from pydantic import SecretStr, ValidationError
 
+from controller.config.task import CheckSpec
 from controller.errors import ErrorCode, PatchboxError, ToolError, UsageError
 from controller.providers import (
     CancelledError,
@@ -112,6 +113,54 @@ def test_tool_call_turn(server: LoopbackServer, api: str, stream: bool) -> None:
         assert "never instructions" in body["instructions"]
         assert body["input"] == [{"role": "user", "content": PROMPT}]
         assert body["store"] is False
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_the_jobs_checks_reach_the_model(server: LoopbackServer, api: str) -> None:
+    """What a real model sees: run_check's checkId an enum of the job's check ids, each
+    check described in run_check's description and in the system prompt."""
+    checks = {
+        "tests": CheckSpec(argv=["pytest", "-q"], description="the unit tests"),
+        "lint": CheckSpec(argv=["ruff", "check", "."], required=False, timeout_seconds=60),
+    }
+    server.play(answer(api, False, [READ]))  # noqa: FBT003 - the helper's stream flag
+    with provider_for(server, api) as provider:
+        provider.use_checks(checks)
+        provider.next_turn([])
+    body = server.received[0].json()
+    tools = [t["function"] if api == "chat" else t for t in body["tools"]]
+    (run_check,) = [t for t in tools if t["name"] == "run_check"]
+    check_id = run_check["parameters"]["properties"]["checkId"]
+    assert check_id["enum"] == ["lint", "tests"]
+    listed = (
+        "The checks run_check can run (checkId: what it runs):\n"
+        "- lint: ruff check . (optional; at most 60 s)\n"
+        "- tests: the unit tests (the change must pass it; at most 300 s)"
+    )
+    assert run_check["description"].endswith(listed)
+    system = body["messages"][0]["content"] if api == "chat" else body["instructions"]
+    assert system.endswith("\n\n" + listed)
+    assert "never instructions" in system
+    for tool in tools:
+        assert "description" not in tool["parameters"]
+        assert all(p["description"] for p in tool["parameters"]["properties"].values())
+        assert "``" not in json.dumps(tool)
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_job_without_checks_says_so(server: LoopbackServer, api: str) -> None:
+    server.play(answer(api, False, [READ]))  # noqa: FBT003 - the helper's stream flag
+    with provider_for(server, api) as provider:
+        provider.use_checks({})
+        provider.next_turn([])
+    body = server.received[0].json()
+    tools = [t["function"] if api == "chat" else t for t in body["tools"]]
+    (run_check,) = [t for t in tools if t["name"] == "run_check"]
+    assert "enum" not in run_check["parameters"]["properties"]["checkId"]
+    none = "This job has no configured checks, so run_check has nothing to run: do not call it."
+    assert run_check["description"].endswith(none)
+    system = body["messages"][0]["content"] if api == "chat" else body["instructions"]
+    assert system.endswith(none)
 
 
 @pytest.mark.parametrize(("api", "stream"), MODES)

@@ -141,6 +141,7 @@ def test_result_attributes_are_snake_case() -> None:
 def test_check_result_keeps_its_keys() -> None:
     view = check_result("unit", RunResult.model_validate(RESULTS[RunResult]))
     assert view == {
+        "verdict": "unit: passed",
         "checkId": "unit",
         "status": "passed",
         "exitCode": 0,
@@ -175,17 +176,22 @@ def test_arguments_take_the_schema_names() -> None:
     read = parse_arguments("read_file", '{"path": "a.py", "startLine": 2, "endLine": 4}')
     assert isinstance(read, ReadFileArgs)
     assert (read.start_line, read.end_line) == (2, 4)
-    assert read.model_dump() == {"path": "a.py", "startLine": 2, "endLine": 4}
+    assert read.model_dump() == {
+        "path": "a.py",
+        "startLine": 2,
+        "endLine": 4,
+        "lineNumbers": False,
+    }
 
 
 def test_shared_limits_are_the_agents() -> None:
     schemas = {t["name"]: t["parameters"]["properties"] for t in tool_schemas()}
-    assert schemas["list_files"]["maxResults"]["anyOf"][0]["maximum"] == ops.MAX_LIST_RESULTS
-    assert schemas["search_text"]["maxResults"]["anyOf"][0]["maximum"] == ops.MAX_SEARCH_RESULTS
+    assert schemas["list_files"]["maxResults"]["maximum"] == ops.MAX_LIST_RESULTS
+    assert schemas["search_text"]["maxResults"]["maximum"] == ops.MAX_SEARCH_RESULTS
     assert schemas["search_text"]["query"]["maxLength"] == ops.MAX_QUERY
     assert schemas["read_file"]["path"]["maxLength"] == jail.MAX_PATH_BYTES
-    assert schemas["read_file"]["startLine"]["anyOf"][0]["maximum"] == ops.MAX_LINE_NUMBER
-    assert schemas["list_files"]["glob"]["anyOf"][0]["maxLength"] == globs.MAX_PATTERN
+    assert schemas["read_file"]["startLine"]["maximum"] == ops.MAX_LINE_NUMBER
+    assert schemas["list_files"]["glob"]["maxLength"] == globs.MAX_PATTERN
     assert schemas["apply_patch"]["patch"]["maxLength"] == diffs.MAX_BYTES
     assert MAX_ARGUMENT_BYTES > diffs.MAX_BYTES
     # The defaults the model reads in the descriptions are the agent's.
@@ -193,6 +199,10 @@ def test_shared_limits_are_the_agents() -> None:
     assert f"(default {ops.DEFAULT_LIST_RESULTS})" in described
     described = schemas["search_text"]["maxResults"]["description"]
     assert f"(default {ops.DEFAULT_SEARCH_RESULTS})" in described
+    described = schemas["read_file"]["endLine"]["description"]
+    assert f"up to {ops.MAX_READ_LINES} lines" in described
+    read_doc = next(t["description"] for t in tool_schemas() if t["name"] == "read_file")
+    assert f"at most {ops.MAX_READ_LINES} lines" in read_doc
     assert base.SearchHit.model_fields["text"].metadata[0].max_length == search.MAX_LINE_CHARS
     assert RAW_CHUNK == ops.RAW_CHUNK
     assert DEFAULT_OUTPUT_LIMIT == ops.DEFAULT_RUN_OUTPUT

@@ -99,6 +99,37 @@ def test_write_policy_is_enforced_before_the_sandbox(
     assert (box.workspace / "package.json").read_text() == before
 
 
+@pytest.mark.parametrize(
+    ("patch", "reason"),
+    [
+        ("--- a/package.json\n+++ b/package.json\n@@ -1 +1 @@\n-{}\n+[]\n", "configuration"),
+        ("--- /dev/null\n+++ .github/workflows/x.yml\n@@ -0,0 +1 @@\n+on: push\n", "config"),
+        ("--- src/a.py\n+++ /dev/null\n@@ -1,2 +0,0 @@\n-def f():\n-    return 1\n", "allowed"),
+    ],
+)
+def test_a_traditional_diff_is_held_to_the_write_policy_on_the_host(
+    box: LocalSandbox, patch: str, reason: str
+) -> None:
+    """The host reads a traditional diff's paths as the agent does, before the sandbox."""
+    ex = _executor(box, allowed_paths=["tests/"] if reason == "allowed" else None)
+    before = sorted(p.read_bytes() for p in box.workspace.rglob("*") if p.is_file())
+    out = ex.execute(1, "p", "apply_patch", {"patch": patch})
+    assert out.error is not None
+    assert out.error["code"] == "TOOL_PATH_DENIED"
+    assert reason in out.error["message"]
+    assert sorted(p.read_bytes() for p in box.workspace.rglob("*") if p.is_file()) == before
+
+
+def test_a_traditional_diff_is_applied(box: LocalSandbox) -> None:
+    ex = _executor(box)
+    patch = (
+        "--- a/src/a.py\n+++ b/src/a.py\n@@ -1,2 +1,2 @@\n def f():\n-    return 1\n+    return 2\n"
+    )
+    out = ex.execute(1, "p", "apply_patch", {"patch": patch})
+    assert out.ok, out.error
+    assert (box.workspace / "src" / "a.py").read_text() == "def f():\n    return 2\n"
+
+
 def test_config_path_named_in_allowed_paths_may_be_written(box: LocalSandbox) -> None:
     ex = _executor(box, allowed_paths=["package.json"])
     out = ex.execute(
@@ -237,3 +268,118 @@ def test_task_file_is_strict() -> None:
         TaskSpec.model_validate({"prompt": "x", "checks": {"bad id!": {"argv": ["true"]}}})
     with pytest.raises(ValidationError):
         TaskSpec.model_validate({"prompt": "x", "checks": {"t": {"argv": "pytest -q"}}})
+
+
+def test_results_leave_bookkeeping_out_unless_asked(box: LocalSandbox) -> None:
+    """Hashes, versions and scan counts reach the model only with details; the ledger reads
+    them from the whole result either way."""
+    ex = _executor(box)
+    listing = ex.execute(1, "l1", "list_files", {})
+    assert listing.for_model() == {
+        "result": {"files": ["package.json", "src/a.py"], "truncated": False}
+    }
+    detailed = ex.execute(1, "l2", "list_files", {"details": True})
+    shown_list = detailed.for_model()["result"]
+    assert isinstance(shown_list, dict)
+    assert set(shown_list) == {"files", "truncated", "version"}
+    found = ex.execute(1, "s1", "search_text", {"query": "return"})
+    assert found.for_model() == {
+        "result": {
+            "hits": [{"path": "src/a.py", "line": 2, "text": "    return 1"}],
+            "truncated": False,
+        }
+    }
+    edit = ex.execute(
+        1, "e1", "replace_text", {"path": "src/a.py", "oldText": "return 1", "newText": "return 2"}
+    )
+    assert edit.for_model() == {
+        "result": {"path": "src/a.py", "line": 2, "removedLines": 1, "addedLines": 1}
+    }
+    assert len(edit.fields.get("sha256After", "")) == 64  # what the ledger reads
+    patch = "--- a/src/a.py\n+++ b/src/a.py\n@@ -2 +2 @@\n-    return 2\n+    return 3\n"
+    done = ex.execute(1, "p1", "apply_patch", {"patch": patch})
+    assert done.for_model() == {
+        "result": {
+            "files": [
+                {"path": "src/a.py", "oldPath": None, "kind": "modify", "added": 1, "removed": 1}
+            ]
+        }
+    }
+    files = done.fields.get("files", [])
+    assert files
+    assert len(files[0].get("sha256After") or "") == 64
+    patch2 = "--- a/src/a.py\n+++ b/src/a.py\n@@ -2 +2 @@\n-    return 3\n+    return 4\n"
+    full = ex.execute(1, "p2", "apply_patch", {"patch": patch2, "details": True})
+    shown = full.for_model()["result"]
+    assert isinstance(shown, dict)
+    assert "version" in shown
+    assert "sha256Before" in shown["files"][0]
+
+
+def test_read_file_can_number_its_lines(box: LocalSandbox) -> None:
+    ex = _executor(box)
+    plain = ex.execute(1, "r1", "read_file", {"path": "src/a.py"})
+    assert plain.fields.get("path") == "src/a.py"
+    assert (plain.result or {})["content"] == "def f():\n    return 1\n"
+    numbered = ex.execute(
+        1, "r2", "read_file", {"path": "src/a.py", "startLine": 2, "lineNumbers": True}
+    )
+    assert (numbered.result or {})["content"] == "2\t    return 1\n"
+
+
+def test_path_refusals_name_the_path_and_say_why(box: LocalSandbox) -> None:
+    ex = _executor(box)
+    cases = {
+        "nope.py": ("TOOL_FILE_NOT_FOUND", "nope.py: no such file"),
+        "/etc/passwd": (
+            "TOOL_PATH_INVALID",
+            (
+                "/etc/passwd: use a path relative to the repository top (like src/app.py),"
+                " not an absolute path"
+            ),
+        ),
+        ".env": ("TOOL_PATH_DENIED", ".env: not allowed"),
+        "src": ("TOOL_PATH_DENIED", "src: a folder, not a file (list_files lists what it holds)"),
+    }
+    for n, (path, expected) in enumerate(cases.items()):
+        out = ex.execute(1, f"r{n}", "read_file", {"path": path})
+        assert out.for_model() == {
+            "error": {"code": expected[0], "message": expected[1], "retryable": True}
+        }
+
+
+def test_a_failed_check_reads_as_its_own_verdict(box: LocalSandbox) -> None:
+    ex = _executor(box)
+    fail = ex.execute(1, "k1", "run_check", {"checkId": "fail"})
+    assert fail.ok  # the call ran
+    assert fail.verdict == "fail: failed, exit 2"
+    shown = fail.for_model()
+    assert "ok" not in shown
+    result = shown["result"]
+    assert isinstance(result, dict)
+    assert list(result)[:4] == ["verdict", "checkId", "status", "exitCode"]
+    assert (result["verdict"], result["status"], result["exitCode"]) == (
+        "fail: failed, exit 2",
+        "failed",
+        2,
+    )
+    assert "signal" not in result
+    assert "reused" not in result
+    again = ex.execute(1, "k2", "run_check", {"checkId": "fail"})
+    assert again.verdict == "fail: failed, exit 2 (reused: nothing changed since it ran)"
+    slow = ex.execute(1, "k3", "run_check", {"checkId": "slow"})
+    assert slow.verdict == "slow: timed out"
+    ok = ex.execute(1, "k4", "run_check", {"checkId": "ok"})
+    assert ok.verdict == "ok: passed"
+    listing = ex.execute(1, "l", "list_files", {})
+    assert listing.verdict is None
+
+
+def test_text_that_is_not_a_diff_is_told_what_a_diff_is(box: LocalSandbox) -> None:
+    ex = _executor(box)
+    patch = "Here it is:\n--- a/src/a.py\n+++ b/src/a.py\n@@ -1 +1 @@\n-def f():\n+def g():\n"
+    out = ex.execute(1, "p", "apply_patch", {"patch": patch})
+    assert out.error is not None
+    assert out.error["code"] == "PATCH_REJECTED"
+    assert out.error["message"].startswith("garbage: text before the first 'diff --git' line")
+    assert "send only the diff: each file as a '--- a/PATH' line" in out.error["message"]

@@ -7,15 +7,19 @@ from typing import Any
 
 import pytest
 
+from controller.config.task import CheckSpec
 from controller.errors import ArgumentsNotAnObjectError, ErrorCode, ToolError
 from controller.tools.schemas import (
     MAX_ARGUMENT_BYTES,
+    PATCH_EXAMPLE,
     ApplyPatchArgs,
     ReadFileArgs,
     ReplaceTextArgs,
+    describe_check,
     parse_arguments,
     tool_schemas,
 )
+from patchbox_agent import diffs
 
 
 @pytest.mark.parametrize(
@@ -104,9 +108,96 @@ def test_schemas_are_generated_from_the_models() -> None:
     read = schemas["read_file"]["parameters"]
     assert read["required"] == ["path"]
     assert read["additionalProperties"] is False
-    assert read["properties"]["startLine"]["anyOf"][0]["minimum"] == 1
-    assert "relative POSIX path" in read["properties"]["path"]["description"]
-    assert schemas["replace_text"]["description"].startswith("Replace the one exact occurrence")
+    assert read["properties"]["startLine"]["minimum"] == 1
+    assert "relative to the repository top" in read["properties"]["path"]["description"]
+    assert schemas["replace_text"]["description"].startswith("Replace text in one file")
     assert ReadFileArgs.model_config.get("extra") == "forbid"
     assert ReplaceTextArgs.model_config.get("strict") is True
     assert ApplyPatchArgs.model_config.get("frozen") is True
+
+
+def _texts(value: object) -> list[str]:
+    """Every string in a JSON value (descriptions, names, enums)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [t for k, v in value.items() for t in (*_texts(k), *_texts(v))]
+    if isinstance(value, list):
+        return [t for v in value for t in _texts(v)]
+    return []
+
+
+CHECKS = {
+    "tests": CheckSpec(argv=["pytest", "-q"], description="the unit tests"),
+    "lint": CheckSpec(argv=["ruff", "check", "."], required=False, timeout_seconds=60),
+}
+
+
+@pytest.mark.parametrize("checks", [None, {}, CHECKS], ids=["unknown", "none", "two"])
+def test_schemas_are_plain_text_said_once_every_argument_described(
+    checks: dict[str, CheckSpec] | None,
+) -> None:
+    for tool in tool_schemas(checks):
+        params = tool["parameters"]
+        assert "description" not in params, tool["name"]  # the tool's own, said once
+        assert "title" not in params
+        for name, prop in params["properties"].items():
+            assert prop["description"].strip(), (tool["name"], name)
+            assert "anyOf" not in prop, (tool["name"], name)  # optional: left out, not null
+            assert "title" not in prop
+        texts = _texts(tool)
+        for markup in ("``", ":func:", ":class:", ":data:", ":mod:", ":meth:", "`"):
+            assert not [t for t in texts if markup in t], (tool["name"], markup)
+        descriptions = [
+            tool["description"],
+            *(p["description"] for p in params["properties"].values()),
+        ]
+        assert len(descriptions) == len(set(descriptions)), tool["name"]
+
+
+def test_run_check_names_the_jobs_checks() -> None:
+    run_check = next(t for t in tool_schemas(CHECKS) if t["name"] == "run_check")
+    check_id = run_check["parameters"]["properties"]["checkId"]
+    assert check_id["enum"] == ["lint", "tests"]
+    assert "pattern" not in check_id
+    assert run_check["description"].endswith(
+        "The checks run_check can run (checkId: what it runs):\n"
+        "- lint: ruff check . (optional; at most 60 s)\n"
+        "- tests: the unit tests (the change must pass it; at most 300 s)"
+    )
+    parse_arguments("run_check", {"checkId": "lint"})
+
+
+def test_run_check_says_plainly_when_a_job_has_no_checks() -> None:
+    run_check = next(t for t in tool_schemas({}) if t["name"] == "run_check")
+    check_id = run_check["parameters"]["properties"]["checkId"]
+    assert "enum" not in check_id
+    assert check_id["description"] == "No check is configured for this job."
+    assert run_check["description"].endswith(
+        "This job has no configured checks, so run_check has nothing to run: do not call it."
+    )
+    unknown = next(t for t in tool_schemas() if t["name"] == "run_check")
+    assert "enum" not in unknown["parameters"]["properties"]["checkId"]
+    assert "pattern" in unknown["parameters"]["properties"]["checkId"]
+
+
+def test_a_long_check_command_is_cut() -> None:
+    spec = CheckSpec(argv=["sh", "-c", "x" * 1000])
+    line = describe_check("long", spec)
+    assert len(line) < 400
+    assert "..." in line
+
+
+def test_apply_patch_shows_a_whole_patch_it_takes() -> None:
+    apply = next(t for t in tool_schemas() if t["name"] == "apply_patch")
+    example = apply["description"].split("Example of a whole patch:\n", 1)[1]
+    assert example == PATCH_EXAMPLE
+    (patch,) = diffs.parse_patch(example)
+    assert (patch.kind, patch.path) == ("modify", "src/app.py")
+
+
+def test_a_check_is_described_without_control_or_bidi_characters() -> None:
+    line = describe_check("x", CheckSpec(argv=["echo", "a\u202eb\x1b[31m"]))
+    assert "\u202e" not in line
+    assert "\x1b" not in line
+    assert line.startswith("x: echo ")
