@@ -150,21 +150,32 @@ def settle_leftovers(connect: Callable[[], docker.DockerClient] | None = None) -
 # -- after the decision ----------------------------------------------------------------------
 
 
+APPLICABLE = frozenset({"awaiting_review", "reverted"})
+"""The states a job is applied from (a reverted job may be applied again)."""
+
+
 def apply_job(
     job_id: str,
     *,
     merge: bool = False,
     config: HostConfig | None = None,
     pin: RepoPin | None = None,
-) -> tuple[JobRecord, ApplyResult]:
-    """Applies a job awaiting review to its work tree, all or nothing (``APPLY_CONFLICT``
-    naming the files otherwise; with ``merge``, files changed meanwhile merge three-way).
-    ``pin``: a service job's repository, verified first and written only as the folder
-    pinned (``REPO_NOT_ALLOWED``, nothing written, otherwise)."""
+) -> tuple[JobRecord, ApplyResult | None]:
+    """Applies a job awaiting review (or reverted: applied again, with every check of a
+    first apply) to its work tree, all or nothing (``APPLY_CONFLICT`` naming the files
+    otherwise; with ``merge``, files changed meanwhile merge three-way). A job that is
+    applied already is left as it is: its record and None, nothing written. ``pin``: a
+    service job's repository, verified first and written only as the folder pinned
+    (``REPO_NOT_ALLOWED``, nothing written, otherwise)."""
     store = JobStore()
     with held(store, job_id, pin=pin) as record:
-        if record.state != "awaiting_review":
-            msg = f"job {record.job_id} is {record.state}; only a job awaiting review is applied"
+        if record.state == "applied":
+            return record, None
+        if record.state not in APPLICABLE:
+            msg = (
+                f"job {record.job_id} is {record.state}; only a job awaiting review or "
+                "reverted is applied"
+            )
             raise UsageError(msg)
         if record.baseline is None:
             msg = f"job {record.job_id} has no baseline"
