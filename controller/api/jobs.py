@@ -288,6 +288,21 @@ def apply_remote_diff(  # noqa: PLR0913 - the diff, where it applies, keyword-on
     return record, result
 
 
+def remote_applies(server: str, job_id: str, repo: Path | None = None) -> list[JobRecord]:
+    """The local jobs :func:`apply_remote_diff` made of the diff of job ``job_id`` on
+    ``server`` (in ``repo`` only, when given), oldest first, each settled with the journal
+    (its state says what the work tree holds)."""
+    store = JobStore()
+    top = str(repo.resolve()) if repo is not None else None
+    wanted = {"server": server, "job_id": job_id}
+    found = []
+    for record in store.all(top):
+        origin = record.diagnostics.get("remote")
+        if isinstance(origin, dict) and all(origin.get(k) == v for k, v in wanted.items()):
+            found.append(settled(store, record))
+    return found
+
+
 def revert_job(job_id: str, *, pin: RepoPin | None = None) -> tuple[JobRecord, RevertResult]:
     """Undoes an applied job exactly (``REVERT_CONFLICT`` when a touched path changed);
     ``pin`` as for :func:`apply_job`."""
