@@ -527,7 +527,7 @@ def test_a_bundle_jobs_diff_applies_as_a_local_job_and_reverts_through_the_journ
         "bundle": BUNDLE,
     }
     # applied again: said so, nothing written, no second local job
-    applied = snapshot(laptop.path)
+    after = snapshot(laptop.path)
     twice = remote_apply(hostile.url(), laptop.path)
     assert twice.returncode == 0, twice.stderr
     assert json.loads(twice.stdout) | {"repo": ""} == {
@@ -539,7 +539,7 @@ def test_a_bundle_jobs_diff_applies_as_a_local_job_and_reverts_through_the_journ
         "merged": [],
         "repo": "",
     }
-    assert snapshot(laptop.path) == applied
+    assert snapshot(laptop.path) == after
     reverted = patchbox("revert", local, "--json")
     assert reverted.returncode == 0, reverted.stderr
     assert json.loads(reverted.stdout)["status"] == "reverted"
