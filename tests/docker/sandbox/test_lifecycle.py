@@ -187,7 +187,11 @@ def test_a_signal_cancels_the_job_cleanly(
     data = json.loads(out)
     assert data["job_id"] == job_id
     assert (data["status"], data["error"]["code"]) == ("cancelled", "CANCELLED")
+    # the user's cancel, not what the stopped check's channel said when it closed
+    reason = f"cancelled by the user ({signal.Signals(signum).name})"
+    assert data["error"]["message"] == reason
     assert JobStore().load(job_id).state == "cancelled"
+    assert JobStore().load(job_id).error.message == reason  # type: ignore[union-attr]
     assert job_containers(docker_client, job_id) == []
     assert "Traceback" not in err
 
