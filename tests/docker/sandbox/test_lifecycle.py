@@ -190,8 +190,10 @@ def test_a_signal_cancels_the_job_cleanly(
     # the user's cancel, not what the stopped check's channel said when it closed
     reason = f"cancelled by the user ({signal.Signals(signum).name})"
     assert data["error"]["message"] == reason
-    assert JobStore().load(job_id).state == "cancelled"
-    assert JobStore().load(job_id).error.message == reason  # type: ignore[union-attr]
+    record = JobStore().load(job_id)
+    assert record.state == "cancelled"
+    assert record.error is not None
+    assert record.error.message == reason
     assert job_containers(docker_client, job_id) == []
     assert "Traceback" not in err
 

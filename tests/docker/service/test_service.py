@@ -134,6 +134,8 @@ def test_cancel_ends_a_job_holding_a_long_check(
     view = alpha.get(f"/v1/jobs/{job_id}").json()
     assert view["status"] == "cancelled"
     assert view["error"]["code"] == "CANCELLED"
+    # the tenant's cancel, not what the stopped check's channel said when it closed
+    assert view["error"]["message"] == "cancelled by the user (a cancel request)"
     listed = alpha.get("/v1/jobs").json()["jobs"]
     assert [j["status"] for j in listed if j["job_id"] == job_id] == ["cancelled"]
 
@@ -149,7 +151,10 @@ def test_shutdown_cancels_running_jobs_and_leaves_no_container(
         time.sleep(1.5)
         started = time.monotonic()
     assert time.monotonic() - started < 25
-    assert JobStore().load(job_id).state == "cancelled"
+    record = JobStore().load(job_id)
+    assert record.state == "cancelled"
+    assert record.error is not None
+    assert record.error.message == "cancelled: the service is stopping"
     assert containers_of(client, job_id) == []
 
 
