@@ -211,7 +211,7 @@ class ToolLoop:
             )
             if call.name in INTENTS:
                 ledger.append(self._entry(turn, call, {}, "unknown"))
-            self._tell(CallDone.of(turn, call, None, calls[-1].error_code))
+            self._tell(turn, call, None, calls[-1].error_code)
             raise
         error = outcome.error
         calls.append(
@@ -225,7 +225,7 @@ class ToolLoop:
         )
         if outcome.effect != "none" or call.name in {"replace_text", "apply_patch"}:
             ledger.append(self._entry(turn, call, outcome.fields, _done(outcome)))
-        self._tell(CallDone.of(turn, call, outcome.result, calls[-1].error_code))
+        self._tell(turn, call, outcome.result, calls[-1].error_code)
         result = outcome.fields
         if isinstance(result.get("version"), int):
             self.version = result["version"]
@@ -233,10 +233,13 @@ class ToolLoop:
             self.version += 1
         return outcome
 
-    def _tell(self, done: CallDone) -> None:
-        """Tells :attr:`called`; a listener's fault never ends the job."""
+    def _tell(
+        self, turn: int, call: ToolCall, result: Mapping[str, Any] | None, error_code: str | None
+    ) -> None:
+        """Tells :attr:`called` of the call; a fault in telling (the listener's, or untrusted
+        arguments that do not parse) never ends the job."""
         with contextlib.suppress(Exception):
-            self.called(done)
+            self.called(CallDone.of(turn, call, result, error_code))
 
     def _entry(
         self,
@@ -311,12 +314,6 @@ class CallDone:
 
 def _subject(call: ToolCall, result: Mapping[str, Any] | None) -> str:
     """What a call named, in one short line (untrusted: controls removed, bounded)."""
-    try:
-        args = json.loads(call.arguments) if call.arguments.strip() else {}
-    except ValueError:
-        args = {}
-    if not isinstance(args, dict):
-        args = {}
     keys = {
         "read_file": ("path",),
         "replace_text": ("path",),
@@ -324,6 +321,14 @@ def _subject(call: ToolCall, result: Mapping[str, Any] | None) -> str:
         "search_text": ("query",),
         "list_files": ("glob",),
     }.get(call.name, ())
+    args: object = {}
+    if keys:  # a patch's arguments (the patch) are not read again
+        try:
+            args = json.loads(call.arguments)
+        except (ValueError, RecursionError):
+            args = {}
+    if not isinstance(args, dict):
+        args = {}
     words = [str(args[k]) for k in keys if isinstance(args.get(k), str)]
     if call.name == "search_text" and words:
         words = [json.dumps(words[0][:SUBJECT_CHARS], ensure_ascii=False)]
