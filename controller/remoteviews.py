@@ -100,3 +100,5 @@ class RemoteJob(TypedDict, total=False):
     checks: list[CheckEntry]
     tool_calls: list[ToolCallEntry]
     decision: DecisionEntry | None
+    already_applied: bool
+    """An apply's answer: the job was applied already, nothing was written."""

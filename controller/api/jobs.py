@@ -177,21 +177,32 @@ def remove_spares(client: docker.DockerClient | None = None) -> list[str]:
 # -- after the decision ----------------------------------------------------------------------
 
 
+APPLICABLE = frozenset({"awaiting_review", "reverted"})
+"""The states a job is applied from (a reverted job may be applied again)."""
+
+
 def apply_job(
     job_id: str,
     *,
     merge: bool = False,
     config: HostConfig | None = None,
     pin: RepoPin | None = None,
-) -> tuple[JobRecord, ApplyResult]:
-    """Applies a job awaiting review to its work tree, all or nothing (``APPLY_CONFLICT``
-    naming the files otherwise; with ``merge``, files changed meanwhile merge three-way).
-    ``pin``: a service job's repository, verified first and written only as the folder
-    pinned (``REPO_NOT_ALLOWED``, nothing written, otherwise)."""
+) -> tuple[JobRecord, ApplyResult | None]:
+    """Applies a job awaiting review (or reverted: applied again, with every check of a
+    first apply) to its work tree, all or nothing (``APPLY_CONFLICT`` naming the files
+    otherwise; with ``merge``, files changed meanwhile merge three-way). A job that is
+    applied already is left as it is: its record and None, nothing written. ``pin``: a
+    service job's repository, verified first and written only as the folder pinned
+    (``REPO_NOT_ALLOWED``, nothing written, otherwise)."""
     store = JobStore()
     with held(store, job_id, pin=pin) as record:
-        if record.state != "awaiting_review":
-            msg = f"job {record.job_id} is {record.state}; only a job awaiting review is applied"
+        if record.state == "applied":
+            return record, None
+        if record.state not in APPLICABLE:
+            msg = (
+                f"job {record.job_id} is {record.state}; only a job awaiting review or "
+                "reverted is applied"
+            )
             raise UsageError(msg)
         if record.baseline is None:
             msg = f"job {record.job_id} has no baseline"
@@ -302,6 +313,21 @@ def apply_remote_diff(  # noqa: PLR0913 - the diff, where it applies, keyword-on
     store.save(record)
     write_evidence(record, text, store)
     return record, result
+
+
+def remote_applies(server: str, job_id: str, repo: Path | None = None) -> list[JobRecord]:
+    """The local jobs :func:`apply_remote_diff` made of the diff of job ``job_id`` on
+    ``server`` (in ``repo`` only, when given), oldest first, each settled with the journal
+    (its state says what the work tree holds)."""
+    store = JobStore()
+    top = str(repo.resolve()) if repo is not None else None
+    wanted = {"server": server, "job_id": job_id}
+    found = []
+    for record in store.all(top):
+        origin = record.diagnostics.get("remote")
+        if isinstance(origin, dict) and all(origin.get(k) == v for k, v in wanted.items()):
+            found.append(settled(store, record))
+    return found
 
 
 def revert_job(job_id: str, *, pin: RepoPin | None = None) -> tuple[JobRecord, RevertResult]:

@@ -154,16 +154,27 @@ def job_diff(store: JobStore, job_id: str) -> str | None:
 
 
 class ApplyView(_View):
-    """What ``apply`` did: every path written."""
+    """What ``apply`` did: every path written (none for a job applied already)."""
 
     job_id: str
     status: str
     files: list[AppliedFile]
     merged: list[str]
     """Paths merged three-way with the user's own change (``merge`` only)."""
+    already_applied: bool = False
+    """The job was applied already: nothing was written."""
 
     @classmethod
-    def of(cls, record: JobRecord, result: ApplyResult) -> ApplyView:
+    def of(cls, record: JobRecord, result: ApplyResult | None) -> ApplyView:
+        """``result`` None: the job was applied already (:func:`controller.api.apply_job`)."""
+        if result is None:
+            return cls(
+                job_id=record.job_id,
+                status=record.state,
+                files=[],
+                merged=[],
+                already_applied=True,
+            )
         return cls(
             job_id=record.job_id, status=record.state, files=result.files, merged=result.merged
         )

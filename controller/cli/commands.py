@@ -305,6 +305,9 @@ def cmd_apply(args: argparse.Namespace) -> Outcome:
     from controller import api
 
     view = api.ApplyView.of(*api.apply_job(api.resolve_job(args.job), merge=args.merge))
+    if view.already_applied:
+        text = f"job {view.job_id} already applied; nothing was written"
+        return ExitCode.OK, view.model_dump(mode="json"), text
     text = f"job {view.job_id} applied: {len(view.files)} file(s)" + (
         f"; merged three-way: {', '.join(view.merged)}" if view.merged else ""
     )

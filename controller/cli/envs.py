@@ -45,12 +45,12 @@ def cmd_env_build(args: argparse.Namespace, progress: Callable[[str], None]) -> 
     builder = EnvironmentBuilder(client, progress, config.ca_bundle)
     cancel = threading.Event()
     try:
-        with cancel_on_signals(cancel.set, progress) as cancellation:
+        with cancel_on_signals(lambda _reason: cancel.set(), progress) as cancellation:
             built = builder.ensure(environment, baseline, cancel=cancel)
     except PatchboxError as exc:
         if cancellation.exit_code is None:
             raise
-        error = {"code": str(ErrorCode.CANCELLED), "message": exc.message}
+        error = {"code": str(ErrorCode.CANCELLED), "message": cancellation.reason or exc.message}
         return cancellation.exit_code, {"error": error}, "the environment build was cancelled"
     finally:
         client.close()

@@ -244,14 +244,20 @@ def _default_repo(args: argparse.Namespace) -> None:
 
 
 def _output_settings(args: argparse.Namespace) -> tuple[bool, int]:
-    """(quiet, the stderr log level) from ``--quiet`` and ``--verbose``."""
+    """(quiet, the stderr log level) from ``--quiet``, ``--verbose`` and ``--log-format``:
+    by default stderr holds the progress a person reads and only warnings and errors of the
+    log (a provider's requests, spares and settled journals are info); ``--log-format json``
+    adds the info events, ``--verbose`` the debug ones too."""
     quiet, verbose = bool(getattr(args, "quiet", False)), bool(getattr(args, "verbose", False))
     if quiet and verbose:
         msg = "--quiet and --verbose exclude each other"
         raise UsageError(msg)
     if quiet:
         return True, logging.WARNING
-    return False, logging.DEBUG if verbose else logging.INFO
+    if verbose:
+        return False, logging.DEBUG
+    as_json = getattr(args, "log_format", "console") == "json"
+    return False, logging.INFO if as_json else logging.WARNING
 
 
 def exit_code_of(exc: PatchboxError) -> int:

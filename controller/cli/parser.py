@@ -122,7 +122,7 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
             "--quiet", action="store_true", default=argparse.SUPPRESS, help="no progress lines"
         )
         group.add_argument(
-            "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logs"
+            "--verbose", action="store_true", default=argparse.SUPPRESS, help="info and debug logs"
         )
         group.add_argument(
             "--log-format",

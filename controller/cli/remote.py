@@ -94,7 +94,7 @@ def run(args: argparse.Namespace, progress: Progress) -> Outcome:
         "show": _show,
         "events": _events,
         "apply": _apply,
-        "revert": _action,
+        "revert": _revert,
         "discard": _action,
         "cancel": _action,
     }
@@ -190,7 +190,24 @@ def _jobs(client: ServiceClient, _args: argparse.Namespace, _progress: Progress)
 
 def _show(client: ServiceClient, args: argparse.Namespace, _progress: Progress) -> Outcome:
     view = client.job(args.job)
-    return ExitCode.OK, view, _summary(view)
+    if not getattr(args, "diff", False):
+        return ExitCode.OK, view, _summary(view)
+    diff = _download_diff(client, args.job)
+    text = _summary(view) + ("\n" + diff.rstrip("\n") if diff.strip() else "\nno diff")
+    return ExitCode.OK, {**view, "diff": diff}, text
+
+
+def _download_diff(client: ServiceClient, job: str) -> str:
+    """The job's diff from the service, no more than the change set's size limit
+    (``CHANGESET_INVALID``, ``too_large``, and the rest not read, past it)."""
+    from controller.changes.changeset import ChangesetLimits
+    from controller.reasons import ChangesetReason
+
+    def too_large(cap: int) -> ChangesetInvalidError:
+        message = f"the job's diff is over {cap} bytes (max_diff_bytes): the rest was not read"
+        return ChangesetInvalidError([ChangesetReason(code="too_large", message=message)])
+
+    return client.diff(job, max_bytes=ChangesetLimits().max_diff_bytes, too_large=too_large)
 
 
 def _events(client: ServiceClient, args: argparse.Namespace, _progress: Progress) -> Outcome:
@@ -215,6 +232,43 @@ def _action(client: ServiceClient, args: argparse.Namespace, _progress: Progress
     return ExitCode.OK, data, text
 
 
+def _revert(client: ServiceClient, args: argparse.Namespace, progress: Progress) -> Outcome:
+    """Reverts the job on the service; a bundle job, which the service cannot revert, by
+    reverting what its ``remote apply`` applied here (``patchbox revert`` of each local job
+    of it that is applied; in ``--repo`` only, when given)."""
+    view = client.job(args.job)
+    if not view.get("bundle"):
+        if args.repo:
+            raise UsageError("--repo: for a bundle job only; this job is in the service's tree")
+        return _action(client, args, progress)
+    from controller import api
+
+    repo = Path(args.repo).resolve() if args.repo else None
+    local = [r for r in api.remote_applies(client.url, args.job, repo) if r.state == "applied"]
+    if not local:
+        where = f" to {repo}" if repo is not None else ""
+        msg = (
+            f"job {args.job} ran on an uploaded bundle and its diff is not applied{where}: "
+            f"there is nothing to revert (patchbox remote apply {args.job} applies it)"
+        )
+        raise UsageError(msg)
+    reverted = []
+    for record in local:
+        progress(f"reverting local job {record.job_id} in {record.repo}")
+        done, result = api.revert_job(record.job_id)
+        files = [f.model_dump(mode="json") for f in result.files]
+        reverted.append(
+            {"local_job_id": done.job_id, "status": done.state, "files": files, "repo": done.repo}
+        )
+    data = {"job_id": args.job, "reverted": reverted}
+    text = "\n".join(
+        f"job {args.job}: local job {r['local_job_id']} reverted in {r['repo']}: "
+        f"{len(r['files'])} file(s) restored"
+        for r in reverted
+    )
+    return ExitCode.OK, data, text
+
+
 def _apply(client: ServiceClient, args: argparse.Namespace, progress: Progress) -> Outcome:
     view = client.job(args.job)
     bundle = view.get("bundle")
@@ -228,12 +282,43 @@ def _apply(client: ServiceClient, args: argparse.Namespace, progress: Progress) 
             raise UsageError(msg)
         data = client.apply(args.job)
         files = data.get("files") or []
+        if data.get("already_applied"):
+            return ExitCode.OK, data, f"job {args.job} already applied on the service"
         return ExitCode.OK, data, f"job {args.job} applied on the service: {len(files)} file(s)"
     ref = _bundle_ref(args.job, bundle)
+    already = _applied_here(client, args)
+    if already is not None:
+        return already
     if view.get("status") != "awaiting_review":
         msg = f"job {args.job} is {view.get('status')}; only a job awaiting review is applied"
         raise UsageError(msg[:300])
     return _apply_here(client, args, ref, progress)
+
+
+def _applied_here(client: ServiceClient, args: argparse.Namespace) -> Outcome | None:
+    """A bundle job whose diff is applied to the local repository already (a local job
+    of it is ``applied``): said so, nothing written; None otherwise."""
+    from controller.api import remote_applies
+
+    repo = Path(args.repo or ".").resolve()
+    applied = [r for r in remote_applies(client.url, args.job, repo) if r.state == "applied"]
+    if not applied:
+        return None
+    local = applied[-1].job_id
+    data = {
+        "job_id": args.job,
+        "local_job_id": local,
+        "status": "applied",
+        "already_applied": True,
+        "files": [],
+        "merged": [],
+        "repo": str(repo),
+    }
+    text = (
+        f"job {args.job} already applied to {repo} as local job {local}; nothing was "
+        f"written\nundo: patchbox remote revert {args.job}"
+    )
+    return ExitCode.OK, data, text
 
 
 LOCAL_APPLY_FLAGS = {
@@ -285,18 +370,10 @@ def _apply_here(
     """A bundle job's diff, downloaded up to the change set's size limit, applied to the
     local repository as a local job (:func:`controller.api.apply_remote_diff`)."""
     from controller.api import RemoteOrigin, apply_remote_diff
-    from controller.changes.changeset import ChangesetLimits
-    from controller.reasons import ChangesetReason
 
     allowed = _allowed_paths(args)
     repo = Path(args.repo or ".").resolve()
-    limit = ChangesetLimits().max_diff_bytes
-
-    def too_large(cap: int) -> ChangesetInvalidError:
-        message = f"the job's diff is over {cap} bytes (max_diff_bytes): the rest was not read"
-        return ChangesetInvalidError([ChangesetReason(code="too_large", message=message)])
-
-    diff = client.diff(args.job, max_bytes=limit, too_large=too_large)
+    diff = _download_diff(client, args.job)
     if not diff.strip():
         raise UsageError(f"job {args.job} has an empty diff: there is nothing to apply")
     progress(f"applying job {args.job} to {repo}")
@@ -329,7 +406,7 @@ def _apply_here(
     }
     text = (
         f"job {args.job} applied to {repo} as local job {record.job_id}: {len(files)} file(s)"
-        f"\nundo: patchbox revert {record.job_id}"
+        f"\nundo: patchbox remote revert {args.job} (or patchbox revert {record.job_id})"
         "\nthe service still lists the job awaiting review: patchbox remote discard " + args.job
     )
     return ExitCode.OK, data, text

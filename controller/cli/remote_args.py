@@ -51,7 +51,8 @@ def add_parser(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
     )
     submit.add_argument("--wait", action="store_true", help="follow the job to its end")
     command("jobs", "this tenant's jobs", job=False)
-    command("show", "a job, as run --json prints it")
+    show = command("show", "a job, as run --json prints it")
+    show.add_argument("--diff", action="store_true", help="and its diff")
     events = command("events", "a job's events as they come, until it ends")
     events.add_argument("--last-event-id", type=int, default=0, metavar="N", help="start after N")
     apply = command("apply", "apply a job (a bundle job: to the local repository)")
@@ -74,6 +75,9 @@ def add_parser(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="for a bundle job: merge files you changed meanwhile three-way",
     )
-    command("revert", "undo an applied job on the service")
+    revert = command("revert", "undo an applied job (a bundle job: its local apply)")
+    revert.add_argument(
+        "--repo", help="for a bundle job: undo its apply to this repository only (default: all)"
+    )
     command("discard", "drop a job awaiting review, failed or cancelled")
     command("cancel", "cancel a queued or running job")

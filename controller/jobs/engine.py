@@ -33,7 +33,7 @@ from controller.errorinfo import ErrorInfo
 from controller.errors import ApplyConflictError, ErrorCode, InternalError, PatchboxError
 from controller.jobs.decision import DecisionInputs, decide, skips_checks, with_conflict
 from controller.jobs.evidence import write_evidence
-from controller.jobs.loop import ToolLoop, cancelled_error
+from controller.jobs.loop import CANCELLED_MESSAGE, ToolLoop, cancelled_error
 from controller.jobs.reconcile import baseline_unchanged, reconcile
 from controller.jobs.records import (
     ACTIVE,
@@ -129,6 +129,7 @@ class Job:
         self.identity = identity or current_identity()
         self.progress = progress or (lambda _m: None)
         self.cancelled = threading.Event()
+        self._cancel_reason = CANCELLED_MESSAGE
         self.failure: PatchboxError | None = None
         """The error the job failed with (its record keeps it as data)."""
         self.record = JobRecord(
@@ -158,9 +159,13 @@ class Job:
         """The job's diff, once collected."""
         return self._diff
 
-    def cancel(self) -> None:
+    def cancel(self, reason: str = CANCELLED_MESSAGE) -> None:
         """Stops the job: the provider request is aborted, the running tool or check is
-        killed with its container. The job ends ``cancelled`` with its diagnostics."""
+        killed with its container. The job ends ``cancelled`` with its diagnostics, and
+        ``reason`` as its error's message (the first cancel's: whatever error the stopped
+        step raised, a closed channel or a killed check, is the cancel's doing)."""
+        if not self.cancelled.is_set():
+            self._cancel_reason = reason
         self.cancelled.set()
         self.request.provider.cancel()
         box = self._box
@@ -323,7 +328,10 @@ class Job:
     def _fail(self, exc: PatchboxError) -> None:
         cancelled = exc.code is ErrorCode.CANCELLED or self.cancelled.is_set()
         code = ErrorCode.CANCELLED if cancelled else exc.code
-        self.record.error = ErrorInfo(code=str(code), message=exc.message, hint=exc.hint)
+        message, hint = exc.message, exc.hint
+        if self.cancelled.is_set():  # what the stopped step raised is the cancel's doing
+            message, hint = self._cancel_reason, None
+        self.record.error = ErrorInfo(code=str(code), message=message, hint=hint)
         self.failure = exc
         reasons = getattr(exc, "reasons", None)
         if reasons:
@@ -426,6 +434,7 @@ class Job:
             step=self._doing,
             clock=prepared.sandbox.clock,
             idle_while_asking=request.caller_driven,
+            called=lambda done: self.progress(done.line()),
         ).run()
         record.timings_ms["loop"] = round((time.perf_counter() - t) * 1000)
         self._move("validating")

@@ -16,10 +16,12 @@ against ``max_turns``); only if it has no tool call either does the job end with
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from controller.errors import CancelledError, ErrorCode, LimitExceededError, PatchboxError
 from controller.jobs.records import (
@@ -68,8 +70,12 @@ class Tools(Protocol):
     def execute(self, turn: int, call_id: str, tool: str, raw: str) -> ToolOutcome: ...
 
 
+CANCELLED_MESSAGE = "the job was cancelled"
+"""A cancelled job's error message when its canceller gave no reason."""
+
+
 def cancelled_error() -> PatchboxError:
-    return PatchboxError("the job was cancelled", code=ErrorCode.CANCELLED)
+    return PatchboxError(CANCELLED_MESSAGE, code=ErrorCode.CANCELLED)
 
 
 @dataclass
@@ -86,6 +92,8 @@ class ToolLoop:
     """Called after each turn, so a later process sees the calls made so far."""
     step: Callable[[str], None] = lambda _what: None
     """Told what the loop is doing now (waiting for the model, running a call)."""
+    called: Callable[[CallDone], None] = lambda _done: None
+    """Told of every call that ended, as it is recorded (a progress line per call)."""
     version: int = 0
     """The workspace version: as the agent's tools report it; a check run bumps it once."""
     calls_left: int = 0
@@ -216,6 +224,7 @@ class ToolLoop:
             )
             if call.name in INTENTS:
                 ledger.append(self._entry(turn, call, {}, "unknown"))
+            self._tell(turn, call, None, calls[-1].error_code)
             raise
         error = outcome.error
         calls.append(
@@ -230,12 +239,21 @@ class ToolLoop:
         )
         if outcome.effect != "none" or call.name in {"replace_text", "apply_patch"}:
             ledger.append(self._entry(turn, call, outcome.fields, _done(outcome)))
+        self._tell(turn, call, outcome.result, calls[-1].error_code)
         result = outcome.fields
         if isinstance(result.get("version"), int):
             self.version = result["version"]
         elif call.name == "run_check" and outcome.ok and not result.get("reused"):
             self.version += 1
         return outcome
+
+    def _tell(
+        self, turn: int, call: ToolCall, result: Mapping[str, Any] | None, error_code: str | None
+    ) -> None:
+        """Tells :attr:`called` of the call; a fault in telling (the listener's, or untrusted
+        arguments that do not parse) never ends the job."""
+        with contextlib.suppress(Exception):
+            self.called(CallDone.of(turn, call, result, error_code))
 
     def _entry(
         self,
@@ -253,6 +271,88 @@ class ToolLoop:
             files=ledger_files(call.name, result),
             outcome=outcome,
         )
+
+
+SUBJECT_CHARS = 80
+"""Characters of a call's subject (a path, a check id, a query) in its progress line."""
+
+
+@dataclass(frozen=True)
+class CallDone:
+    """One tool call that ended, as the loop recorded it: what it named and how it ended
+    (a check's own verdict and exit code from its result), for a progress line."""
+
+    turn: int
+    name: str
+    subject: str
+    """The path, check id, query or glob the call named; the files a patch wrote; or ''."""
+    ok: bool
+    error_code: str | None = None
+    check_status: str | None = None
+    """A check run's ``passed``, ``failed`` or ``timed_out``."""
+    exit_code: int | None = None
+    reused: bool = False
+
+    @classmethod
+    def of(
+        cls, turn: int, call: ToolCall, result: Mapping[str, Any] | None, error_code: str | None
+    ) -> CallDone:
+        """The call's event from its arguments and its result (None: it raised)."""
+        status = (result or {}).get("status") if call.name == "run_check" else None
+        exit_code = (result or {}).get("exitCode")
+        return cls(
+            turn=turn,
+            name=strip_control(call.name),
+            subject=_subject(call, result),
+            ok=error_code is None,
+            error_code=error_code,
+            check_status=status if isinstance(status, str) else None,
+            exit_code=exit_code if isinstance(exit_code, int) and status is not None else None,
+            reused=bool((result or {}).get("reused")) and status is not None,
+        )
+
+    def line(self) -> str:
+        """``turn 3 run_check tests: failed (exit 1)``, ``turn 1 read_file src/x.py``."""
+        head = " ".join(p for p in (f"turn {self.turn}", self.name, self.subject) if p)
+        if self.error_code == "CANCELLED":
+            return f"{head}: cancelled"
+        if not self.ok:
+            return f"{head}: error {self.error_code}"
+        if self.check_status is None:
+            return head
+        notes = [f"exit {self.exit_code}"] if self.exit_code is not None else []
+        notes += ["reused"] if self.reused else []
+        verdict = self.check_status.replace("_", " ")
+        return f"{head}: {verdict}" + (f" ({', '.join(notes)})" if notes else "")
+
+
+def _subject(call: ToolCall, result: Mapping[str, Any] | None) -> str:
+    """What a call named, in one short line (untrusted: controls removed, bounded)."""
+    keys = {
+        "read_file": ("path",),
+        "replace_text": ("path",),
+        "run_check": ("checkId",),
+        "search_text": ("query",),
+        "list_files": ("glob",),
+    }.get(call.name, ())
+    args: object = {}
+    if keys:  # a patch's arguments (the patch) are not read again
+        try:
+            args = json.loads(call.arguments)
+        except (ValueError, RecursionError):
+            args = {}
+    if not isinstance(args, dict):
+        args = {}
+    words = [str(args[k]) for k in keys if isinstance(args.get(k), str)]
+    if call.name == "search_text" and words:
+        words = [json.dumps(words[0][:SUBJECT_CHARS], ensure_ascii=False)]
+    if call.name == "apply_patch" and result is not None:
+        files = result.get("files")
+        paths = [str(f.get("path")) for f in files or [] if isinstance(f, dict)]
+        words = [", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")]
+    text = " ".join(w for w in words if w).replace("\n", " ")
+    text = strip_control(text)
+    return text if len(text) <= SUBJECT_CHARS else text[: SUBJECT_CHARS - 3] + "..."
 
 
 def _transcript_call(

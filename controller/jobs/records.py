@@ -6,7 +6,7 @@
        |           |           |           |             |    \\            \\-> discarded
        +-----------+-----------+-----------+-------------+-----+-> failed | cancelled
                                                           checking -> applied (gated auto)
-    applied -> reverted
+    applied -> reverted -> applied (applied again)
 
 A record is appended to its job's log (:mod:`controller.jobs.log`) at every transition,
 durably, so ``jobs``, ``show``, ``apply`` and ``revert`` work from a later process.
@@ -57,7 +57,7 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     "checking": frozenset({"awaiting_review", "applied"}) | _ABORTABLE,
     "awaiting_review": frozenset({"applied", "discarded"}),
     "applied": frozenset({"reverted"}),
-    "reverted": frozenset(),
+    "reverted": frozenset({"applied"}),
     "discarded": frozenset(),
     "failed": frozenset({"discarded"}),
     "cancelled": frozenset({"discarded"}),

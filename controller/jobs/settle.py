@@ -154,12 +154,13 @@ def _move_to(record: JobRecord, steps: list[JobState], journal: Journal) -> None
 
 def _applied_decision(record: JobRecord, journal: Journal) -> Decision:
     """The decision of a job applied before its record said so: ``patchbox apply``'s from
-    review (with the paths it merged, from the journal), the engine's own from ``checking``."""
+    review or after a revert (with the paths it merged, from the journal), the engine's own
+    from ``checking``."""
     decision = record.decision or Decision(
         mode=record.mode,
         reason="applied before its controller recorded the decision (the journal says so)",
     )
-    if record.state != "awaiting_review":
+    if record.state not in {"awaiting_review", "reverted"}:
         return decision.model_copy(update={"applied": True})
     rec: Recorded | None = None
     with contextlib.suppress(OSError, ValueError, PatchboxError):

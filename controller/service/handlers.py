@@ -282,8 +282,9 @@ def action(name: str) -> Handler:
             msg = f"tenant {tenant.name!r} may not {name} jobs (allow_apply = false)"
             raise refused(403, "APPLY_NOT_ALLOWED", msg)
         view = await anyio.to_thread.run_sync(_act, service, name, row)
-        service.store.append_event(row.job_id, "state", {"state": view.status})
-        service.store.update_state(row.job_id, view.status)
+        if not (isinstance(view, ApplyView) and view.already_applied):  # else no change
+            service.store.append_event(row.job_id, "state", {"state": view.status})
+            service.store.update_state(row.job_id, view.status)
         return JSONResponse(view.model_dump(mode="json"))
 
     return handler

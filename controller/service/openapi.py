@@ -57,6 +57,7 @@ ACTION_RESULT = {
         "status": {"type": "string"},
         "files": {"type": "array", "items": {"type": "object"}},
         "merged": {"type": "array", "items": {"type": "string"}},
+        "already_applied": {"type": "boolean"},
     },
 }
 

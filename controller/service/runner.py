@@ -57,6 +57,9 @@ WATCH_SECONDS = 0.25
 """How often a running job's record is looked at for new tool calls."""
 LOOP_DONE = frozenset({"validating", "checking", "awaiting_review", "applied", "failed"})
 """States after the tool loop: every tool call is emitted before them."""
+BY_TENANT = "cancelled by the user (a cancel request)"
+STOPPING = "cancelled: the service is stopping"
+"""A cancelled job's error message: a tenant's cancel, the service's shutdown."""
 DECIDED = frozenset({"awaiting_review", "applied", "failed", "cancelled"})
 """States after the checks: every check result is emitted before them."""
 
@@ -237,7 +240,7 @@ class Runner:
         for item in running:
             item.cancelled = True
             if item.job is not None:
-                item.job.cancel()
+                item.job.cancel(STOPPING)
         futures = [r.future for r in running if r.future is not None]
         _done, pending = wait(futures, timeout=timeout)
         self._pool.shutdown(wait=not pending, cancel_futures=True)
@@ -299,7 +302,7 @@ class Runner:
             item.cancelled = True
             job = item.job
         if job is not None:
-            job.cancel()
+            job.cancel(BY_TENANT)
         return "cancelling"
 
     # -- one job --------------------------------------------------------------------------
@@ -324,7 +327,7 @@ class Runner:
                 item.job = job
                 cancelled = item.cancelled or self._stopping
             if cancelled:
-                job.cancel()
+                job.cancel(STOPPING if self._stopping else BY_TENANT)
             self._run(job, feed, lambda: self.release(row))
         except Exception as exc:  # the job could not even be made: recorded as an event
             log.warning("service job failed to start", job_id=row.job_id, error=str(exc)[:500])

@@ -71,13 +71,26 @@ def test_a_session_proposes_and_the_job_is_applied_and_reverted(
     assert not containers_of(docker_client, proposal.job_id)
     assert (repo / "app.py").read_text() == APP
     record, applied = api.apply_job(proposal.job_id, config=CONFIG)
+    assert applied is not None
     assert (record.state, [f.path for f in applied.files]) == ("applied", ["app.py"])
+    assert (repo / "app.py").read_text() == APP_AFTER
+    record, unchanged = api.apply_job(proposal.job_id, config=CONFIG)  # applied: as it is
+    assert (record.state, unchanged) == ("applied", None)
     assert (repo / "app.py").read_text() == APP_AFTER
     record, _ = api.revert_job(proposal.job_id)
     assert record.state == "reverted"
     assert (repo / "app.py").read_text() == APP
     with pytest.raises(UsageError, match="only an applied job is reverted"):
         api.revert_job(proposal.job_id)
+    record, applied = api.apply_job(proposal.job_id, config=CONFIG)  # a reverted job, again
+    assert applied is not None
+    assert (record.state, [f.path for f in applied.files]) == ("applied", ["app.py"])
+    assert (repo / "app.py").read_text() == APP_AFTER
+    assert [s for s, _ in JobStore().load(proposal.job_id).history][-3:] == [
+        "applied",
+        "reverted",
+        "applied",
+    ]
 
 
 def test_propose_before_any_call_is_refused_and_close_cancels(

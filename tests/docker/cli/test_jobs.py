@@ -147,11 +147,11 @@ def test_run_apply_revert_through_the_cli(
     assert git(repo, "diff", "--full-index") == DIFF
     assert JobStore().load(job_id).state == "applied"
 
-    for command in ("apply", "discard"):
-        refused = patchbox(command, job_id, "--json")
-        assert refused.returncode == 2
-        assert as_json(refused)["error"]["code"] == "USAGE_ERROR"
-        assert "is applied" in as_json(refused)["error"]["message"]
+    _applied_twice(job_id)
+    refused = patchbox("discard", job_id, "--json")
+    assert refused.returncode == 2
+    assert as_json(refused)["error"]["code"] == "USAGE_ERROR"
+    assert "is applied" in as_json(refused)["error"]["message"]
     assert (repo / "app.py").read_text() == APP_AFTER
 
     reverted = patchbox("revert", job_id, "--json")
@@ -162,6 +162,40 @@ def test_run_apply_revert_through_the_cli(
     assert again.returncode == 2
     assert as_json(again)["error"]["code"] == "USAGE_ERROR"
     assert JobStore().load(job_id).state == "reverted"
+
+    _applied_again_after_the_revert(repo, job_id, before)
+
+
+def _applied_twice(job_id: str) -> None:
+    """An applied job applied again: said so, nothing written, exit 0."""
+    twice = patchbox("apply", job_id)
+    assert twice.returncode == 0, twice.stderr
+    assert twice.stdout == f"job {job_id} already applied; nothing was written\n"
+    twice_json = as_json(patchbox("apply", job_id, "--json"))
+    assert (twice_json["already_applied"], twice_json["files"]) == (True, [])
+
+
+def _applied_again_after_the_revert(repo: Path, job_id: str, before: dict[str, str]) -> None:
+    """A reverted job is applied again, with the checks of a first apply: a touched file
+    changed since is a conflict (nothing written); as it was, it applies."""
+    (repo / "app.py").write_text(APP + "# mine\n")
+    conflict = patchbox("apply", job_id, "--json")
+    assert conflict.returncode == 1, conflict.stderr
+    assert as_json(conflict)["error"]["code"] == "APPLY_CONFLICT"
+    assert (repo / "app.py").read_text() == APP + "# mine\n"
+    assert JobStore().load(job_id).state == "reverted"
+    (repo / "app.py").write_text(APP)
+    reapplied = patchbox("apply", job_id, "--json")
+    assert reapplied.returncode == 0, reapplied.stderr
+    assert as_json(reapplied)["status"] == "applied"
+    assert (repo / "app.py").read_text() == APP_AFTER
+    assert [s for s, _ in JobStore().load(job_id).history][-3:] == [
+        "applied",
+        "reverted",
+        "applied",
+    ]
+    assert as_json(patchbox("revert", job_id, "--json"))["status"] == "reverted"
+    assert snapshot(repo) == before
 
 
 @pytest.mark.usefixtures("sandbox_image")

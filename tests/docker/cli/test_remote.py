@@ -85,9 +85,11 @@ def test_remote_submit_wait_show_events_apply_and_revert(
     assert applied.returncode == 0, applied.stderr
     assert json.loads(applied.stdout)["status"] == "applied"
     assert (repo / "app.py").read_text() == APP_AFTER
-    again = remote(live, "apply", job_id, "--json")
-    assert again.returncode == ExitCode.USAGE
-    assert error_of(again)["code"] == "USAGE_ERROR"
+    again = remote(live, "apply", job_id, "--json")  # applied already: said so, exit 0
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["already_applied"] is True
+    assert (repo / "app.py").read_text() == APP_AFTER
+    assert "already applied" in remote(live, "apply", job_id).stdout
     reverted = remote(live, "revert", job_id)
     assert reverted.returncode == 0, reverted.stderr
     assert (repo / "app.py").read_text() == APP
@@ -145,7 +147,44 @@ def test_a_bundle_job_end_to_end_applied_to_a_local_repository(
     assert (laptop.path / "app.py").read_text() == APP_AFTER
     assert laptop.git("status", "--porcelain") == "M app.py"
     twice = patchbox("remote", "apply", job_id, "--repo", str(laptop.path), env=env)
-    assert twice.returncode == ExitCode.FAILED
-    assert "APPLY_CONFLICT" in twice.stderr
+    assert twice.returncode == 0, twice.stderr
+    assert f"job {job_id} already applied to {laptop.path}" in twice.stdout
+    assert (laptop.path / "app.py").read_text() == APP_AFTER
+    _show_diff_and_revert_the_local_applies(job_id, view, laptop, moved, env)
     discarded = patchbox("remote", "discard", job_id, "--json", env=env)
     assert json.loads(discarded.stdout)["status"] == "discarded"
+
+
+def _show_diff_and_revert_the_local_applies(
+    job_id: str, view: dict[str, Any], laptop: Any, moved: Any, env: dict[str, str]
+) -> None:
+    """``remote show --diff``; ``remote revert`` of a bundle job applied in two local
+    repositories (``laptop`` and ``moved``): each local apply undone, then applied again."""
+    # its diff, as the service has it
+    shown = patchbox("remote", "show", job_id, "--diff", env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert f"job {job_id}: awaiting_review" in shown.stdout
+    assert '+    return "Hello " + name' in shown.stdout
+    shown_json = json.loads(patchbox("remote", "show", job_id, "--diff", "--json", env=env).stdout)
+    assert shown_json["diff"] == view["diff"]
+    # remote revert undoes the local applies: the one in --repo, then every other one
+    reverted = patchbox("remote", "revert", job_id, "--repo", str(laptop.path), "--json", env=env)
+    assert reverted.returncode == 0, reverted.stderr
+    [undone] = json.loads(reverted.stdout)["reverted"]
+    assert (undone["status"], undone["repo"]) == ("reverted", str(laptop.path))
+    assert (laptop.path / "app.py").read_text() == APP
+    assert laptop.git("status", "--porcelain") == ""
+    assert (moved.path / "app.py").read_text() == APP_AFTER
+    local = patchbox("show", undone["local_job_id"], "--json")
+    assert json.loads(local.stdout)["status"] == "reverted"
+    nothing = patchbox("remote", "revert", job_id, "--repo", str(laptop.path), env=env)
+    assert nothing.returncode == ExitCode.USAGE
+    assert "nothing to revert" in nothing.stderr
+    rest = patchbox("remote", "revert", job_id, env=env)
+    assert rest.returncode == 0, rest.stderr
+    assert f"reverted in {moved.path}" in rest.stdout
+    assert (moved.path / "app.py").read_text() == APP
+    # applied again after the revert
+    reapplied = patchbox("remote", "apply", job_id, "--repo", str(laptop.path), env=env)
+    assert reapplied.returncode == 0, reapplied.stderr
+    assert (laptop.path / "app.py").read_text() == APP_AFTER

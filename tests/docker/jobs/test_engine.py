@@ -683,6 +683,8 @@ def test_cancel_kills_a_check_running_in_the_loop(client: docker.DockerClient, r
     assert took < 5
     assert record.state == "cancelled"
     assert code_of(record) == "CANCELLED"
+    assert record.error is not None  # the cancel's words, not the killed check's channel's
+    assert record.error.message == "the job was cancelled"
     data = stored(record)
     assert data["tool_calls"] == [
         {

@@ -187,7 +187,13 @@ def test_a_signal_cancels_the_job_cleanly(
     data = json.loads(out)
     assert data["job_id"] == job_id
     assert (data["status"], data["error"]["code"]) == ("cancelled", "CANCELLED")
-    assert JobStore().load(job_id).state == "cancelled"
+    # the user's cancel, not what the stopped check's channel said when it closed
+    reason = f"cancelled by the user ({signal.Signals(signum).name})"
+    assert data["error"]["message"] == reason
+    record = JobStore().load(job_id)
+    assert record.state == "cancelled"
+    assert record.error is not None
+    assert record.error.message == reason
     assert job_containers(docker_client, job_id) == []
     assert "Traceback" not in err
 

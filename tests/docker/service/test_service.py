@@ -104,15 +104,29 @@ def test_a_whole_job_streams_its_events_and_applies_and_reverts(live: Any, tmp_p
     assert applied.status_code == 200, applied.text
     assert applied.json()["status"] == "applied"
     assert (repo / "app.py").read_text() == APP_AFTER
-    again = alpha.post(f"/v1/jobs/{job_id}/apply")
-    assert (again.status_code, error_of(again)) == (409, "USAGE_ERROR")
+    _apply_twice_revert_and_apply_again(alpha, job_id, repo)
+    assert (repo / "app.py").read_text() == APP
+    later = events(alpha, job_id, last=len(stream))
+    assert [e["data"]["state"] for e in later] == ["applied", "reverted", "applied", "reverted"]
+    metrics = live.client(None).get("/metrics").text
+    assert 'patchbox_service_jobs{state="reverted"} 1' in metrics
+
+
+def _apply_twice_revert_and_apply_again(alpha: Any, job_id: str, repo: Path) -> None:
+    """An applied job applied again (said so, no change), reverted, applied again, reverted."""
+    again = alpha.post(f"/v1/jobs/{job_id}/apply")  # applied already: said so, no change
+    assert again.status_code == 200, again.text
+    assert (again.json()["status"], again.json()["already_applied"]) == ("applied", True)
+    assert again.json()["files"] == []
+    assert (repo / "app.py").read_text() == APP_AFTER
     reverted = alpha.post(f"/v1/jobs/{job_id}/revert")
     assert reverted.json()["status"] == "reverted"
     assert (repo / "app.py").read_text() == APP
-    later = events(alpha, job_id, last=len(stream))
-    assert [e["data"]["state"] for e in later] == ["applied", "reverted"]
-    metrics = live.client(None).get("/metrics").text
-    assert 'patchbox_service_jobs{state="reverted"} 1' in metrics
+    reapplied = alpha.post(f"/v1/jobs/{job_id}/apply")  # a reverted job, applied again
+    assert reapplied.status_code == 200, reapplied.text
+    assert (reapplied.json()["status"], reapplied.json()["already_applied"]) == ("applied", False)
+    assert (repo / "app.py").read_text() == APP_AFTER
+    assert alpha.post(f"/v1/jobs/{job_id}/revert").json()["status"] == "reverted"
 
 
 def test_cancel_ends_a_job_holding_a_long_check(
@@ -134,6 +148,8 @@ def test_cancel_ends_a_job_holding_a_long_check(
     view = alpha.get(f"/v1/jobs/{job_id}").json()
     assert view["status"] == "cancelled"
     assert view["error"]["code"] == "CANCELLED"
+    # the tenant's cancel, not what the stopped check's channel said when it closed
+    assert view["error"]["message"] == "cancelled by the user (a cancel request)"
     listed = alpha.get("/v1/jobs").json()["jobs"]
     assert [j["status"] for j in listed if j["job_id"] == job_id] == ["cancelled"]
 
@@ -149,7 +165,10 @@ def test_shutdown_cancels_running_jobs_and_leaves_no_container(
         time.sleep(1.5)
         started = time.monotonic()
     assert time.monotonic() - started < 25
-    assert JobStore().load(job_id).state == "cancelled"
+    record = JobStore().load(job_id)
+    assert record.state == "cancelled"
+    assert record.error is not None
+    assert record.error.message == "cancelled: the service is stopping"
     assert containers_of(client, job_id) == []
 
 

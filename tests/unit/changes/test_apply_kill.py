@@ -13,7 +13,7 @@ record (``decision.applied_by`` too, for an apply the killed process had not rec
 - With readers waiting: the apply stopped mid-write with its locks held while ``jobs`` and
   ``show`` start, then killed: the readers settle what it left.
 - ``revert`` killed at each step likewise (``applied`` with the change, ``reverted``
-  without); ``discard`` first settles an apply the killed process did not record (an
+  without), and an apply of a reverted job (``reverted`` without, ``applied`` with); ``discard`` first settles an apply the killed process did not record (an
   applied job is not discarded); the API's ``job`` and, after ``patchbox serve`` was
   killed in an apply, the restarted service's list and view say ``applied``.
 - ``run`` in the gated auto mode killed in its apply: ``applied`` when the apply was done,
@@ -334,6 +334,53 @@ def test_a_revert_killed_at_each_step_is_all_or_nothing_when_first_read(
     with ThreadPoolExecutor(max_workers=3) as pool:
         states = list(pool.map(kill_revert_at, cases, [trees] * len(steps), steps, firsts))
     assert states == [expected] * len(steps), dict(zip(steps, states, strict=True))
+
+
+REAPPLY_STEPS = {
+    "apply.checked": "reverted",
+    "apply.record": "reverted",
+    f"apply.write.{TOUCHED // 2}": "reverted",
+    "apply.synced": "reverted",
+    "apply.done": "applied",
+    "apply.recorded": "applied",
+}
+"""A reverted job applied again, killed at these steps: the state it reads as first."""
+
+
+def kill_reapply_at(case: Case, trees: Trees, step: str, first: str) -> str:
+    """Applies and reverts the job, then applies it again and kills that apply at
+    ``step``; checks that the first read says what the work tree holds."""
+    for command in ("apply", "revert"):
+        done = patchbox(command, case.job_id, "--json", home=case.home)
+        assert done.returncode == 0, done.stderr
+    proc = case.start_apply(step)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL, (step, out, err)
+    state = case.read(first)
+    wanted = {"reverted": trees.before, "applied": trees.after}.get(state)
+    assert tree(snapshot(case.repo)) == wanted, (step, state)
+    assert case.read("show" if first == "jobs" else "jobs") == state
+    record = case.record()
+    assert record.state == state
+    if state == "applied":
+        assert record.decision is not None
+        assert record.decision.applied_by == "user"
+        return state
+    again = patchbox("apply", case.job_id, "--json", home=case.home)  # as if nothing happened
+    assert again.returncode == 0, again.stderr
+    assert tree(snapshot(case.repo)) == trees.after
+    return state
+
+
+def test_a_reapply_after_a_revert_killed_at_each_step_is_all_or_nothing_when_first_read(
+    tmp_path: Path, trees: Trees
+) -> None:
+    steps = list(REAPPLY_STEPS)
+    cases = [make_case(tmp_path, f"a{i:07x}") for i in range(len(steps))]
+    firsts = ["jobs" if i % 2 == 0 else "show" for i in range(len(steps))]
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        states = list(pool.map(kill_reapply_at, cases, [trees] * len(steps), steps, firsts))
+    assert dict(zip(steps, states, strict=True)) == REAPPLY_STEPS
 
 
 def test_discard_first_settles_an_apply_the_killed_process_did_not_record(

@@ -526,14 +526,25 @@ def test_a_bundle_jobs_diff_applies_as_a_local_job_and_reverts_through_the_journ
         "job_id": JOB,
         "bundle": BUNDLE,
     }
-    # applied again: the touched paths no longer hold the commit's content
+    # applied again: said so, nothing written, no second local job
+    after = snapshot(laptop.path)
     twice = remote_apply(hostile.url(), laptop.path)
-    assert error_of(twice)["code"] == "APPLY_CONFLICT"
+    assert twice.returncode == 0, twice.stderr
+    assert json.loads(twice.stdout) | {"repo": ""} == {
+        "job_id": JOB,
+        "local_job_id": local,
+        "status": "applied",
+        "already_applied": True,
+        "files": [],
+        "merged": [],
+        "repo": "",
+    }
+    assert snapshot(laptop.path) == after
     reverted = patchbox("revert", local, "--json")
     assert reverted.returncode == 0, reverted.stderr
     assert json.loads(reverted.stdout)["status"] == "reverted"
     assert snapshot(laptop.path) == before
-    assert local_jobs(laptop.path) == [local]  # the refused second apply left no job
+    assert local_jobs(laptop.path) == [local]  # the second apply made no job
 
 
 def test_a_file_changed_since_the_bundle_is_a_conflict_that_merge_resolves(

@@ -29,6 +29,7 @@ ALLOWED = {
     ("awaiting_review", "applied"),
     ("awaiting_review", "discarded"),
     ("applied", "reverted"),
+    ("reverted", "applied"),
     ("failed", "discarded"),
     ("cancelled", "discarded"),
 } | {

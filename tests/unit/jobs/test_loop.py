@@ -220,3 +220,54 @@ def test_a_failed_check_reads_as_its_verdict_in_the_record_and_the_transcript() 
     assert f"    -> {verdict} (" in text
     assert "-> ok" in text  # the listing's call
     assert text.count("-> ok") == 1
+
+
+def test_each_call_that_ends_is_told_as_one_progress_line() -> None:
+    tools = FakeTools(
+        {
+            "run_check": {"checkId": "tests", "status": "failed", "exitCode": 1},
+            "apply_patch": {"files": [{"path": f"f{i}.py"} for i in range(5)]},
+            "replace_text": {"error": {"code": "PATCH_REJECTED", "message": "no"}},
+        }
+    )
+    script = {
+        "turns": [
+            [
+                {"id": "c1", "name": "read_file", "arguments": {"path": "src/x.py\x1b[2J"}},
+                {"id": "c2", "name": "run_check", "arguments": {"checkId": "tests"}},
+            ],
+            [{"id": "c3", "name": "apply_patch", "arguments": {"patch": "x"}}],
+            [{"id": "c4", "name": "search_text", "arguments": {"query": "a\nb"}}],
+            [{"id": "c5", "name": "replace_text", "arguments": {"path": "a.py"}}],
+        ],
+        "final": "done",
+    }
+    told: list[str] = []
+    run = ToolLoop(
+        ScriptedProvider(parse_calls(json.dumps(script))),
+        tools,
+        Limits(),
+        JobRecord(job_id="j", repo="/r"),
+        threading.Event(),
+        lambda: None,
+        called=lambda done: told.append(done.line()),
+    )
+    assert run.run() == "done"
+    assert told == [
+        "turn 1 read_file src/x.py",  # no escape sequence reaches the line
+        "turn 1 run_check tests: failed (exit 1)",
+        "turn 2 apply_patch f0.py, f1.py, f2.py and 2 more",
+        'turn 3 search_text "a\\nb"',
+        "turn 4 replace_text a.py: error PATCH_REJECTED",
+    ]
+
+
+def test_a_listener_that_fails_does_not_end_the_job() -> None:
+    run = loop([[("c1", "read_file")]])
+
+    def broken(_done: object) -> None:
+        raise RuntimeError("listener")
+
+    run.called = broken
+    assert run.run() == "done"
+    assert [c.id for c in run.record.tool_calls] == ["c1"]
