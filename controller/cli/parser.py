@@ -16,7 +16,7 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per option
     parser = _Parser(
         prog="patchbox",
         description="A hardened sandbox for AI coding agents.",
@@ -53,6 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--output-dir",
         metavar="DIR",
         help="write evidence.json, diff.patch, junit.xml and the transcript here (for CI)",
+    )
+    run.add_argument(
+        "--no-change-ok",
+        action="store_true",
+        help="exit 0 when the job made no change (else exit 5)",
     )
     run.add_argument("--config", help="host configuration (default $PATCHBOX_HOME/config.toml)")
     run.add_argument("--json", action="store_true")
