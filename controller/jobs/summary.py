@@ -6,7 +6,8 @@ from __future__ import annotations
 from controller.jobs.records import JobRecord
 from controller.text import flag_text
 
-FAILED_STATES = frozenset({"failed", "cancelled"})
+FAILED_STATES = frozenset({"failed", "cancelled", "no_change"})
+"""States whose account says why: the failing checks' output and the refused tool calls."""
 TAIL_LINES = 20
 
 

@@ -183,6 +183,7 @@ def test_discard_through_the_cli(repo: Path, inputs: dict[str, Path]) -> None:
 def test_failed_job_exits_1(repo: Path, inputs: dict[str, Path]) -> None:
     task = json.loads(inputs["task"].read_text())
     task["checks"] = {"bad": {"argv": ["false"]}}
+    task["baseline_checks"] = False  # failing before too would only wait for review
     inputs["task"].write_text(json.dumps(task))
     done = patchbox(*run_args(repo, inputs))
     assert done.returncode == 1, done.stderr

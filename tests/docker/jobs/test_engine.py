@@ -325,7 +325,9 @@ def test_failing_check_fails_the_job_with_a_clean_tail_and_dockers_exit_code(
     client: docker.DockerClient, repo: Path
 ) -> None:
     task = make_task(
-        checks={"greet": GREET, "noisy": {"argv": ["python3", "-c", NOISY]}}, mode="auto"
+        checks={"greet": GREET, "noisy": {"argv": ["python3", "-c", NOISY]}},
+        mode="auto",
+        baseline_checks=False,  # noisy fails before too: the after alone fails the job
     )
     before = snapshot(repo)
     config = HostConfig(spare_sandboxes=0, allow_auto=True)
@@ -351,7 +353,9 @@ def test_failing_check_fails_the_job_with_a_clean_tail_and_dockers_exit_code(
 
 
 def test_overrunning_check_is_timed_out(client: docker.DockerClient, repo: Path) -> None:
-    task = make_task(checks={"slow": {"argv": ["sleep", "30"], "timeout_seconds": 1}})
+    task = make_task(
+        checks={"slow": {"argv": ["sleep", "30"], "timeout_seconds": 1}}, baseline_checks=False
+    )
     started = time.monotonic()
     record = new_job(client, repo, task, scripted([call("c1", EDIT)])).run()
     assert time.monotonic() - started < 25
@@ -591,7 +595,9 @@ def test_trusted_auto_needs_enablement_and_consent(
 def test_trusted_auto_fallback_with_a_failing_check_fails(
     client: docker.DockerClient, repo: Path
 ) -> None:
-    task = make_task(mode="trusted-auto", checks={"bad": {"argv": ["false"]}})
+    task = make_task(
+        mode="trusted-auto", checks={"bad": {"argv": ["false"]}}, baseline_checks=False
+    )
     record = new_job(
         client,
         repo,
@@ -668,7 +674,9 @@ def cancel_when(
 
 
 def test_cancel_kills_a_check_running_in_the_loop(client: docker.DockerClient, repo: Path) -> None:
-    task = make_task(checks={"slow": {"argv": ["sleep", "60"], "timeout_seconds": 120}})
+    task = make_task(
+        checks={"slow": {"argv": ["sleep", "60"], "timeout_seconds": 120}}, baseline_checks=False
+    )
     record, took = cancel_when(
         client, repo, task, scripted([check_call("c1", "slow")]), "running", 2.0
     )
@@ -692,7 +700,9 @@ def test_cancel_kills_a_check_running_in_the_loop(client: docker.DockerClient, r
 
 
 def test_cancel_kills_a_required_check(client: docker.DockerClient, repo: Path) -> None:
-    task = make_task(checks={"slow": {"argv": ["sleep", "60"], "timeout_seconds": 120}})
+    task = make_task(
+        checks={"slow": {"argv": ["sleep", "60"], "timeout_seconds": 120}}, baseline_checks=False
+    )
     record, took = cancel_when(client, repo, task, scripted([call("c1", EDIT)]), "checking", 2.0)
     assert took < 5
     assert record.state == "cancelled"
@@ -989,7 +999,7 @@ def test_unexpected_error_still_ends_the_record_failed(
 
 def test_wall_clock_limit_ends_a_running_check(client: docker.DockerClient, repo: Path) -> None:
     slow = {"argv": ["sleep", "60"], "timeout_seconds": 120}
-    task = make_task(checks={"slow": slow}, limits={"wall_seconds": 5})
+    task = make_task(checks={"slow": slow}, limits={"wall_seconds": 5}, baseline_checks=False)
     job = new_job(client, repo, task, scripted([check_call("c1", "slow")]))
     started = time.monotonic()
     record = job.run()

@@ -113,9 +113,9 @@ def test_pytest_is_recognised() -> None:
 
 def test_a_baseline_result_and_the_error_for_one_that_cannot_run() -> None:
     spec = CheckSpec(argv=["sh", "-c", "nosuch"])
-    broken = baseline_result("tests", spec, run(127, "sh: nosuch: not found\x1b[2K\n"))
+    broken = baseline_result("tests", spec, run(127, "sh: nosuch: \u202enot found\x1b[2K\n"))
     assert broken.status == "cannot_run"
-    assert broken.output_tail == "sh: nosuch: not found\n"  # cleaned of escapes
+    assert broken.output_tail == "sh: nosuch: not found\n"  # cleaned of escapes and bidi
     failing = baseline_result("lint", spec, run(1, "bad\n"))
     assert (failing.status, failing.reason) == ("failed", None)
     assert baseline_result("t", spec, run(None, timed_out=True)).status == "timed_out"
