@@ -108,7 +108,7 @@ def test_run_apply_revert_through_the_cli(
     done = patchbox(*run_args(repo, inputs))
     assert done.returncode == 0, done.stderr
     data = as_json(done)
-    assert set(data) == RUN_KEYS | {"decision"}
+    assert set(data) == RUN_KEYS | {"decision", "baseline_checks"}
     job_id = data["job_id"]
     assert (data["status"], data["error"], data["diff"]) == ("awaiting_review", None, DIFF)
     assert data["files"] == [{"path": "app.py", "change": "modify", "added": 1, "removed": 1}]

@@ -131,13 +131,19 @@ def test_full_job_reaches_review_with_exact_diff_ledger_and_checks(
         {"turn": 4, "id": "c4", "name": "run_check", "ok": True, "error_code": None},
         {"turn": 5, "id": "c5", "name": "apply_patch", "ok": True, "error_code": None},
     ]
+    assert [(b["id"], b["status"], b["exit_code"]) for b in data["baseline_checks"]] == [
+        ("greet", "failed", 1)
+    ]
+    assert data["decision"]["check_changes"] == [
+        {"id": "greet", "before": "failed", "after": "passed", "change": "fixed"}
+    ]
     assert data["ledger"] == [
         {
             "turn": 3,
             "id": "c3",
             "tool": "replace_text",
             "intent": "edit",
-            "version_before": 0,
+            "version_before": 1,  # the check run before the change made version 1
             "files": [{"path": "app.py", "sha256": sha256(APP_AFTER)}],
             "outcome": "done",
         },
@@ -146,7 +152,7 @@ def test_full_job_reaches_review_with_exact_diff_ledger_and_checks(
             "id": "c4",
             "tool": "run_check",
             "intent": "check",
-            "version_before": 1,
+            "version_before": 2,
             "files": [],
             "outcome": "done",
         },
@@ -155,7 +161,7 @@ def test_full_job_reaches_review_with_exact_diff_ledger_and_checks(
             "id": "c5",
             "tool": "apply_patch",
             "intent": "patch",
-            "version_before": 2,
+            "version_before": 3,
             "files": [{"path": "README.md", "sha256": sha256(README_AFTER)}],
             "outcome": "done",
         },
@@ -200,6 +206,9 @@ def test_full_job_reaches_review_with_exact_diff_ledger_and_checks(
         "applied": False,
         "gates": {},
         "reason": "review: a person applies or discards",
+        "check_changes": [
+            {"id": "greet", "before": "failed", "after": "passed", "change": "fixed"}
+        ],
     }
     assert snapshot(repo) == before
     assert containers_of(client, record.job_id) == []
