@@ -63,6 +63,8 @@ class ExitCode(IntEnum):
     NOT_READY = 3
     PROVIDER = 4
     """The model provider failed (outage, authentication, a model that does not use tools)."""
+    NO_CHANGE = 5
+    """The job ended ``no_change``: the model made no change (0 with ``no_change_ok``)."""
     INTERNAL = 70
 
 
@@ -85,7 +87,9 @@ class ErrorCode(StrEnum):
     TOOL_FILE_NOT_FOUND = "TOOL_FILE_NOT_FOUND"
     PATCH_REJECTED = "PATCH_REJECTED"
     CHANGESET_INVALID = "CHANGESET_INVALID"
+    NO_CHANGE = "NO_CHANGE"
     CHECK_FAILED = "CHECK_FAILED"
+    CHECK_CANNOT_RUN = "CHECK_CANNOT_RUN"
     LIMIT_EXCEEDED = "LIMIT_EXCEEDED"
     SANDBOX_FAILED = "SANDBOX_FAILED"
     MODEL_TOOL_CALL_UNSUPPORTED = "MODEL_TOOL_CALL_UNSUPPORTED"
@@ -125,6 +129,7 @@ _EXIT_BY_CODE.update(
         ErrorCode.PROVIDER_ERROR: ExitCode.PROVIDER,
         ErrorCode.MODEL_TOOL_CALL_UNSUPPORTED: ExitCode.PROVIDER,
         ErrorCode.INTERNAL_ERROR: ExitCode.INTERNAL,
+        ErrorCode.NO_CHANGE: ExitCode.NO_CHANGE,
     }
 )
 

@@ -347,11 +347,12 @@ def revert_job(job_id: str, *, pin: RepoPin | None = None) -> tuple[JobRecord, R
     return record, result
 
 
-DISCARDABLE = frozenset({"awaiting_review", "failed", "cancelled"})
+DISCARDABLE = frozenset({"awaiting_review", "no_change", "failed", "cancelled"})
 
 
 def discard_job(job_id: str, *, pin: RepoPin | None = None) -> JobRecord:
-    """Drops a job awaiting review, failed or cancelled; the repository is not touched.
+    """Drops a job awaiting review, with no change, failed or cancelled; the repository is
+    not touched.
     ``pin``: a service job's repository path must still lead inside its tenant's roots, or
     nowhere (:meth:`~controller.repo.pin.RepoPin.check_roots`; ``REPO_NOT_ALLOWED``
     otherwise)."""
@@ -359,8 +360,8 @@ def discard_job(job_id: str, *, pin: RepoPin | None = None) -> JobRecord:
     with held(store, job_id, pin=pin) as record:
         if record.state not in DISCARDABLE:
             msg = (
-                f"job {record.job_id} is {record.state}; only a job awaiting review, failed or "
-                "cancelled is discarded"
+                f"job {record.job_id} is {record.state}; only a job awaiting review, with no "
+                "change, failed or cancelled is discarded"
             )
             raise UsageError(msg)
         if pin is not None:

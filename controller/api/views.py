@@ -15,6 +15,7 @@ from controller.errorinfo import ErrorInfo
 from controller.errors import PatchboxError
 from controller.jobs.records import (
     ACTIVE,
+    BaselineCheck,
     CheckResult,
     ControlLine,
     Decision,
@@ -54,7 +55,7 @@ class CheckView(_View):
     output_tail: str
 
     @classmethod
-    def of(cls, check: CheckResult) -> CheckView:
+    def of(cls, check: CheckResult | BaselineCheck) -> CheckView:
         return cls.model_validate(check.model_dump(include=set(cls.model_fields)))
 
 
@@ -73,6 +74,10 @@ class JobView(_View):
     error: ErrorInfo | None
     files: list[FileView]
     control_characters: list[ControlLine]
+    baseline_checks: list[CheckView] = Field(default_factory=list, exclude_if=lambda v: not v)
+    """The required checks as run on the baseline before the model's first turn (status
+    ``passed``, ``failed``, ``timed_out`` or ``cannot_run``); absent when none ran. The
+    before/after table is the decision's ``check_changes``."""
     checks: list[CheckView]
     tool_calls: list[ToolCallRecord]
     evidence: str
@@ -127,6 +132,9 @@ def job_view(
         "error": record.error,
         "files": [FileView.of(f).model_dump(mode="json") for f in record.files],
         "control_characters": [c.model_dump(mode="json") for c in record.control_characters],
+        "baseline_checks": [
+            CheckView.of(c).model_dump(mode="json") for c in record.baseline_checks
+        ],
         "checks": [CheckView.of(c).model_dump(mode="json") for c in record.checks],
         "tool_calls": [c.model_dump(mode="json") for c in record.tool_calls],
         "evidence": evidence,

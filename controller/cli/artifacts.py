@@ -6,7 +6,8 @@
   the model's summary, else the task's; author ``patchbox``), so ``git am`` applies it on
   the baseline's HEAD; only when the job made a diff;
 - ``junit.xml``: each check's own test cases where it wrote JUnit XML, one case per check
-  otherwise, and a failing case for a job that failed outside its checks;
+  otherwise, and a failing case for a job that failed outside its checks or made no change
+  (a skipped one for no change with ``--no-change-ok``);
 - ``transcript.json`` and ``transcript.txt``: the conversation.
 
 A command that ends before any job (bad usage, no daemon) writes ``junit.xml`` with one
@@ -153,6 +154,7 @@ def write_artifacts(  # noqa: PLR0913 - a finished job's parts, all keyword-only
     secrets: tuple[str, ...],
     version: str,
     view: Mapping[str, object],
+    no_change_ok: bool = False,
 ) -> list[str]:
     """Writes the artifacts of a finished job into ``folder``; returns their names."""
     from controller.jobs.summary import transcript_text
@@ -172,7 +174,7 @@ def write_artifacts(  # noqa: PLR0913 - a finished job's parts, all keyword-only
         written.append("diff.patch")
     else:
         target.unlink(missing_ok=True)  # an older run's patch must not pass for this one's
-    write_atomic(folder / "junit.xml", report(record, scrub))
+    write_atomic(folder / "junit.xml", report(record, scrub, no_change_ok=no_change_ok))
     written.append("junit.xml")
     transcript = data.get("transcript", [])
     write_atomic(folder / "transcript.json", json.dumps(transcript, indent=2).encode())

@@ -100,9 +100,14 @@ def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcom
     evidence = relative_to_home(store.folder(record.job_id) / "evidence.json")
     view = job_view(record, job.diff, evidence, secrets)
     data = view.data()
+    no_change_ok = bool(getattr(args, "no_change_ok", False))
     if getattr(args, "output_dir", None):
-        data["artifacts"] = _artifacts(Path(args.output_dir), record, job.diff, secrets, data)
-    ok = record.state in {"awaiting_review", "applied"}
+        data["artifacts"] = _artifacts(
+            Path(args.output_dir), record, job.diff, secrets, data, no_change_ok=no_change_ok
+        )
+    ok = record.state in {"awaiting_review", "applied"} or (
+        record.state == "no_change" and no_change_ok
+    )
     text = Scrubber(record.repo, secrets, paths=False).text(summary_text(record))
     if record.error is not None and (words := remedy(record.error.hint)) is not None:
         text += f"\n{words}"
@@ -128,12 +133,14 @@ def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcom
     return exit_code_for_error(record.error.code if record.error else ""), data, text
 
 
-def _artifacts(
+def _artifacts(  # noqa: PLR0913 - a finished job's parts
     folder: Path,
     record: JobRecord,
     diff: str | None,
     secrets: tuple[str, ...],
     view: Mapping[str, object],
+    *,
+    no_change_ok: bool = False,
 ) -> Artifacts:
     from controller.cli.artifacts import write_artifacts
     from controller.version import version
@@ -147,6 +154,7 @@ def _artifacts(
             secrets=secrets,
             version=version(),
             view=view,
+            no_change_ok=no_change_ok,
         )
     except OSError as exc:
         msg = f"the output folder {str(folder)!r} cannot be written: {exc.strerror}"

@@ -23,6 +23,11 @@ OPTIONS: dict[HintOption, str] = {
 ACTIONS: dict[HintAction, str] = {
     "build_image": "run 'patchbox image build'",
     "list_environments": "'patchbox env list' shows them",
+    "use_environment": (
+        "give the task an environment that provides what the check needs "
+        "(docs/environments.md; 'patchbox env list' shows the built ones), "
+        'or set "baseline_checks": false in the task to skip the run before the model'
+    ),
 }
 """Each operation's words."""
 

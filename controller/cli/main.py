@@ -175,6 +175,10 @@ def _demo(args: argparse.Namespace) -> int:
         for c in result["tool_calls"]
     ]
     lines += [f"check {c['id']}: {c['status']} ({c['duration_ms']} ms)" for c in result["checks"]]
+    lines += [
+        f"check {c['id']} before -> after: {c['change']} ({c['before']} -> {c['after']})"
+        for c in result["check_changes"]
+    ]
     lines.append(result["diff"].rstrip())
     lines.append(f"repository: {result['repo']}")
     lines.append("next: " + "; ".join(result["next"]))

@@ -67,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="write evidence.json, diff.patch, junit.xml and the transcript here (for CI)",
     )
+    run.add_argument(
+        "--no-change-ok",
+        action="store_true",
+        help="exit 0 when the job made no change (else exit 5)",
+    )
     run.add_argument("--config", help="host configuration (default $PATCHBOX_HOME/config.toml)")
     run.add_argument("--json", action="store_true")
     jobs = sub.add_parser("jobs", help="jobs and their states")

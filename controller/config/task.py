@@ -88,6 +88,9 @@ class TaskSpec(BaseModel):
     limits: Limits = Field(default_factory=Limits)
     environment: EnvironmentRef | None = None
     """The project's environment: a name from the host configuration, or given here."""
+    baseline_checks: bool = True
+    """Whether the required checks run once on the baseline, in the job's sandbox, before
+    the model's first turn (what passed and failed before the change)."""
 
 
 MAX_TASK_FILE_BYTES = 1024 * 1024

@@ -11,13 +11,21 @@ both the operator's enablement and the job's consent; otherwise it falls back to
 Neither applies for a requester that may not apply the job at all (``apply_denied``: a
 service tenant without ``allow_apply``, a job on an uploaded bundle): both stop for review,
 saying why.
+
+When the required checks ran on the baseline too (``baseline``), each is compared before and
+after (:func:`controller.jobs.baselinechecks.check_changes`): a check that failed before and
+still fails does not fail the job (it waits for review, named in ``still_failing``); one
+that passed before and fails now, or that has no baseline run, does (``failed_checks``).
+Auto applies only when every required check passes after the change, whatever it did
+before.
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from controller.jobs.records import CheckResult, Decision, FileChange
+from controller.jobs.baselinechecks import check_changes
+from controller.jobs.records import BaselineCheck, CheckResult, Decision, FileChange
 from controller.tools.policy import write_denial
 
 
@@ -46,6 +54,9 @@ class DecisionInputs(BaseModel):
     control_lines: int = 0
     """The diff's added lines flagged for control, format or bidi characters (no person
     reads a diff auto applies: such a line waits for one)."""
+    baseline: list[BaselineCheck] = []
+    """The required checks as run on the baseline before the model's first turn (empty when
+    they were not)."""
 
 
 def skips_checks(
@@ -68,7 +79,8 @@ def skips_checks(
 def decide(inputs: DecisionInputs) -> Decision:
     """The decision about the diff. ``applied`` true means the rules say apply: the caller
     applies, and records :func:`with_conflict` when that fails. ``failed_checks`` names the
-    required checks that did not pass (the job then fails ``CHECK_FAILED``)."""
+    required checks that did not pass, but for those that failed on the baseline too
+    (``still_failing``; the job then fails ``CHECK_FAILED``)."""
     mode = inputs.mode
     skipped = skips_checks(
         mode,
@@ -76,22 +88,47 @@ def decide(inputs: DecisionInputs) -> Decision:
         consent_trusted_auto=inputs.consent_trusted_auto,
         apply_denied=inputs.apply_denied,
     )
+    table = [] if skipped else check_changes(inputs.baseline, inputs.checks)
+    still = [row.id for row in table if row.change == "still_failing"]
     failed = [
-        c.id for c in inputs.checks if c.required and c.status != "passed" and not skipped
+        c.id
+        for c in inputs.checks
+        if c.required and c.status != "passed" and not skipped and c.id not in still
     ] or None
+    still_failing, changes = still or None, table or None
     if mode == "review":
         reason = "review: a person applies or discards"
-        return Decision(mode=mode, reason=reason, failed_checks=failed)
+        return Decision(
+            mode=mode,
+            reason=reason,
+            failed_checks=failed,
+            still_failing=still_failing,
+            check_changes=changes,
+        )
     if mode == "auto":
-        gates = auto_gates(inputs, checks_passed=not failed and bool(inputs.checks))
+        passed = not failed and not still and bool(inputs.checks)
+        gates = auto_gates(inputs, checks_passed=passed)
         failing = [name for name, ok in gates.items() if not ok]
         if failing:
             hints = GATE_HINTS | {"apply_permitted": inputs.apply_denied or ""}
             reason = "auto fell back to review: " + ", ".join(
                 f"{name} ({hints[name]})" for name in failing
             )
-            return Decision(mode=mode, gates=gates, reason=reason, failed_checks=failed)
-        return Decision(mode=mode, applied=True, gates=gates, reason="auto: every gate holds")
+            return Decision(
+                mode=mode,
+                gates=gates,
+                reason=reason,
+                failed_checks=failed,
+                still_failing=still_failing,
+                check_changes=changes,
+            )
+        return Decision(
+            mode=mode,
+            applied=True,
+            gates=gates,
+            reason="auto: every gate holds",
+            check_changes=changes,
+        )
     if skipped:
         return Decision(
             mode=mode,
@@ -106,7 +143,11 @@ def decide(inputs: DecisionInputs) -> Decision:
     else:
         why = "no consent to it (consent_trusted_auto is not set)"
     return Decision(
-        mode=mode, reason="trusted-auto fell back to review: " + why, failed_checks=failed
+        mode=mode,
+        reason="trusted-auto fell back to review: " + why,
+        failed_checks=failed,
+        still_failing=still_failing,
+        check_changes=changes,
     )
 
 

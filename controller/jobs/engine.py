@@ -31,6 +31,7 @@ from controller.config.task import CheckSpec, TaskSpec
 from controller.crash import internal_error
 from controller.errorinfo import ErrorInfo
 from controller.errors import ApplyConflictError, ErrorCode, InternalError, PatchboxError
+from controller.jobs.baselinechecks import cannot_run_error, run_baseline_checks
 from controller.jobs.decision import DecisionInputs, decide, skips_checks, with_conflict
 from controller.jobs.evidence import write_evidence
 from controller.jobs.loop import CANCELLED_MESSAGE, ToolLoop, cancelled_error
@@ -51,7 +52,7 @@ from controller.providers.base import ChecksAware, Provider
 from controller.repo.baseline import Baseline
 from controller.repo.layout import locate
 from controller.repo.pin import RepoPin
-from controller.sandbox.base import Runtime, SandboxSpec
+from controller.sandbox.base import Runtime, Sandbox, SandboxSpec
 from controller.sandbox.cache import BaselineCache
 from controller.sandbox.docker import DockerSandbox
 from controller.sandbox.envbuild import EnvironmentBuilder
@@ -414,6 +415,8 @@ class Job:
         record.diagnostics["baseline_source"] = prepared.source
         if self.cancelled.is_set():
             raise cancelled_error()
+        if task.baseline_checks:
+            self._baseline_checks(prepared.sandbox, checks)
         self._move("running")
         t = time.perf_counter()
         if isinstance(request.provider, ChecksAware):
@@ -442,11 +445,45 @@ class Job:
         prepared.sandbox.close()
         self._box = None
         changeset = self._validate(baseline, collected, task)
+        if changeset is None:
+            record.error = ErrorInfo(
+                code=str(ErrorCode.NO_CHANGE),
+                message="the job made no change: the model ended without changing a file",
+            )
+            self._move("no_change")
+            return
         self._move("checking")
         self._checks(baseline, changeset, checks, spec)
         self._decide(baseline, changeset)
 
-    def _validate(self, baseline: Baseline, collected: Collected, task: TaskSpec) -> ChangeSet:
+    def _baseline_checks(self, sandbox: Sandbox, checks: dict[str, CheckSpec]) -> None:
+        """The required checks once on the baseline, in the job's sandbox, before the first
+        model turn (:mod:`controller.jobs.baselinechecks`); stops the job
+        ``CHECK_CANNOT_RUN`` when one cannot start or collect. Nothing runs for a task
+        without a required check."""
+        if not any(c.required and not c.mutates for c in checks.values()):
+            return
+        self.progress("checks before the change")
+        t = time.perf_counter()
+        results = run_baseline_checks(
+            sandbox,
+            checks,
+            on_check=lambda cid: self._doing(f"running check {cid} before the change"),
+            stop=self.cancelled,
+        )
+        self.record.timings_ms["baseline_checks"] = round((time.perf_counter() - t) * 1000)
+        self.record.baseline_checks = results
+        self.store.save(self.record)
+        if self.cancelled.is_set():
+            raise cancelled_error()
+        error = cannot_run_error(results)
+        if error is not None:
+            raise error
+
+    def _validate(
+        self, baseline: Baseline, collected: Collected, task: TaskSpec
+    ) -> ChangeSet | None:
+        """The validated change set, recorded; None when the job made no change."""
         record = self.record
         self._diff = collected.diff
         record.diff_sha256 = collected.diff_sha256
@@ -456,6 +493,8 @@ class Job:
             flagged = control_lines(collected.diff)
             record.control_characters = [ControlLine(**c.model_dump()) for c in flagged]
             raise
+        if changeset is None:
+            return None
         record.control_characters = [
             ControlLine(**c.model_dump()) for c in changeset.control_characters
         ]
@@ -474,10 +513,12 @@ class Job:
         ]
         return changeset
 
-    def _changeset(self, baseline: Baseline, collected: Collected, task: TaskSpec) -> ChangeSet:
+    def _changeset(
+        self, baseline: Baseline, collected: Collected, task: TaskSpec
+    ) -> ChangeSet | None:
         self._reconcile(collected)  # first: a reported file hidden from the changes is named
         if not collected.diff:
-            raise PatchboxError("the job made no change", code=ErrorCode.CHANGESET_INVALID)
+            return None
         return validate_changeset(
             baseline,
             collected.diff,
@@ -554,6 +595,7 @@ class Job:
                 baseline_unchanged=auto and baseline_unchanged(baseline, changeset),
                 apply_denied=request.apply_denied,
                 control_lines=len(record.control_characters),
+                baseline=record.baseline_checks,
             )
         )
         if decision.applied:

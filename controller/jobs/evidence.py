@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.jobs.log import write_atomic
-from controller.jobs.records import JobRecord, JobStore
+from controller.jobs.records import CheckChange, JobRecord, JobStore
 from controller.jobs.report import report
 from controller.logs import Scrubber
 from controller.paths import patchbox_home
@@ -58,13 +58,22 @@ def bundle(record: JobRecord, diff: str | None) -> dict[str, Any]:
             "control_characters": [c.model_dump(mode="json") for c in record.control_characters],
             "patch_file": "diff.patch" if diff else None,
         },
+        "baseline_checks": stored.get("baseline_checks", []),
         "checks": stored["checks"],
+        "check_changes": [c.model_dump(mode="json") for c in changes_of(record)],
         "decision": stored["decision"],
         "timings_ms": stored["timings_ms"],
         "history": [{"state": s, "at": t} for s, t in record.history],
         "final_message": record.final_message,
         "diagnostics": stored["diagnostics"],
     }
+
+
+def changes_of(record: JobRecord) -> list[CheckChange]:
+    """The before/after table of the job's required checks (its decision's; empty when the
+    checks did not run on the baseline or the job was not decided)."""
+    decision = record.decision
+    return list(decision.check_changes or []) if decision is not None else []
 
 
 def junit(record: JobRecord, scrub: Scrubber) -> bytes:

@@ -6,6 +6,7 @@
        |           |           |           |             |    \\            \\-> discarded
        +-----------+-----------+-----------+-------------+-----+-> failed | cancelled
                                                           checking -> applied (gated auto)
+                                           validating -> no_change -> discarded
     applied -> reverted -> applied (applied again)
 
 A record is appended to its job's log (:mod:`controller.jobs.log`) at every transition,
@@ -44,6 +45,7 @@ JobState = Literal[
     "applied",
     "reverted",
     "discarded",
+    "no_change",
     "failed",
     "cancelled",
 ]
@@ -53,12 +55,13 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     "created": frozenset({"preparing"}) | _ABORTABLE,
     "preparing": frozenset({"running"}) | _ABORTABLE,
     "running": frozenset({"validating"}) | _ABORTABLE,
-    "validating": frozenset({"checking"}) | _ABORTABLE,
+    "validating": frozenset({"checking", "no_change"}) | _ABORTABLE,
     "checking": frozenset({"awaiting_review", "applied"}) | _ABORTABLE,
     "awaiting_review": frozenset({"applied", "discarded"}),
     "applied": frozenset({"reverted"}),
     "reverted": frozenset({"applied"}),
     "discarded": frozenset(),
+    "no_change": frozenset({"discarded"}),
     "failed": frozenset({"discarded"}),
     "cancelled": frozenset({"discarded"}),
 }
@@ -66,7 +69,7 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 
 ACTIVE = frozenset({"created", "preparing", "running", "validating", "checking"})
 """A job in one of these states has a controller working on it."""
-FINAL = frozenset({"reverted", "discarded", "failed", "cancelled"})
+FINAL = frozenset({"reverted", "discarded", "no_change", "failed", "cancelled"})
 """Nothing more happens to these by itself (a failed job may still be discarded)."""
 
 
@@ -207,6 +210,36 @@ class CheckResult(_Value):
     """Why the check's JUnit XML could not be used (missing, too large, not XML)."""
 
 
+class BaselineCheck(_Value):
+    """One required check as run once on the baseline, in the job's own sandbox, before the
+    model's first turn (:mod:`controller.jobs.baselinechecks`)."""
+
+    id: str
+    status: Literal["passed", "failed", "timed_out", "cannot_run"]
+    """``cannot_run``: the check could not start or collect (the rule is
+    :func:`controller.jobs.baselinechecks.cannot_run`); the job stops ``CHECK_CANNOT_RUN``."""
+    exit_code: int | None
+    duration_ms: int
+    output_tail: str
+    reason: str | None = _OMITTED
+    """Why it could not run; absent otherwise."""
+
+
+CheckChangeKind = Literal["fixed", "still_failing", "newly_failing", "still_passing"]
+
+
+class CheckChange(_Value):
+    """One required check before the model's change (on the baseline) and after it (in the
+    fresh check sandbox)."""
+
+    id: str
+    before: str
+    """The baseline run's status: ``passed``, ``failed`` or ``timed_out``."""
+    after: str
+    """The check sandbox's status: ``passed``, ``failed`` or ``timed_out``."""
+    change: CheckChangeKind
+
+
 class Decision(_Value):
     """What was decided about the diff and why; the keys that do not apply are absent."""
 
@@ -220,7 +253,12 @@ class Decision(_Value):
     """Why applying failed although the rules said apply."""
     reason: str
     failed_checks: list[str] | None = _OMITTED
-    """The required checks that did not pass."""
+    """The required checks that did not pass (and did not fail on the baseline too)."""
+    still_failing: list[str] | None = _OMITTED
+    """The required checks that failed on the baseline and still fail: they do not stop a
+    review, but auto mode never applies with them."""
+    check_changes: list[CheckChange] | None = _OMITTED
+    """Each required check before and after the change, when it ran on the baseline."""
     applied_by: str | None = _OMITTED
     """``user`` once ``patchbox apply`` applied the job."""
     merged: list[str] | None = _OMITTED
@@ -263,6 +301,9 @@ class JobRecord(BaseModel):
     control_characters: list[ControlLine] = Field(default_factory=list, exclude_if=lambda v: not v)
     """The diff's added lines with control, format or bidi characters (a flag for the
     reviewer; at most 100), also for a diff the rules refused."""
+    baseline_checks: list[BaselineCheck] = Field(default_factory=list, exclude_if=lambda v: not v)
+    """The required checks as run on the baseline before the model's first turn (none when
+    the task has no required check or sets ``baseline_checks`` false)."""
     checks: list[CheckResult] = Field(default_factory=list)
     decision: Decision | None = None
     """None until the job is decided (stored as ``{}``)."""

@@ -1,6 +1,8 @@
 """The JUnit XML report of a job: each check's own cases where it wrote them (``junit`` in
 the check), one case per check otherwise, and a failing case for a job that failed outside
-its checks, so a CI that reads the report never shows a failed job as green."""
+its checks, so a CI that reads the report never shows a failed job as green. A job that
+made no change (``no_change``) is a failing case too, unless the caller accepts it
+(``no_change_ok``): then a skipped one."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from controller.jobs.records import JobRecord
 from controller.logs import Scrubber
 
 
-def report(record: JobRecord, scrub: Scrubber) -> bytes:
+def report(record: JobRecord, scrub: Scrubber, *, no_change_ok: bool = False) -> bytes:
     """The job's JUnit XML (see the module docstring)."""
     suites = ET.Element("testsuites", name=f"patchbox {record.job_id}")
     for check in record.checks:
@@ -37,6 +39,14 @@ def report(record: JobRecord, scrub: Scrubber) -> bytes:
             "failure",
             message=scrub.text(f"{error.code}: {error.message}")[:CASE_TEXT],
         ).text = scrub.text(error.message)
+        _count(suite)
+    if record.state == "no_change":
+        suite = ET.SubElement(suites, "testsuite", name="patchbox")
+        error = record.error or ErrorInfo(code="NO_CHANGE", message="the job made no change")
+        job_case = ET.SubElement(suite, "testcase", classname="patchbox", name="job")
+        words = scrub.text(f"{error.code}: {error.message}")[:CASE_TEXT]
+        tag = "skipped" if no_change_ok else "failure"
+        ET.SubElement(job_case, tag, message=words).text = scrub.text(error.message)
         _count(suite)
     _count(suites)
     data: bytes = ET.tostring(suites, encoding="utf-8", xml_declaration=True)

@@ -6,7 +6,8 @@ from __future__ import annotations
 from controller.jobs.records import JobRecord
 from controller.text import flag_text
 
-FAILED_STATES = frozenset({"failed", "cancelled"})
+FAILED_STATES = frozenset({"failed", "cancelled", "no_change"})
+"""States whose account says why: the failing checks' output and the refused tool calls."""
 TAIL_LINES = 20
 
 
@@ -21,10 +22,17 @@ def summary_text(record: JobRecord) -> str:
         lines.append(f"  {f.kind:<7} {f.path} (+{f.added} -{f.removed}) by call(s) {calls}")
     lines += flag_text(c.model_dump() for c in record.control_characters)
     lines += [
+        f"  check {c.id} before the change: {c.status} (exit {c.exit_code}, {c.duration_ms} ms)"
+        + (f": {c.reason}" if c.reason else "")
+        for c in record.baseline_checks
+    ]
+    lines += [
         f"  check {c.id}: {c.status} (exit {c.exit_code}, {c.duration_ms} ms)"
         for c in record.checks
     ]
+    lines += table_text(record)
     if record.state in FAILED_STATES:
+        lines += _cannot_run_output(record)
         for c in record.checks:
             if c.status in {"failed", "timed_out"} and c.output_tail.strip():
                 tail = c.output_tail.rstrip("\n").splitlines()[-TAIL_LINES:]
@@ -39,6 +47,36 @@ def summary_text(record: JobRecord) -> str:
     elif record.decision is not None and record.decision.reason:
         lines.append(f"decision: {record.decision.reason}")
     return "\n".join(lines)
+
+
+def _cannot_run_output(record: JobRecord) -> list[str]:
+    """The last output lines of each check that could not run on the baseline."""
+    lines = []
+    for b in record.baseline_checks:
+        if b.status == "cannot_run" and b.output_tail.strip():
+            tail = b.output_tail.rstrip("\n").splitlines()[-TAIL_LINES:]
+            lines.append(f"output of check {b.id} before the change (last {len(tail)} lines):")
+            lines += [f"  | {line}" for line in tail]
+    return lines
+
+
+CHANGE_WORDS = {
+    "fixed": "fixed",
+    "still_failing": "still failing",
+    "newly_failing": "newly failing",
+    "still_passing": "still passing",
+}
+
+
+def table_text(record: JobRecord) -> list[str]:
+    """The before/after table of the required checks (empty without one)."""
+    decision = record.decision
+    rows = (decision.check_changes or []) if decision is not None else []
+    if not rows:
+        return []
+    lines = ["checks before -> after the change:"]
+    lines += [f"  {r.id}: {CHANGE_WORDS[r.change]} ({r.before} -> {r.after})" for r in rows]
+    return lines
 
 
 def transcript_text(record: JobRecord, width: int = 400) -> str:

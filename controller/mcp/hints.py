@@ -23,6 +23,10 @@ OPTIONS: dict[HintOption, str] = {
 ACTIONS: dict[HintAction, str] = {
     "build_image": "build it on the host with `patchbox image build`",
     "list_environments": "`patchbox env list` on the host shows them",
+    "use_environment": (
+        "give the task an environment that provides what the check needs "
+        '(docs/environments.md), or set "baseline_checks": false in the task'
+    ),
 }
 """Each operation's words."""
 

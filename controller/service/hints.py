@@ -24,6 +24,10 @@ OPTIONS: dict[HintOption, str] = {
 ACTIONS: dict[HintAction, str] = {
     "build_image": "the service's operator builds the sandbox image",
     "list_environments": "the service's operator lists the environments it offers",
+    "use_environment": (
+        "send the task with an environment that provides what the check needs "
+        '(one the service offers, docs/environments.md), or with "baseline_checks": false'
+    ),
 }
 """Each operation's words."""
 

@@ -147,6 +147,12 @@ OPENAPI: dict[str, Any] = {
                             },
                         },
                     },
+                    "baseline_checks": {
+                        "type": "array",
+                        "description": "the required checks as run on the baseline before "
+                        "the model's first turn; absent when none ran",
+                        "items": {"type": "object"},
+                    },
                     "checks": {"type": "array", "items": {"type": "object"}},
                     "tool_calls": {"type": "array", "items": {"type": "object"}},
                     "evidence": {"type": "string"},

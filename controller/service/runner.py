@@ -55,12 +55,14 @@ REVIEWED_STATES = frozenset({"awaiting_review", "applied"})
 reverted one may have left its row behind its record."""
 WATCH_SECONDS = 0.25
 """How often a running job's record is looked at for new tool calls."""
-LOOP_DONE = frozenset({"validating", "checking", "awaiting_review", "applied", "failed"})
+LOOP_DONE = frozenset(
+    {"validating", "checking", "awaiting_review", "applied", "no_change", "failed"}
+)
 """States after the tool loop: every tool call is emitted before them."""
 BY_TENANT = "cancelled by the user (a cancel request)"
 STOPPING = "cancelled: the service is stopping"
 """A cancelled job's error message: a tenant's cancel, the service's shutdown."""
-DECIDED = frozenset({"awaiting_review", "applied", "failed", "cancelled"})
+DECIDED = frozenset({"awaiting_review", "applied", "no_change", "failed", "cancelled"})
 """States after the checks: every check result is emitted before them."""
 
 

@@ -58,10 +58,13 @@ def gitlab_script() -> list[str]:
     return script
 
 
-def project(root: Path, checks: dict[str, Any], prompt: str) -> Path:
+def project(
+    root: Path, checks: dict[str, Any], prompt: str, *, baseline_checks: bool = True
+) -> Path:
     task = {
         "prompt": prompt,
         "checks": checks,
+        "baseline_checks": baseline_checks,
         "limits": {"memory_mb": 512, "workspace_mb": 64, "tmp_mb": 32, "wall_seconds": 300},
     }
     files = {**FILES, "test_app.py": TESTS, ".patchbox/task.json": json.dumps(task)}

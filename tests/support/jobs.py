@@ -79,11 +79,16 @@ def make_task(
     mode: str = "review",
     allowed_paths: list[str] | None = None,
     limits: dict[str, int] | None = None,
+    *,
+    baseline_checks: bool = True,
 ) -> TaskSpec:
+    """A task; ``baseline_checks`` false runs no check before the first model turn (for a
+    check that holds, or fails both before and after, where the test is about the after)."""
     data: dict[str, Any] = {
         "prompt": "Capitalize the greeting.",
         "checks": {"greet": GREET} if checks is None else checks,
         "mode": mode,
+        "baseline_checks": baseline_checks,
         "limits": {"memory_mb": 512, "workspace_mb": 64, "tmp_mb": 32, "wall_seconds": 120}
         | (limits or {}),
     }

@@ -44,6 +44,7 @@ def slow_task(seconds: int) -> dict[str, Any]:
     return {
         "prompt": "Wait.",
         "checks": {"slow": {"argv": ["sleep", str(seconds)], "timeout_seconds": seconds + 30}},
+        "baseline_checks": False,  # it holds as a tool call only
         "limits": LIMITS,
     }
 

@@ -104,6 +104,8 @@ class DemoResult(TypedDict):
     diff: str
     tool_calls: list[dict[str, object]]
     checks: list[dict[str, object]]
+    check_changes: list[dict[str, object]]
+    """The required checks before and after the change (the tests fail before: ``fixed``)."""
     timings_ms: dict[str, int]
     evidence: str
     next: list[str]
@@ -138,6 +140,10 @@ def run_demo(progress: Progress, runtime: Runtime = "runc") -> DemoResult:
         "diff": view.diff,
         "tool_calls": [c.model_dump(mode="json") for c in view.tool_calls],
         "checks": [c.model_dump(mode="json") for c in record.checks],
+        "check_changes": [
+            c.model_dump(mode="json")
+            for c in (record.decision.check_changes or [] if record.decision else [])
+        ],
         "timings_ms": record.timings_ms,
         "evidence": evidence,
         "next": [

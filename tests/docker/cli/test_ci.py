@@ -115,7 +115,11 @@ def test_a_failing_job_is_red_in_the_report_and_the_exit_status(
     docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
 ) -> None:
     del docker_client, sandbox_image
-    repo = project(tmp_path / "repo", {"tests": PYTEST_CHECK}, "Break nothing.")
+    # test_capital fails before the change too: only without the run before it does the
+    # failing check fail the job (with it, the job waits for review, still failing)
+    repo = project(
+        tmp_path / "repo", {"tests": PYTEST_CHECK}, "Break nothing.", baseline_checks=False
+    )
     wrong = json.dumps({"path": "app.py", "oldText": '"hello "', "newText": '"HELLO "'})
     with LoopbackServer() as server:
         server.play(

@@ -122,6 +122,9 @@ def test_demo_runs_a_full_job_to_review(sandbox_image: str) -> None:
     assert verdicts == ["tests: failed, exit 1", "tests: passed"]
     assert data["checks"][0]["id"] == "tests"
     assert data["checks"][0]["status"] == "passed"
+    assert data["check_changes"] == [  # the tests fail before the fix, pass after it
+        {"id": "tests", "before": "failed", "after": "passed", "change": "fixed"}
+    ]
     assert "+    if not text.strip():" in data["diff"]
     assert data["diff"].startswith("diff --git a/calc/parser.py b/calc/parser.py")
     assert data["next"][1] == f"patchbox apply {data['job_id']}"

@@ -56,7 +56,7 @@ def test_success_failure_and_an_auto_fallback(
     ok = patchbox("run", "--repo", str(repo), *job_files(tmp_path / "ok", TASK, CALLS), "--json")
     assert ok.returncode == 0, ok.stderr
     assert "review_fallback" not in json.loads(ok.stdout)
-    failing = {**TASK, "checks": {"no": {"argv": ["false"]}}}
+    failing = {**TASK, "checks": {"no": {"argv": ["false"]}}, "baseline_checks": False}
     bad = patchbox(
         "run", "--repo", str(repo), *job_files(tmp_path / "bad", failing, CALLS), "--json"
     )

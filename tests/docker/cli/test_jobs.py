@@ -108,7 +108,7 @@ def test_run_apply_revert_through_the_cli(
     done = patchbox(*run_args(repo, inputs))
     assert done.returncode == 0, done.stderr
     data = as_json(done)
-    assert set(data) == RUN_KEYS | {"decision"}
+    assert set(data) == RUN_KEYS | {"decision", "baseline_checks"}
     job_id = data["job_id"]
     assert (data["status"], data["error"], data["diff"]) == ("awaiting_review", None, DIFF)
     assert data["files"] == [{"path": "app.py", "change": "modify", "added": 1, "removed": 1}]
@@ -217,6 +217,7 @@ def test_discard_through_the_cli(repo: Path, inputs: dict[str, Path]) -> None:
 def test_failed_job_exits_1(repo: Path, inputs: dict[str, Path]) -> None:
     task = json.loads(inputs["task"].read_text())
     task["checks"] = {"bad": {"argv": ["false"]}}
+    task["baseline_checks"] = False  # failing before too would only wait for review
     inputs["task"].write_text(json.dumps(task))
     done = patchbox(*run_args(repo, inputs))
     assert done.returncode == 1, done.stderr

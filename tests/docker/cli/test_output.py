@@ -34,7 +34,11 @@ def test_a_job_shows_timed_progress_and_quiet_shows_none(
     lines = loud.stderr.splitlines()
     assert lines
     assert all(PROGRESS.match(line) for line in lines), lines
-    assert [line.split("] ", 1)[1] for line in lines][:2] == ["preparing", "running"]
+    assert [line.split("] ", 1)[1] for line in lines][:3] == [
+        "preparing",
+        "checks before the change",  # the required check runs once on the baseline
+        "running",
+    ]
     args = job_files(tmp_path / "job2", task, {"turns": [[call("c1", EDIT)]], "final": "done"})
     quiet = patchbox("run", "--repo", str(repo), *args, "--json", "--quiet")
     assert quiet.returncode == 0

@@ -58,6 +58,7 @@ def run_hiding_job(
     task = {
         "prompt": "Document the greeting.",
         "checks": checks,
+        "baseline_checks": False,  # a failing check fails the job (not failing before too)
         "limits": {"memory_mb": 512, "workspace_mb": 64, "tmp_mb": 32},
     }
     (tmp_path / "task.json").write_text(json.dumps(task))

@@ -31,7 +31,12 @@ def _run(
     client: docker.DockerClient, repo: Path, folder: Path, turns: list[Any], checks: dict[str, Any]
 ) -> tuple[Any, str]:
     del client
-    task = {"prompt": "Capitalize the greeting.", "checks": checks, "limits": LIMITS}
+    task = {
+        "prompt": "Capitalize the greeting.",
+        "checks": checks,
+        "baseline_checks": False,  # a check failing before too would only wait for review
+        "limits": LIMITS,
+    }
     args = job_files(folder, task, {"turns": turns, "final": "I could not do it."})
     text = patchbox("run", "--repo", str(repo), *args)
     data = patchbox("run", "--repo", str(repo), *args, "--json")
@@ -45,10 +50,10 @@ def test_refused_calls_are_named_with_their_codes_and_messages(
     repo = make_repo(tmp_path / "repo")
     turns = [[call("c1", MISSING)], [call("c2", NO_MATCH), call("c3", PROTECTED)]]
     data, text = _run(docker_client, repo, tmp_path / "job", turns, {"greet": GREET})
-    assert data.returncode == 1
+    assert data.returncode == 5
     out = json.loads(data.stdout)
-    assert out["status"] == "failed"
-    assert "error CHANGESET_INVALID: the job made no change" in text
+    assert out["status"] == "no_change"
+    assert "error NO_CHANGE: the job made no change" in text
     assert "failed tool calls:" in text
     lines = text.splitlines()
     refused = {line.split()[2]: line for line in lines if line.startswith("  turn ")}

@@ -212,6 +212,7 @@ def test_a_node_project_runs_a_script_from_node_modules_bin(
     task = {
         "prompt": "Fix add.",
         "checks": {"test": {"argv": ["npm", "test"], "timeout_seconds": 120}},
+        "baseline_checks": False,  # failing before too would only wait for review
         "limits": LIMITS,
         "environment": NODE_ENV,
     }

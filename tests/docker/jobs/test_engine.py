@@ -139,13 +139,19 @@ def test_full_job_reaches_review_with_exact_diff_ledger_and_checks(
         },
         {"turn": 5, "id": "c5", "name": "apply_patch", "ok": True, "error_code": None},
     ]
+    assert [(b["id"], b["status"], b["exit_code"]) for b in data["baseline_checks"]] == [
+        ("greet", "failed", 1)
+    ]
+    assert data["decision"]["check_changes"] == [
+        {"id": "greet", "before": "failed", "after": "passed", "change": "fixed"}
+    ]
     assert data["ledger"] == [
         {
             "turn": 3,
             "id": "c3",
             "tool": "replace_text",
             "intent": "edit",
-            "version_before": 0,
+            "version_before": 1,  # the check run before the change made version 1
             "files": [{"path": "app.py", "sha256": sha256(APP_AFTER)}],
             "outcome": "done",
         },
@@ -154,7 +160,7 @@ def test_full_job_reaches_review_with_exact_diff_ledger_and_checks(
             "id": "c4",
             "tool": "run_check",
             "intent": "check",
-            "version_before": 1,
+            "version_before": 2,
             "files": [],
             "outcome": "done",
         },
@@ -163,7 +169,7 @@ def test_full_job_reaches_review_with_exact_diff_ledger_and_checks(
             "id": "c5",
             "tool": "apply_patch",
             "intent": "patch",
-            "version_before": 2,
+            "version_before": 3,
             "files": [{"path": "README.md", "sha256": sha256(README_AFTER)}],
             "outcome": "done",
         },
@@ -208,6 +214,9 @@ def test_full_job_reaches_review_with_exact_diff_ledger_and_checks(
         "applied": False,
         "gates": {},
         "reason": "review: a person applies or discards",
+        "check_changes": [
+            {"id": "greet", "before": "failed", "after": "passed", "change": "fixed"}
+        ],
     }
     assert snapshot(repo) == before
     assert containers_of(client, record.job_id) == []
@@ -333,7 +342,9 @@ def test_failing_check_fails_the_job_with_a_clean_tail_and_dockers_exit_code(
     client: docker.DockerClient, repo: Path
 ) -> None:
     task = make_task(
-        checks={"greet": GREET, "noisy": {"argv": ["python3", "-c", NOISY]}}, mode="auto"
+        checks={"greet": GREET, "noisy": {"argv": ["python3", "-c", NOISY]}},
+        mode="auto",
+        baseline_checks=False,  # noisy fails before too: the after alone fails the job
     )
     before = snapshot(repo)
     config = HostConfig(spare_sandboxes=0, allow_auto=True)
@@ -359,7 +370,9 @@ def test_failing_check_fails_the_job_with_a_clean_tail_and_dockers_exit_code(
 
 
 def test_overrunning_check_is_timed_out(client: docker.DockerClient, repo: Path) -> None:
-    task = make_task(checks={"slow": {"argv": ["sleep", "30"], "timeout_seconds": 1}})
+    task = make_task(
+        checks={"slow": {"argv": ["sleep", "30"], "timeout_seconds": 1}}, baseline_checks=False
+    )
     started = time.monotonic()
     record = new_job(client, repo, task, scripted([call("c1", EDIT)])).run()
     assert time.monotonic() - started < 25
@@ -599,7 +612,9 @@ def test_trusted_auto_needs_enablement_and_consent(
 def test_trusted_auto_fallback_with_a_failing_check_fails(
     client: docker.DockerClient, repo: Path
 ) -> None:
-    task = make_task(mode="trusted-auto", checks={"bad": {"argv": ["false"]}})
+    task = make_task(
+        mode="trusted-auto", checks={"bad": {"argv": ["false"]}}, baseline_checks=False
+    )
     record = new_job(
         client,
         repo,
@@ -676,7 +691,9 @@ def cancel_when(
 
 
 def test_cancel_kills_a_check_running_in_the_loop(client: docker.DockerClient, repo: Path) -> None:
-    task = make_task(checks={"slow": {"argv": ["sleep", "60"], "timeout_seconds": 120}})
+    task = make_task(
+        checks={"slow": {"argv": ["sleep", "60"], "timeout_seconds": 120}}, baseline_checks=False
+    )
     record, took = cancel_when(
         client, repo, task, scripted([check_call("c1", "slow")]), "running", 2.0
     )
@@ -702,7 +719,9 @@ def test_cancel_kills_a_check_running_in_the_loop(client: docker.DockerClient, r
 
 
 def test_cancel_kills_a_required_check(client: docker.DockerClient, repo: Path) -> None:
-    task = make_task(checks={"slow": {"argv": ["sleep", "60"], "timeout_seconds": 120}})
+    task = make_task(
+        checks={"slow": {"argv": ["sleep", "60"], "timeout_seconds": 120}}, baseline_checks=False
+    )
     record, took = cancel_when(client, repo, task, scripted([call("c1", EDIT)]), "checking", 2.0)
     assert took < 5
     assert record.state == "cancelled"
@@ -1051,7 +1070,7 @@ def test_unexpected_error_still_ends_the_record_failed(
 
 def test_wall_clock_limit_ends_a_running_check(client: docker.DockerClient, repo: Path) -> None:
     slow = {"argv": ["sleep", "60"], "timeout_seconds": 120}
-    task = make_task(checks={"slow": slow}, limits={"wall_seconds": 5})
+    task = make_task(checks={"slow": slow}, limits={"wall_seconds": 5}, baseline_checks=False)
     job = new_job(client, repo, task, scripted([check_call("c1", "slow")]))
     started = time.monotonic()
     record = job.run()

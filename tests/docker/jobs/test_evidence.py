@@ -69,7 +69,7 @@ def prompt_for(repo: Path) -> str:
 def test_evidence_holds_the_job_and_no_secret_or_host_path(
     client: docker.DockerClient, repo: Path
 ) -> None:
-    task = make_task(checks={"greet": GREET, "leak": LEAK}).model_copy(
+    task = make_task(checks={"greet": GREET, "leak": LEAK}, baseline_checks=False).model_copy(
         update={"prompt": prompt_for(repo)}
     )
     job = new_job(client, repo, task, scripted([call("c1", EDIT)]), secrets=(KEY,))
@@ -118,6 +118,7 @@ def cli_inputs(tmp_path: Path, prompt: str) -> list[str]:
     task = {
         "prompt": prompt,
         "checks": {"greet": GREET, "leak": LEAK},
+        "baseline_checks": False,
         "limits": {"memory_mb": 512, "workspace_mb": 64, "tmp_mb": 32},
     }
     (tmp_path / "task.json").write_text(json.dumps(task))

@@ -43,6 +43,7 @@ def inputs(folder: Path, check: dict[str, Any]) -> list[str]:
     task = {
         "prompt": "Capitalize the greeting.",
         "checks": {"greet": check},
+        "baseline_checks": False,  # HOLD holds as a tool call only
         "limits": {"memory_mb": 256, "workspace_mb": 32, "tmp_mb": 16, "wall_seconds": 300},
     }
     calls = {

@@ -359,7 +359,7 @@ def test_sigterm_during_a_check_cancels_the_job_and_exits_143(
     del sandbox_image
     repo = make_repo(tmp_path / "repo")
     slow = {"argv": ["sh", "-c", "echo holding; sleep 120"], "timeout_seconds": 200}
-    task = {**TASK, "checks": {"slow": slow}}
+    task = {**TASK, "checks": {"slow": slow}, "baseline_checks": False}
     server = Raw(server_args(tmp_path / "files", repo, task), tmp_path / "server.err")
     try:
         server.handshake()
@@ -423,7 +423,7 @@ def test_a_killed_client_leaves_nothing_running(
 
 
 HOLD = {"argv": ["sh", "-c", "echo holding; sleep 120"], "timeout_seconds": 200}
-HOLDING_TASK: dict[str, Any] = {**TASK, "checks": {"hold": HOLD}}
+HOLDING_TASK: dict[str, Any] = {**TASK, "checks": {"hold": HOLD}, "baseline_checks": False}
 
 
 def sandboxes_of(client: docker.DockerClient, pid: int) -> dict[str, str]:

@@ -64,6 +64,7 @@ def write_inputs(
     task = {
         "prompt": "Capitalize the greeting.",
         "checks": checks,
+        "baseline_checks": False,  # a holding check holds as a tool call only
         "limits": {"memory_mb": 512, "workspace_mb": 64, "tmp_mb": 32, "wall_seconds": 240},
     }
     calls = {"turns": turns, "final": "done"}

@@ -163,7 +163,7 @@ def test_the_exception_tree_imports_no_pydantic() -> None:
 
 
 def test_exit_codes() -> None:
-    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 4, 70]
+    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 4, 5, 70]
     assert ErrorCode.INTERNAL_ERROR == "INTERNAL_ERROR"
     by_code = {code: exit_code_for_error(code) for code in ErrorCode}
     assert by_code.pop(ErrorCode.USAGE_ERROR) is ExitCode.USAGE
@@ -171,6 +171,7 @@ def test_exit_codes() -> None:
     assert by_code.pop(ErrorCode.ENVIRONMENT_NOT_READY) is ExitCode.NOT_READY
     assert by_code.pop(ErrorCode.PROVIDER_ERROR) is ExitCode.PROVIDER
     assert by_code.pop(ErrorCode.MODEL_TOOL_CALL_UNSUPPORTED) is ExitCode.PROVIDER
+    assert by_code.pop(ErrorCode.NO_CHANGE) is ExitCode.NO_CHANGE
     assert by_code.pop(ErrorCode.INTERNAL_ERROR) is ExitCode.INTERNAL
     assert set(by_code.values()) == {ExitCode.FAILED}
 

@@ -24,6 +24,8 @@ ALLOWED = {
     ("preparing", "running"),
     ("running", "validating"),
     ("validating", "checking"),
+    ("validating", "no_change"),
+    ("no_change", "discarded"),
     ("checking", "awaiting_review"),
     ("checking", "applied"),
     ("awaiting_review", "applied"),
@@ -50,7 +52,7 @@ def test_every_transition_by_table(current: str, new: str) -> None:
 
 
 def test_final_states_are_final() -> None:
-    assert {"reverted", "discarded", "failed", "cancelled"} == FINAL
+    assert {"reverted", "discarded", "no_change", "failed", "cancelled"} == FINAL
 
 
 def test_record_moves_and_keeps_history(tmp_path: Path) -> None:

@@ -18,6 +18,8 @@ from controller.jobs.junit import TestCase
 from controller.jobs.log import LOG_FILE, RecordLogError
 from controller.jobs.records import (
     LEGACY_FILE,
+    BaselineCheck,
+    CheckChange,
     CheckResult,
     ControlLine,
     Decision,
@@ -91,11 +93,20 @@ def full_record() -> JobRecord:
             junit_error="too large",
         )
     )
+    record.baseline_checks = [
+        BaselineCheck(
+            id="unit", status="cannot_run", exit_code=127, duration_ms=3, output_tail="", reason="r"
+        )
+    ]
     record.decision = Decision(
         mode="auto",
         gates={"checks": False},
         reason="r",
         failed_checks=["unit"],
+        still_failing=["lint"],
+        check_changes=[
+            CheckChange(id="lint", before="failed", after="failed", change="still_failing")
+        ],
         apply_conflict="c",
         applied_by="user",
         merged=["a.py"],
