@@ -40,7 +40,7 @@ def task_error(data: dict[str, Any]) -> str:
         (
             {"qwerty": 1},
             (
-                "qwerty: unknown key (known keys: allowed_paths, checks, environment, "
+                "qwerty: unknown key (known keys: allowed_paths, baseline_checks, checks, environment, "
                 "limits, mode, prompt)"
             ),
         ),
