@@ -78,7 +78,7 @@ def test_a_line_per_tool_call_with_the_checks_own_verdict(
         "turn 1 read_file app.py",
         "turn 2 run_check fail: failed (exit 3)",
         'turn 3 search_text "hello"',
-        "turn 4 read_file no/such.py: error TOOL_PATH_DENIED",
+        "turn 4 read_file no/such.py: error TOOL_FILE_NOT_FOUND",
         "turn 5 replace_text app.py",
         "turn 6 run_check greet: passed (exit 0)",
     ]
