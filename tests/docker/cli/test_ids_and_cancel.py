@@ -57,7 +57,12 @@ def quick_job(folder: Path) -> list[str]:
 
 def holding_job(folder: Path) -> list[str]:
     """A job whose second call runs a check that sleeps for two minutes."""
-    task = {"prompt": "Capitalize the greeting.", "checks": {"hold": HOLD}, "limits": LIMITS}
+    task = {
+        "prompt": "Capitalize the greeting.",
+        "checks": {"hold": HOLD},
+        "limits": LIMITS,
+        "baseline_checks": False,
+    }
     calls = {"turns": [[call("c1", EDIT)], [check_call("c2", "hold")]], "final": "done"}
     return job_files(folder, task, calls)
 
