@@ -13,11 +13,11 @@ service tenant without ``allow_apply``, a job on an uploaded bundle): both stop 
 saying why.
 
 When the required checks ran on the baseline too (``baseline``), each is compared before and
-after (:func:`controller.jobs.baselinechecks.check_changes`): a check that failed before and
-still fails does not fail the job (it waits for review, named in ``still_failing``); one
-that passed before and fails now, or that has no baseline run, does (``failed_checks``).
-Auto applies only when every required check passes after the change, whatever it did
-before.
+after (:func:`controller.jobs.baselinechecks.check_changes`). Every required check that
+does not pass after the change fails the job (``failed_checks``), whatever it did before:
+the table says which of them failed before too (``still_failing``) and which the change
+broke, so a reviewer sees what the change is answerable for. Auto applies only when every
+required check passes after the change.
 """
 
 from __future__ import annotations
@@ -79,8 +79,8 @@ def skips_checks(
 def decide(inputs: DecisionInputs) -> Decision:
     """The decision about the diff. ``applied`` true means the rules say apply: the caller
     applies, and records :func:`with_conflict` when that fails. ``failed_checks`` names the
-    required checks that did not pass, but for those that failed on the baseline too
-    (``still_failing``; the job then fails ``CHECK_FAILED``)."""
+    required checks that did not pass (the job then fails ``CHECK_FAILED``); ``still_failing``
+    names those of them that failed on the baseline too."""
     mode = inputs.mode
     skipped = skips_checks(
         mode,
@@ -91,9 +91,7 @@ def decide(inputs: DecisionInputs) -> Decision:
     table = [] if skipped else check_changes(inputs.baseline, inputs.checks)
     still = [row.id for row in table if row.change == "still_failing"]
     failed = [
-        c.id
-        for c in inputs.checks
-        if c.required and c.status != "passed" and not skipped and c.id not in still
+        c.id for c in inputs.checks if c.required and c.status != "passed" and not skipped
     ] or None
     still_failing, changes = still or None, table or None
     if mode == "review":

@@ -604,7 +604,13 @@ class Job:
         if decision.failed_checks:
             record.error = ErrorInfo(
                 code=str(ErrorCode.CHECK_FAILED),
-                message="required check(s) did not pass: " + ", ".join(decision.failed_checks),
+                message="required check(s) did not pass: "
+                + ", ".join(decision.failed_checks)
+                + (
+                    " (failing before the change too: " + ", ".join(decision.still_failing) + ")"
+                    if decision.still_failing
+                    else ""
+                ),
             )
             self._move("failed")
             return

@@ -75,13 +75,15 @@ def test_checks_before_and_after_the_change(
     docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
 ) -> None:
     """greet fails on the baseline and passes after the edit (fixed); lint fails before and
-    after (still failing): the job waits for review, it does not fail."""
+    after (still failing): the job fails on lint, and the table says lint failed before too."""
     del docker_client, sandbox_image
     repo = make_repo(tmp_path / "repo")
     task = {**TASK, "checks": {"greet": GREET, "lint": {"argv": ["false"]}}}
     proc, out = _run(repo, tmp_path / "job", task)
-    assert proc.returncode == 0, proc.stderr
-    assert out["status"] == "awaiting_review"
+    assert proc.returncode == 1, proc.stderr
+    assert out["status"] == "failed"
+    assert out["error"]["code"] == "CHECK_FAILED"
+    assert "failing before the change too: lint" in out["error"]["message"]
     before = {c["id"]: (c["status"], c["exit_code"]) for c in out["baseline_checks"]}
     assert before == {"greet": ("failed", 1), "lint": ("failed", 1)}
     decision = out["decision"]
@@ -90,7 +92,7 @@ def test_checks_before_and_after_the_change(
         {"id": "lint", "before": "failed", "after": "failed", "change": "still_failing"},
     ]
     assert decision["still_failing"] == ["lint"]
-    assert "failed_checks" not in decision
+    assert decision["failed_checks"] == ["lint"]
     shown = patchbox("show", out["job_id"])
     assert "check greet before the change: failed (exit 1" in shown.stdout
     assert "  greet: fixed (failed -> passed)" in shown.stdout

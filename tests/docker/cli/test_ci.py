@@ -115,11 +115,7 @@ def test_a_failing_job_is_red_in_the_report_and_the_exit_status(
     docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
 ) -> None:
     del docker_client, sandbox_image
-    # test_capital fails before the change too: only without the run before it does the
-    # failing check fail the job (with it, the job waits for review, still failing)
-    repo = project(
-        tmp_path / "repo", {"tests": PYTEST_CHECK}, "Break nothing.", baseline_checks=False
-    )
+    repo = project(tmp_path / "repo", {"tests": PYTEST_CHECK}, "Break nothing.")
     wrong = json.dumps({"path": "app.py", "oldText": '"hello "', "newText": '"HELLO "'})
     with LoopbackServer() as server:
         server.play(

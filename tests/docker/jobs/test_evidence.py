@@ -190,7 +190,7 @@ def test_errors_before_the_job_leave_no_job_and_keep_host_paths_out_of_the_artif
     assert str(target) in message or str(target.resolve()) in message
     assert {r.job_id for r in JobStore().all()} == before  # no job was made
     files = {p.name: p.read_text() for p in out.iterdir()}
-    assert sorted(files) == ["error.json", "junit.xml"]
+    assert sorted(files) == [".gitignore", "error.json", "junit.xml"]
     for text in files.values():
         assert_clean(text, target, target.resolve(), repo)
     assert json.loads(files["error.json"])["error"]["code"] == code

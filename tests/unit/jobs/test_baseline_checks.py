@@ -193,9 +193,9 @@ def inputs(mode: str, checks: list[CheckResult], baseline: list[BaselineCheck]) 
     )
 
 
-def test_a_check_failing_before_and_after_does_not_fail_a_review() -> None:
+def test_a_check_failing_before_and_after_still_fails_the_job_and_is_named() -> None:
     decision = decide(inputs("review", [after("t", "failed")], [before("t", "failed")]))
-    assert decision.failed_checks is None
+    assert decision.failed_checks == ["t"]
     assert decision.still_failing == ["t"]
     assert decision.check_changes is not None
     assert decision.check_changes[0].change == "still_failing"
@@ -222,7 +222,7 @@ def test_auto_never_applies_with_a_check_still_failing() -> None:
     assert not still.applied
     assert still.gates["checks_passed"] is False
     assert still.still_failing == ["t"]
-    assert still.failed_checks is None
+    assert still.failed_checks == ["t"]
     fixed = decide(inputs("auto", [after("t", "passed")], [before("t", "failed")]))
     assert fixed.applied
     assert fixed.check_changes is not None
