@@ -28,7 +28,7 @@ from controller.errors import (
 )
 
 if TYPE_CHECKING:
-    from pydantic import BaseModel, ValidationError
+    from pydantic import ValidationError
 
     from controller.errorinfo import Hint
 
@@ -178,7 +178,7 @@ def describe_validation(  # noqa: PLR0913 - the error, then keyword-only present
     max_items: int = 5,
     max_chars: int = 500,
     names: Mapping[str, str] | None = None,
-    model: type[BaseModel] | None = None,
+    model: object = None,
     syntax: Syntax = "json",
 ) -> str:
     """``where: problem; ...`` for the first ``max_items`` problems of a pydantic
@@ -186,7 +186,8 @@ def describe_validation(  # noqa: PLR0913 - the error, then keyword-only present
     for the whole value); with ``names`` only the top field is named, as ``names`` says (a
     setting's environment variable, say). Never echoes an input value.
 
-    With ``model`` (the model validated), the path is the user's own (a union's internal
+    With ``model`` (the model validated, or the type annotation a ``TypeAdapter``
+    validated, such as ``dict[str, CheckSpec]``), the path is the user's own (a union's internal
     tag, such as an environment given inline, is left out, and fields by their alias), an
     unknown key gets the closest known name (``did you mean 'allowed_paths'?``, else the
     known names), and a value of the wrong type says the form expected, with an example in
@@ -279,9 +280,7 @@ def _tags(tp: object) -> dict[str, object]:
     return out
 
 
-def _user_path(
-    model: type[BaseModel], loc: tuple[int | str, ...]
-) -> tuple[list[str], list[str], object]:
+def _user_path(model: object, loc: tuple[int | str, ...]) -> tuple[list[str], list[str], object]:
     """The location ``loc`` as the user wrote it (union tags left out, fields by alias),
     the keys known where it ends (for an unknown key: its object's), and the annotation of
     the value there."""

@@ -71,6 +71,7 @@ class ToolCallEntry(TypedDict, total=False):
     name: str
     ok: bool
     error_code: str | None
+    verdict: str
 
 
 class DecisionEntry(TypedDict, total=False):

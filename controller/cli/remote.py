@@ -432,7 +432,7 @@ def _event_text(event: Event) -> str:
             extra += f" {error.get('code')}: {error.get('message')}"
         return f"state {data.get('state')}{extra}"
     if event.type == "tool_call":
-        outcome = "ok" if data.get("ok") else data.get("error_code")
+        outcome = data.get("verdict") or ("ok" if data.get("ok") else data.get("error_code"))
         return f"tool_call turn {data.get('turn')} {data.get('id')} {data.get('name')}: {outcome}"
     if event.type == "check":
         return f"check {data.get('id')}: {data.get('status')} ({data.get('duration_ms')} ms)"

@@ -64,7 +64,7 @@ def read_repo_checks(repo_root: Path) -> dict[str, CheckSpec]:
     try:
         return _REPO_CHECKS.validate_json(data)
     except ValidationError as exc:
-        problems = describe_validation(exc, subject="checks")
+        problems = describe_validation(exc, subject="checks", model=dict[CheckId, CheckSpec])
         raise UsageError(f"{REPO_CHECKS_FILE}: invalid: {problems}") from exc
     except json.JSONDecodeError as exc:
         raise UsageError(f"{REPO_CHECKS_FILE}: invalid ({exc.__class__.__name__})") from exc

@@ -194,13 +194,13 @@ def load_service_config(path: Path | None = None) -> tuple[HostConfig, ServiceCo
     try:
         host = HostConfig.model_validate(data)
     except ValidationError as exc:
-        fields = describe_validation(exc, subject="")
+        fields = describe_validation(exc, subject="", model=HostConfig, syntax="toml")
         msg = f"the configuration file {str(target)!r} has invalid fields: {fields}"
         raise UsageError(msg) from exc
     try:
         service = ServiceConfig.model_validate(table)
     except ValidationError as exc:
-        fields = describe_validation(exc, subject="service")
+        fields = describe_validation(exc, subject="service", model=ServiceConfig, syntax="toml")
         msg = f"the configuration file {str(target)!r} has invalid [service] fields: {fields}"
         raise UsageError(msg) from exc
     for tenant in service.tenants:

@@ -103,9 +103,12 @@ def apply_denied(tenant: TenantConfig, row: JobRow) -> str | None:
 
 
 def tool_call_event(call: ToolCallRecord) -> ToolCallData:
-    return ToolCallData(
+    data = ToolCallData(
         turn=call.turn, id=call.id, name=call.name, ok=call.ok, error_code=call.error_code
     )
+    if call.verdict is not None:
+        data["verdict"] = call.verdict
+    return data
 
 
 def check_event(check: CheckResult) -> CheckData:

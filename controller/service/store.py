@@ -100,6 +100,8 @@ class ToolCallData(TypedDict):
     name: str
     ok: bool
     error_code: str | None
+    verdict: NotRequired[str]
+    """A ``run_check`` call's check verdict (``tests: failed, exit 1``)."""
 
 
 @final

@@ -41,7 +41,8 @@ def live(tmp_path: Path, client: docker.DockerClient) -> Any:
 def test_a_whole_job_streams_its_events_and_applies_and_reverts(live: Any, tmp_path: Path) -> None:
     alpha = live.client("alpha")
     repo = make_repo(tmp_path / "alpha" / "greet")
-    accepted = submit(alpha, repo, calls=CALLS)
+    check = {"id": "c2", "name": "run_check", "arguments": {"checkId": "greet"}}
+    accepted = submit(alpha, repo, calls={**CALLS, "turns": [*CALLS["turns"], [check]]})
     assert accepted.status_code == 202, accepted.text
     job_id = accepted.json()["job_id"]
     stream = events(alpha, job_id)
@@ -56,6 +57,7 @@ def test_a_whole_job_streams_its_events_and_applies_and_reverts(live: Any, tmp_p
         ("state", "preparing"),
         ("state", "running"),
         ("tool_call", "replace_text"),
+        ("tool_call", "run_check"),
         ("state", "validating"),
         ("state", "checking"),
         ("check", "greet"),
@@ -68,7 +70,9 @@ def test_a_whole_job_streams_its_events_and_applies_and_reverts(live: Any, tmp_p
         "ok": True,
         "error_code": None,
     }
-    assert stream[6]["data"]["status"] == "passed"
+    assert "verdict" not in stream[3]["data"]
+    assert stream[4]["data"]["verdict"] == "greet: passed"  # the check's own outcome
+    assert stream[7]["data"]["status"] == "passed"
     assert events(alpha, job_id, last=4) == stream[4:]
     view = alpha.get(f"/v1/jobs/{job_id}").json()
     assert view["status"] == "awaiting_review"

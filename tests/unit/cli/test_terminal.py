@@ -183,6 +183,7 @@ JOBS = {
 EVENTS = [
     ("state", {"state": EVIL, "reason": EVIL, "error": {"code": EVIL, "message": EVIL}}),
     ("tool_call", {"turn": EVIL, "id": EVIL, "name": EVIL, "ok": False, "error_code": EVIL}),
+    ("tool_call", {"turn": 2, "id": "c2", "name": "run_check", "ok": True, "verdict": EVIL}),
     ("check", {"id": EVIL, "status": EVIL, "duration_ms": EVIL}),
     (EVIL_NAME, {EVIL: EVIL}),
     ("state", {"state": "failed"}),
@@ -264,7 +265,8 @@ def test_remote_text_output_holds_no_control_sequence(
     if command[0] == "show":
         assert f"{visible(EVIL)}:{visible(EVIL)}: {visible(EVIL)}" in text  # the flag line
     if command[0] == "events":
-        assert f"4 {visible(EVIL_NAME)} " in text
+        assert f"5 {visible(EVIL_NAME)} " in text
+        assert f"3 tool_call turn 2 c2 run_check: {visible(EVIL)}" in text  # the verdict
 
 
 @pytest.mark.parametrize(

@@ -11,10 +11,12 @@ from typing import Any
 
 import pytest
 
+from controller.config.checks import read_repo_checks
 from controller.config.host import load_config
 from controller.config.task import task_from
 from controller.errors import UsageError
 from controller.providers.scripted import parse_calls
+from controller.service.config import load_service_config
 
 
 def task_error(data: dict[str, Any]) -> str:
@@ -108,3 +110,41 @@ def test_a_calls_file_too() -> None:
     with pytest.raises(UsageError) as caught:
         parse_calls('{"turns": [], "fnial": "done"}')
     assert "fnial: unknown key; did you mean 'final'?" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({"tests": {"argvv": ["x"]}}, "tests.argvv: unknown key; did you mean 'argv'?"),
+        (
+            {"tests": {"argv": "pytest"}},
+            'tests.argv: expected a list of strings, e.g. "argv": ["pytest", "-q"]',
+        ),
+        (
+            {"tests": {"argv": ["x"], "timeout_second": 3}},
+            "tests.timeout_second: unknown key; did you mean 'timeout_seconds'?",
+        ),
+    ],
+)
+def test_a_repository_checks_file_too(tmp_path: Path, body: dict[str, Any], expected: str) -> None:
+    (tmp_path / ".patchbox").mkdir()
+    (tmp_path / ".patchbox" / "checks.json").write_text(json.dumps(body))
+    with pytest.raises(UsageError) as caught:
+        read_repo_checks(tmp_path)
+    assert expected in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("toml", "expected"),
+    [
+        ("[service]\nworkerz = 2\n", "[service] fields: workerz: unknown key; did you mean"),
+        ('[service]\nworkers = "x"\n', "[service] fields: workers: expected a whole number"),
+        ("alow_auto = true\n", "alow_auto: unknown key; did you mean 'allow_auto'?"),
+    ],
+)
+def test_the_service_configuration_too(tmp_path: Path, toml: str, expected: str) -> None:
+    path = tmp_path / "service.toml"
+    path.write_text(toml)
+    with pytest.raises(UsageError) as caught:
+        load_service_config(path)
+    assert expected in caught.value.message
