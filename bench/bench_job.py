@@ -1,14 +1,17 @@
 """The whole scripted demo job vs the sum of its unavoidable parts, measured in one run.
 
 The job (``controller.cli.demo.run``'s task and calls on a fresh copy of the example) starts two
-sandboxes (the job's and the fresh one of the required check) and runs the test suite three
-times (twice through ``run_check``, once as the required check). The reference parts:
+sandboxes (the job's and the fresh one of the required check) and runs the test suite four
+times (once on the baseline before the first turn, twice through ``run_check``, once as the
+required check). The reference parts:
 
 - a container start: ``docker run --rm --network none IMAGE true`` (counted twice);
 - the check's own run time: ``python3 -m pytest -q`` timed inside a running container on the
   same files (counted three times).
 
-overhead = job - (2 x start + 3 x check); target <= 2 s.
+overhead = job - (2 x start + 4 x check); target <= 2 s. Each round also runs the same job with
+``"baseline_checks": false``: the difference is what the run on the baseline costs, against
+one check run.
 
     python3 bench/bench_job.py [--rounds 5] [--runtime runc|runsc]
 """
@@ -69,31 +72,34 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="bench-job-"))
     store = JobStore(scratch / "jobs")
     jobs: list[float] = []
+    bare: list[float] = []
     starts: list[float] = []
     checks: list[float] = []
     try:
         for i in range(args.rounds):
-            repo = make_demo_repo(scratch / f"calc{i}")
-            request = JobRequest(
-                repo=repo,
-                task=TaskSpec.model_validate(TASK),
-                provider=ScriptedProvider(parse_calls(json.dumps(CALLS))),
-                config=HostConfig(spare_sandboxes=0),
-                runtime=runtime,
-            )
-            started = time.perf_counter()
-            record = Job(client, request, store=store).run()
-            jobs.append(time.perf_counter() - started)
-            if record.state != "awaiting_review":
-                msg = f"the job ended {record.state}: {record.error}"
-                raise SystemExit(msg)
+            for baseline_checks, times in ((True, jobs), (False, bare)):
+                repo = make_demo_repo(scratch / f"calc{i}-{baseline_checks}")
+                request = JobRequest(
+                    repo=repo,
+                    task=TaskSpec.model_validate({**TASK, "baseline_checks": baseline_checks}),
+                    provider=ScriptedProvider(parse_calls(json.dumps(CALLS))),
+                    config=HostConfig(spare_sandboxes=0),
+                    runtime=runtime,
+                )
+                started = time.perf_counter()
+                record = Job(client, request, store=store).run()
+                times.append(time.perf_counter() - started)
+                if record.state != "awaiting_review":
+                    msg = f"the job ended {record.state}: {record.error}"
+                    raise SystemExit(msg)
             starts.append(docker_run_true(image, runtime))
             checks.append(check_time(image, runtime, repo))
             print(f"round {i + 1}/{args.rounds} (load {loadavg()})", flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     job, start, check = (statistics.median(x) for x in (jobs, starts, checks))
-    parts = 2 * start + 3 * check
+    without = statistics.median(bare)
+    parts = 2 * start + 4 * check
     overhead = job - parts
     print(f"\nruntime {runtime}; {args.rounds} rounds; load {loadavg()}")
     print_table(
@@ -101,8 +107,13 @@ def main() -> None:
         [
             ["docker run --rm true (reference: one container start)", f"{start * 1000:.0f} ms"],
             ["pytest -q inside a container (reference: one check run)", f"{check * 1000:.0f} ms"],
-            ["unavoidable parts: 2 starts + 3 check runs", f"{parts * 1000:.0f} ms"],
+            ["unavoidable parts: 2 starts + 4 check runs", f"{parts * 1000:.0f} ms"],
             ["whole scripted demo job", f"{job * 1000:.0f} ms"],
+            ['the same job, "baseline_checks": false', f"{without * 1000:.0f} ms"],
+            [
+                "the run on the baseline (difference; ratio to one check run)",
+                f"{(job - without) * 1000:.0f} ms ({(job - without) / check:.2f}x)",
+            ],
             [
                 f"overhead (target <= 2000 ms): {'met' if overhead <= 2.0 else 'missed'}",
                 f"{overhead * 1000:.0f} ms",

@@ -199,7 +199,7 @@ class Session:
 
     def _run(self) -> None:
         try:
-            self._end = self._job.run()
+            self._end = self._job.run(refusals="raise")  # a refusal leaves no job record
         except BaseException as exc:
             self._failure = exc
         finally:
@@ -340,6 +340,8 @@ class Session:
             raise failure
         if self._job.failure is not None:
             raise self._job.failure
+        if failure is not None:  # refused before its record existed (the path, the lock)
+            raise failure
         error = self.record.error or ErrorInfo(code=str(ErrorCode.INTERNAL_ERROR), message="ended")
         code = ErrorCode(error.code) if error.code in ErrorCode.__members__ else None
         raise PatchboxError(error.message, code=code, hint=error.hint)

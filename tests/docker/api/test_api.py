@@ -183,10 +183,27 @@ def test_opening_on_a_folder_that_is_not_a_repository_fails_with_nothing_left(
     del sandbox_image
     (tmp_path / "plain").mkdir()
     before = {c.id for c in docker_client.containers.list(all=True)}
+    jobs = {r.job_id for r in JobStore().all()}
     with pytest.raises(PatchboxError) as info:
         api.open_session(tmp_path / "plain", task=TASK, config=CONFIG, client=docker_client)
     assert info.value.code is ErrorCode.NOT_A_REPOSITORY
     assert {c.id for c in docker_client.containers.list(all=True)} <= before
+    assert {r.job_id for r in JobStore().all()} == jobs  # a refusal leaves no job record
+
+
+def test_a_second_session_on_a_locked_repository_names_the_holder_and_leaves_no_record(
+    docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
+) -> None:
+    del sandbox_image
+    repo = make_repo(tmp_path / "repo")
+    with api.open_session(repo, task=TASK, config=CONFIG, client=docker_client) as first:
+        jobs = {r.job_id for r in JobStore().all()}
+        with pytest.raises(PatchboxError) as info:
+            api.open_session(repo, task=TASK, config=CONFIG, client=docker_client)
+        assert info.value.code is ErrorCode.JOB_ALREADY_RUNNING
+        assert first.job_id in info.value.message
+        assert {r.job_id for r in JobStore().all()} == jobs
+        assert first.call("read_file", {"path": "app.py"}).ok  # the holder goes on
 
 
 def test_the_documented_example_runs(

@@ -6,6 +6,7 @@ internal tag never shows), and never a value."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,22 +88,48 @@ def test_no_value_is_echoed() -> None:
 
 
 @pytest.mark.parametrize(
-    ("toml", "expected"),
+    ("load", "toml", "expected"),
     [
-        ("alow_auto = true\n", "alow_auto: unknown key; did you mean 'allow_auto'?"),
+        (load_config, "alow_auto = true\n", "alow_auto: unknown key; did you mean 'allow_auto'?"),
         (
+            load_config,
             '[checks.t]\nargv = "pytest"\n',
             'checks.t.argv: expected a list of strings, e.g. argv = ["pytest", "-q"]',
         ),
-        ('[environments.py]\nbse = "debian"\n', "environments.py.bse: unknown key; did you mean"),
-        ('protected = "x"\n', "protected: expected a list of strings, e.g. protected = ["),
+        (
+            load_config,
+            '[environments.py]\nbse = "debian"\n',
+            "environments.py.bse: unknown key; did you mean",
+        ),
+        (
+            load_config,
+            'protected = "x"\n',
+            "protected: expected a list of strings, e.g. protected = [",
+        ),
+        (
+            load_service_config,
+            "[service]\nworkerz = 2\n",
+            "[service] fields: workerz: unknown key; did you mean",
+        ),
+        (
+            load_service_config,
+            '[service]\nworkers = "x"\n',
+            "[service] fields: workers: expected a whole number",
+        ),
+        (
+            load_service_config,
+            "alow_auto = true\n",
+            "alow_auto: unknown key; did you mean 'allow_auto'?",
+        ),
     ],
 )
-def test_the_host_configuration_in_toml_words(tmp_path: Path, toml: str, expected: str) -> None:
+def test_the_host_and_service_configuration_in_toml_words(
+    tmp_path: Path, load: Callable[[Path], object], toml: str, expected: str
+) -> None:
     path = tmp_path / "config.toml"
     path.write_text(toml)
     with pytest.raises(UsageError) as caught:
-        load_config(path)
+        load(path)
     assert expected in caught.value.message
 
 
@@ -131,20 +158,4 @@ def test_a_repository_checks_file_too(tmp_path: Path, body: dict[str, Any], expe
     (tmp_path / ".patchbox" / "checks.json").write_text(json.dumps(body))
     with pytest.raises(UsageError) as caught:
         read_repo_checks(tmp_path)
-    assert expected in caught.value.message
-
-
-@pytest.mark.parametrize(
-    ("toml", "expected"),
-    [
-        ("[service]\nworkerz = 2\n", "[service] fields: workerz: unknown key; did you mean"),
-        ('[service]\nworkers = "x"\n', "[service] fields: workers: expected a whole number"),
-        ("alow_auto = true\n", "alow_auto: unknown key; did you mean 'allow_auto'?"),
-    ],
-)
-def test_the_service_configuration_too(tmp_path: Path, toml: str, expected: str) -> None:
-    path = tmp_path / "service.toml"
-    path.write_text(toml)
-    with pytest.raises(UsageError) as caught:
-        load_service_config(path)
     assert expected in caught.value.message
