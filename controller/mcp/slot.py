@@ -16,7 +16,7 @@ import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 
 import mcp_types as types
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
@@ -55,6 +55,14 @@ NEXT_CALL = "; the next tool call starts a new job on the repository's current s
 JOB_STARTED = "job_started"
 """The key of the notice a new job's first answer carries: its id, and what became of the
 job before it."""
+
+
+class JobStarted(TypedDict):
+    """The ``job_started`` notice: the new job's id, and a sentence that says it started
+    and what became of the job before it."""
+
+    job_id: str
+    message: str
 
 
 @dataclass(frozen=True)
@@ -157,7 +165,7 @@ class Slot:
         """``propose``'s answer by request id (the sessions keep the other tools')."""
         self._answered: dict[str, api.Session] = {}
         """The request ids the current and the previous job answered, with their job."""
-        self._notices: dict[str, dict[str, Any]] = {}
+        self._notices: dict[str, JobStarted] = {}
         """The ``job_started`` notice a request's answer carried, by request id."""
         self.opened = False
         self.failure: PatchboxError | None = None
@@ -205,7 +213,7 @@ class Slot:
         arguments: dict[str, Any],
         request_id: str | None,
         holder: list[api.Session],
-    ) -> tuple[api.CallResult, dict[str, Any] | None]:
+    ) -> tuple[api.CallResult, JobStarted | None]:
         """The call in the job that takes it (appended to ``holder``), and the notice of a
         job opened for it."""
         session, notice = self._open(request_id)
@@ -302,7 +310,7 @@ class Slot:
 
     # -- the jobs' lives ------------------------------------------------------------------
 
-    def _open(self, request_id: str | None) -> tuple[api.Session, dict[str, Any] | None]:
+    def _open(self, request_id: str | None) -> tuple[api.Session, JobStarted | None]:
         """The job that takes this call, and the notice its first answer carries when it was
         opened now. A request id answered before goes to the job that answered it; an ended
         job is retired and a new one opened."""
@@ -317,11 +325,11 @@ class Slot:
             if session is not None:
                 self._retire(session)
             self._session = self._start()
-            notice: dict[str, Any] = {
-                "job_id": self._session.job_id,
-                "message": f"job {self._session.job_id} started on the repository's "
+            notice = JobStarted(
+                job_id=self._session.job_id,
+                message=f"job {self._session.job_id} started on the repository's "
                 "current state" + (f"; {self._previous}" if self._previous else ""),
-            }
+            )
             return self._session, notice
 
     def _retire(self, session: api.Session) -> None:
