@@ -108,6 +108,11 @@ class IdleEnd:
 
 IDLE_MESSAGE = "proposed as it was after {seconds:g} s without a call (the idle timeout)"
 """The job's final message when an idle session proposed it."""
+IDLE_DENIAL = (
+    "the job was proposed by the idle timeout after {seconds:g} s without a call, not by its "
+    "caller: its change may be unfinished"
+)
+"""Why a job the idle timeout proposed never applies itself (auto stops for review)."""
 
 _END = object()
 
@@ -300,6 +305,8 @@ class Session:
         if self._calls and self.changed:
             self.idle_end = IdleEnd(seconds=seconds, changed=True)
             self._progress(f"job {job_id}: {seconds:g} s without a call, proposing it as it is")
+            # nobody asked for this proposal: it may be half done, so it waits for a person
+            self._job.deny_apply(IDLE_DENIAL.format(seconds=seconds))
             try:
                 proposal: Proposal | None = self._propose(IDLE_MESSAGE.format(seconds=seconds))
             except Exception as exc:  # the record says it; never a stray thread

@@ -38,6 +38,7 @@ from controller.errors import (
     ErrorCode,
     ExitCode,
     GitError,
+    PatchboxError,
     ServiceError,
     ServiceUsageError,
     UsageError,
@@ -235,7 +236,7 @@ def _action(client: ServiceClient, args: argparse.Namespace, _progress: Progress
 def _revert(client: ServiceClient, args: argparse.Namespace, progress: Progress) -> Outcome:
     """Reverts the job on the service; a bundle job, which the service cannot revert, by
     reverting what its ``remote apply`` applied here (``patchbox revert`` of each local job
-    of it that is applied; in ``--repo`` only, when given)."""
+    of it that is applied, in ``--repo`` or the current folder's repository)."""
     view = client.job(args.job)
     if not view.get("bundle"):
         if args.repo:
@@ -243,10 +244,10 @@ def _revert(client: ServiceClient, args: argparse.Namespace, progress: Progress)
         return _action(client, args, progress)
     from controller import api
 
-    repo = Path(args.repo).resolve() if args.repo else None
+    repo = _local_repo(args)
     local = [r for r in api.remote_applies(client.url, args.job, repo) if r.state == "applied"]
     if not local:
-        where = f" to {repo}" if repo is not None else ""
+        where = f" to {repo}"
         msg = (
             f"job {args.job} ran on an uploaded bundle and its diff is not applied{where}: "
             f"there is nothing to revert (patchbox remote apply {args.job} applies it)"
@@ -295,12 +296,26 @@ def _apply(client: ServiceClient, args: argparse.Namespace, progress: Progress) 
     return _apply_here(client, args, ref, progress)
 
 
+def _local_repo(args: argparse.Namespace) -> Path:
+    """The local repository of a bundle job's apply or revert: ``--repo``, else the work
+    tree the current folder is in (as ``patchbox run`` finds it)."""
+    if args.repo:
+        return Path(args.repo).resolve()
+    from controller.repo.layout import enclosing_top
+
+    try:
+        return enclosing_top(Path.cwd())
+    except PatchboxError as exc:
+        msg = f"no --repo given, and {exc.message}"
+        raise UsageError(msg) from exc
+
+
 def _applied_here(client: ServiceClient, args: argparse.Namespace) -> Outcome | None:
     """A bundle job whose diff is applied to the local repository already (a local job
     of it is ``applied``): said so, nothing written; None otherwise."""
     from controller.api import remote_applies
 
-    repo = Path(args.repo or ".").resolve()
+    repo = _local_repo(args)
     applied = [r for r in remote_applies(client.url, args.job, repo) if r.state == "applied"]
     if not applied:
         return None
@@ -372,7 +387,7 @@ def _apply_here(
     from controller.api import RemoteOrigin, apply_remote_diff
 
     allowed = _allowed_paths(args)
-    repo = Path(args.repo or ".").resolve()
+    repo = _local_repo(args)
     diff = _download_diff(client, args.job)
     if not diff.strip():
         raise UsageError(f"job {args.job} has an empty diff: there is nothing to apply")

@@ -52,7 +52,7 @@ from controller.providers.base import ChecksAware, Provider
 from controller.repo.baseline import Baseline
 from controller.repo.layout import locate
 from controller.repo.pin import RepoPin
-from controller.sandbox.base import Runtime, Sandbox, SandboxSpec
+from controller.sandbox.base import Runtime, Sandbox, SandboxSpec, WorkClock
 from controller.sandbox.cache import BaselineCache
 from controller.sandbox.docker import DockerSandbox
 from controller.sandbox.envbuild import EnvironmentBuilder
@@ -131,6 +131,7 @@ class Job:
         self.progress = progress or (lambda _m: None)
         self.cancelled = threading.Event()
         self._cancel_reason = CANCELLED_MESSAGE
+        self._late_denial: str | None = None
         self.failure: PatchboxError | None = None
         """The error the job failed with (its record keeps it as data)."""
         self.record = JobRecord(
@@ -159,6 +160,15 @@ class Job:
     def diff(self) -> str | None:
         """The job's diff, once collected."""
         return self._diff
+
+    def deny_apply(self, reason: str) -> None:
+        """From now on the job may not apply itself: ``auto`` and ``trusted-auto`` stop for
+        review with ``reason`` (a job proposed by an idle timeout, not by its caller)."""
+        self._late_denial = reason
+
+    @property
+    def _apply_denied(self) -> str | None:
+        return self.request.apply_denied or self._late_denial
 
     def cancel(self, reason: str = CANCELLED_MESSAGE) -> None:
         """Stops the job: the provider request is aborted, the running tool or check is
@@ -416,7 +426,7 @@ class Job:
         if self.cancelled.is_set():
             raise cancelled_error()
         if task.baseline_checks:
-            self._baseline_checks(prepared.sandbox, checks)
+            self._baseline_checks(prepared.sandbox, checks, prepared.sandbox.clock)
         self._move("running")
         t = time.perf_counter()
         if isinstance(request.provider, ChecksAware):
@@ -456,21 +466,29 @@ class Job:
         self._checks(baseline, changeset, checks, spec)
         self._decide(baseline, changeset)
 
-    def _baseline_checks(self, sandbox: Sandbox, checks: dict[str, CheckSpec]) -> None:
+    def _baseline_checks(
+        self, sandbox: Sandbox, checks: dict[str, CheckSpec], clock: WorkClock
+    ) -> None:
         """The required checks once on the baseline, in the job's sandbox, before the first
         model turn (:mod:`controller.jobs.baselinechecks`); stops the job
         ``CHECK_CANNOT_RUN`` when one cannot start or collect. Nothing runs for a task
-        without a required check."""
+        without a required check. Not counted by the job's wall clock."""
         if not any(c.required and not c.mutates for c in checks.values()):
             return
         self.progress("checks before the change")
         t = time.perf_counter()
-        results = run_baseline_checks(
-            sandbox,
-            checks,
-            on_check=lambda cid: self._doing(f"running check {cid} before the change"),
-            stop=self.cancelled,
-        )
+        # the run on the baseline is bounded by the checks' own timeouts; the wall clock
+        # (the model's or the caller's working time) starts after it
+        clock.pause()
+        try:
+            results = run_baseline_checks(
+                sandbox,
+                checks,
+                on_check=lambda cid: self._doing(f"running check {cid} before the change"),
+                stop=self.cancelled,
+            )
+        finally:
+            clock.resume()
         self.record.timings_ms["baseline_checks"] = round((time.perf_counter() - t) * 1000)
         self.record.baseline_checks = results
         self.store.save(self.record)
@@ -544,7 +562,7 @@ class Job:
             record.mode,
             allow_trusted_auto=request.config.allow_trusted_auto,
             consent_trusted_auto=request.consent_trusted_auto,
-            apply_denied=request.apply_denied,
+            apply_denied=self._apply_denied,
         ):
             record.checks = [
                 CheckResult(
@@ -593,7 +611,7 @@ class Job:
                 checks=record.checks,
                 files=record.files,
                 baseline_unchanged=auto and baseline_unchanged(baseline, changeset),
-                apply_denied=request.apply_denied,
+                apply_denied=self._apply_denied,
                 control_lines=len(record.control_characters),
                 baseline=record.baseline_checks,
             )

@@ -253,10 +253,10 @@ class Decision(_Value):
     """Why applying failed although the rules said apply."""
     reason: str
     failed_checks: list[str] | None = _OMITTED
-    """The required checks that did not pass (and did not fail on the baseline too)."""
+    """The required checks that did not pass after the change (they fail the job)."""
     still_failing: list[str] | None = _OMITTED
-    """The required checks that failed on the baseline and still fail: they do not stop a
-    review, but auto mode never applies with them."""
+    """Those of :attr:`failed_checks` that failed on the baseline too: the change did not
+    break them."""
     check_changes: list[CheckChange] | None = _OMITTED
     """Each required check before and after the change, when it ran on the baseline."""
     applied_by: str | None = _OMITTED
@@ -559,7 +559,8 @@ def write_lock(repo: str, root: Path | None = None, *, holder: str = "") -> Iter
                 handle.flush()
             yield
         finally:
-            handle.truncate(0)
+            with contextlib.suppress(OSError):
+                handle.truncate(0)
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 

@@ -134,11 +134,19 @@ NAMED_FILES = 5
 def named_files(paths: Iterable[str], shown: int = NAMED_FILES) -> str:
     """The first ``shown`` of ``paths`` in order, each cut at 120 characters and every
     character a terminal acts on or hides written as an escape (file names are the
-    repository's, untrusted), then ``and N more``."""
-    ordered = sorted(set(paths))
+    repository's, untrusted), then ``and N more``. Protected paths (``.env``, keys) are
+    counted, never named: the message may reach a model (an MCP session's refusal)."""
+    from patchbox_agent.protected import is_protected_path
+
+    every = sorted(set(paths))
+    ordered = [p for p in every if not is_protected_path(p)]
+    hidden = len(every) - len(ordered)
     names = ", ".join(visible(p[:120]) for p in ordered[:shown])
     more = len(ordered) - shown
-    return names + (f" and {more} more" if more > 0 else "")
+    text = names + (f" and {more} more" if more > 0 else "")
+    if hidden:
+        text += (", " if text else "") + f"{hidden} protected file{'s' * (hidden != 1)}"
+    return text
 
 
 OBJECT_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")

@@ -72,6 +72,13 @@ class WorkClock:
     def expired(self) -> bool:
         return self.remaining() <= 0
 
+    @property
+    def paused(self) -> bool:
+        """Whether the clock is paused: work done now (the checks' run on the baseline) is
+        bounded by its own timeouts, not by the clock."""
+        with self._lock:
+            return self._since is None
+
     def pause(self) -> None:
         """Stops counting (idempotent)."""
         with self._lock:

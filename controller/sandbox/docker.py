@@ -355,6 +355,8 @@ class DockerSandbox(AgentCalls):
         return self._session
 
     def _budget(self, timeout: float) -> float:
+        if self.clock.paused:
+            return timeout
         remaining = self.clock.remaining()
         if remaining <= 0:
             self._kill()

@@ -178,11 +178,12 @@ def serve(config_path: Path | None, host: str, port: int) -> None:
 
     from controller.service.server import server_config
     from controller.service.startup import PREFIX, startup_lines
+    from controller.text import visible
 
     app, service = build(config_path)
     summary = startup_lines(config_path, service.host, service.config)
     with contextlib.suppress(OSError):
-        sys.stderr.write("".join(f"{PREFIX}{line}\n" for line in summary))
+        sys.stderr.write("".join(f"{PREFIX}{visible(line)}\n" for line in summary))
         sys.stderr.flush()
 
     class Server(uvicorn.Server):

@@ -93,6 +93,12 @@ class Glob:
     def __call__(self, path: str) -> bool:
         return path.endswith(self.suffix) and match(self.tokens, path)
 
+    def covers_below(self, path: str) -> bool:
+        """Whether the pattern matches every path below the folder ``path`` (``secrets/**``
+        for ``secrets``): then the folder holds nothing but protected paths, and its own
+        name is as protected as they are."""
+        return covers_below(self.tokens, path + "/")
+
 
 def _step(tok: Token, reach: List[bool], path: str) -> List[bool]:
     """Positions reachable after ``tok``, given the positions reachable before it."""
@@ -126,3 +132,22 @@ def match(tokens: List[Token], path: str) -> bool:
         if not any(reach):
             return False
     return reach[-1]
+
+
+def covers_below(tokens: List[Token], prefix: str) -> bool:
+    """Whether ``tokens`` match ``prefix`` followed by anything at all: the first ``i``
+    tokens match ``prefix`` exactly, and the rest are ``**`` only, or (none left) the
+    ``i``-th was a ``**`` that goes on matching whatever follows."""
+    end = len(prefix)
+    reach = [False] * (end + 1)
+    reach[0] = True
+    for i in range(len(tokens) + 1):
+        rest = tokens[i:]
+        if reach[end] and all(t == "**" for t in rest) and (rest or tokens[i - 1] == "**"):
+            return True
+        if i == len(tokens):
+            return False
+        reach = _step(tokens[i], reach, prefix)
+        if not any(reach):
+            return False
+    return False

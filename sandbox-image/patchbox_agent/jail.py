@@ -54,6 +54,16 @@ def operator_protected(path: str) -> bool:
     return any(g(folded) for g in _EXTRA)
 
 
+def operator_guarded(path: str) -> bool:
+    """Whether an operator glob protects everything below the folder ``path`` (``secrets``
+    under ``secrets/**``): the folder is then refused by name too, so whether it exists
+    is never shown."""
+    if not _EXTRA:
+        return False
+    folded = fold(path)
+    return any(g.covers_below(folded) for g in _EXTRA)
+
+
 NOT_ALLOWED = "not allowed"
 """The one answer for a protected path, whether or not it exists (never more specific)."""
 ABSOLUTE = "use a path relative to the repository top (like src/app.py), not an absolute path"
@@ -137,7 +147,7 @@ def split(path: object) -> list[str]:
             raise PathDeniedError
     if any(part in ("", ".") for part in parts):
         raise PathInvalidError(MALFORMED)
-    if is_protected_path(path) or operator_protected(path):
+    if is_protected_path(path) or operator_protected(path) or operator_guarded(path):
         raise PathDeniedError
     return parts
 
@@ -189,7 +199,14 @@ def why_not(dfd: int, name: str, error: OSError, want: int) -> PathDeniedError:
     if kind == stat.S_IFLNK:
         return PathDeniedError(NOT_ALLOWED + ": a symbolic link, which the tools do not follow")
     if kind == want or kind not in (stat.S_IFREG, stat.S_IFDIR):
-        what = "not a regular file" if kind != want else "it changed while it was opened"
+        what = "not a regular file"
+        if kind == want:
+            denied = error.errno in (errno.EACCES, errno.EPERM)
+            what = (
+                "it cannot be opened (no permission)"
+                if denied
+                else "it changed while it was opened"
+            )
         return PathDeniedError(f"{NOT_ALLOWED}: {what}")
     if want == stat.S_IFREG:
         return PathDeniedError("a folder, not a file (list_files lists what it holds)")

@@ -19,18 +19,22 @@ def patchbox(
     home: Path | None = None,
     env: dict[str, str] | None = None,
     timeout: float = 300,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``python3 -m controller ARGS`` from the checkout, with the test run's environment,
-    ``PATCHBOX_HOME=home`` when given, and ``env`` on top."""
+    """``python3 -m controller ARGS`` from the checkout (or ``cwd``, with the checkout on
+    ``PYTHONPATH``), with the test run's environment, ``PATCHBOX_HOME=home`` when given,
+    and ``env`` on top."""
     full = {**os.environ, **(env or {})}
     if home is not None:
         full["PATCHBOX_HOME"] = str(home)
+    if cwd is not None:
+        full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), full.get("PYTHONPATH")]))
     return subprocess.run(
         [sys.executable, "-m", "controller", *args],
         capture_output=True,
         text=True,
         env=full,
-        cwd=ROOT,
+        cwd=cwd or ROOT,
         timeout=timeout,
         check=False,
     )

@@ -153,3 +153,21 @@ def _evidence(job_id: str) -> dict[str, Any]:
         (patchbox_home() / "jobs" / job_id / "evidence.json").read_text()
     )
     return data
+
+
+def test_the_run_on_the_baseline_is_not_counted_by_the_wall_clock(
+    docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
+) -> None:
+    """A required check that takes 6 s on the baseline, under a 5 s wall clock: the model's
+    turn still runs, and the job ends on its check after the change, not LIMIT_EXCEEDED."""
+    del docker_client, sandbox_image
+    repo = make_repo(tmp_path / "repo")
+    slow = {"argv": ["sleep", "6"], "timeout_seconds": 30}
+    limits = {"memory_mb": 512, "workspace_mb": 64, "tmp_mb": 32, "wall_seconds": 5}
+    task = {**TASK, "checks": {"slow": slow}, "limits": limits}
+    proc, out = _run(repo, tmp_path / "job", task)
+    before = {c["id"]: c["status"] for c in out.get("baseline_checks") or []}
+    assert before == {"slow": "passed"}, proc.stdout[-3000:]
+    assert [c["ok"] for c in out["tool_calls"]] == [True], proc.stderr  # the model's turn ran
+    assert (out.get("error") or {}).get("code") != "LIMIT_EXCEEDED", proc.stderr
+    assert out["status"] == "awaiting_review", proc.stderr

@@ -180,8 +180,13 @@ def _show_diff_and_revert_the_local_applies(
     nothing = patchbox("remote", "revert", job_id, "--repo", str(laptop.path), env=env)
     assert nothing.returncode == ExitCode.USAGE
     assert "nothing to revert" in nothing.stderr
-    rest = patchbox("remote", "revert", job_id, env=env)
-    assert rest.returncode == 0, rest.stderr
+    outside = patchbox("remote", "revert", job_id, env=env, cwd=laptop.path.parent)
+    assert outside.returncode == ExitCode.USAGE  # not in a repository, and no --repo
+    assert "no --repo given" in outside.stderr
+    assert (moved.path / "app.py").read_text() == APP_AFTER
+    (moved.path / "sub").mkdir()
+    rest = patchbox("remote", "revert", job_id, env=env, cwd=moved.path / "sub")
+    assert rest.returncode == 0, rest.stderr  # the repository the current folder is in
     assert f"reverted in {moved.path}" in rest.stdout
     assert (moved.path / "app.py").read_text() == APP
     # applied again after the revert

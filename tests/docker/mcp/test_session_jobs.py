@@ -129,6 +129,43 @@ def test_an_idle_job_with_a_change_is_proposed_and_releases_its_sandbox_and_the_
     assert all(not containers_of(docker_client, r.job_id) for r in records)
 
 
+def test_an_auto_job_the_idle_timeout_proposes_waits_for_review_and_is_never_applied(
+    docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
+) -> None:
+    """Nobody asked for an idle job's proposal: it may be half done, so even an auto task
+    whose checks pass stops for review, and the work tree is untouched."""
+    del sandbox_image
+    repo = init(tmp_path / "repo", FILES, message="greet").path
+    args = server_args(tmp_path / "files", repo, {**TASK, "mode": "auto"}, "allow_auto = true\n")
+    params = stdio([*args, "--idle-timeout", "2"])
+
+    async def scenario() -> str:
+        async with Client(params) as client:
+            assert not (await client.call_tool("replace_text", EDIT)).is_error
+            job_id = jobs_of(repo)[0].job_id
+            ended = await anyio.to_thread.run_sync(
+                lambda: until(
+                    lambda: (
+                        JobStore().load(job_id).state
+                        in {"awaiting_review", "applied", "failed", "cancelled"}
+                    ),
+                    60,
+                )
+            )
+            assert ended
+            return job_id
+
+    job_id = anyio.run(scenario)
+    record = JobStore().load(job_id)
+    assert record.state == "awaiting_review", record.error
+    assert record.decision is not None
+    assert not record.decision.applied
+    assert "proposed by the idle timeout" in record.decision.reason
+    assert [c.status for c in record.checks] == ["passed"]  # only the idle end held it back
+    assert (repo / "app.py").read_text() == APP
+    assert not containers_of(docker_client, job_id)
+
+
 def test_an_idle_job_without_a_change_is_cancelled_and_the_next_call_works(
     docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
 ) -> None:

@@ -210,9 +210,55 @@ def test_operator_protected_paths_are_invisible(
         with pytest.raises(ToolError) as info:
             box.read_file(path)
         assert info.value.code is ErrorCode.TOOL_PATH_DENIED
+    with pytest.raises(ToolError) as info:
+        box.read_file("conf")  # a folder no glob covers whole: what it is, as before
+    assert info.value.code is ErrorCode.TOOL_PATH_DENIED
+    assert "a folder" in info.value.message
     ex = ToolExecutor(box, extra_protected=protected)
     out = ex.execute(
         1, "w", "replace_text", {"path": "secrets/db.yaml", "oldText": "needle", "newText": "x"}
     )
     assert out.error is not None
     assert out.error["code"] == "TOOL_PATH_DENIED"
+
+
+@pytest.mark.parametrize("kind", ["local", "docker"])
+def test_a_folder_a_glob_protects_whole_is_refused_by_name_whether_or_not_it_exists(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Under ``secrets/**`` the name ``secrets`` itself gets the bare "not allowed", as
+    ``vault`` (absent) does under ``vault/**``: no answer tells which exists."""
+    protected = ("secrets/**", "vault/**")
+    files: dict[str, bytes | str] = {"a.txt": "a\n", "secrets/db.yaml": "k\n"}
+    if kind == "local":
+        root = tmp_path / "ws"
+        for name, text in files.items():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / name).write_text(str(text))
+        box: LocalSandbox | DockerSandbox = LocalSandbox(root, protected=protected)
+        request.addfinalizer(box.close)
+    else:
+        make: SandboxFactory = request.getfixturevalue("make_sandbox")
+        box = make(protected=protected)
+        AgentWorkspace("docker", box, Path("/workspace"), "/tmp/outside").setup(files)
+    answers = []
+    for folder in ("secrets", "vault", "SECRETS"):
+        with pytest.raises(ToolError) as info:
+            box.read_file(folder)
+        answers.append((info.value.code, info.value.message))
+    assert answers == [(ErrorCode.TOOL_PATH_DENIED, "not allowed")] * 3
+    with pytest.raises(ToolError) as info:
+        box.read_file("nothing")
+    assert info.value.code is ErrorCode.TOOL_FILE_NOT_FOUND  # an unguarded name: as before
+
+
+def test_a_file_without_read_permission_says_so(make_sandbox: SandboxFactory) -> None:
+    """A hostile repository's mode-000 file: refused as not readable, not as a race (in
+    the sandbox, whose agent is not root)."""
+    box = make_sandbox()
+    AgentWorkspace("docker", box, Path("/workspace"), "/tmp/outside").setup({"locked.txt": "s\n"})
+    assert box.run(["chmod", "000", "locked.txt"], timeout=30).exit_code == 0
+    with pytest.raises(ToolError) as info:
+        box.read_file("locked.txt")
+    assert info.value.code is ErrorCode.TOOL_PATH_DENIED
+    assert info.value.message == "not allowed: it cannot be opened (no permission)"

@@ -39,3 +39,20 @@ def test_a_dirty_work_tree_names_its_first_files(
     )
     assert "\x1b" not in message
     assert "\u202e" not in message
+
+
+def test_protected_files_are_counted_never_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refusal may reach a model (an MCP session's first call): a changed ``.env`` or
+    key is counted, its name never shown."""
+    assert named_files(["a.py", ".env", "id_ed25519"]) == "a.py, 2 protected files"
+    isolate(tmp_path, monkeypatch)
+    repo = make_repo(tmp_path / "repo")
+    (repo / ".env.prod").write_text("TOKEN=x\n")
+    (repo / "notes.txt").write_text("n\n")
+    with pytest.raises(PatchboxError) as caught:
+        build_baseline(repo)
+    message = caught.value.message
+    assert "untracked: notes.txt, 1 protected file)" in message
+    assert ".env" not in message
