@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Literal, Self
 
@@ -14,6 +15,7 @@ from pydantic import (
     model_validator,
 )
 
+from controller.config.checkargs import ArgSlot, SlotName, check_declaration, expand_argv
 from controller.config.environment import EnvironmentRef, check_env_names
 from controller.config.inputfile import read_input_file
 from controller.config.limits import Limits
@@ -58,6 +60,10 @@ class CheckSpec(BaseModel):
     """Where the check writes its own JUnit XML (``pytest --junitxml=/tmp/junit.xml``): an
     absolute path in the sandbox or one relative to /workspace. Its test cases go into the
     job's report instead of one case for the check."""
+    args: dict[SlotName, ArgSlot] = Field(default_factory=dict, max_length=16)
+    """Argument slots a model may fill (:mod:`controller.config.checkargs`): each named in
+    ``argv`` as one whole element, ``{name}``. The required checks that decide the job
+    always run with the defaults."""
 
     @model_validator(mode="after")
     def _safe_env(self) -> Self:
@@ -65,6 +71,7 @@ class CheckSpec(BaseModel):
         if any("\x00" in a for a in self.argv):
             msg = "argv contains NUL"
             raise ValueError(msg)
+        check_declaration(self.argv, self.args)
         if self.junit is not None and ("\x00" in self.junit or self.junit.startswith("-")):
             msg = "junit must be a path"
             raise ValueError(msg)
@@ -72,6 +79,11 @@ class CheckSpec(BaseModel):
 
     def environment(self) -> dict[str, str]:
         return {**CHECK_ENV, **self.env}
+
+    def argv_with(self, values: Mapping[str, Sequence[str]] | None = None) -> list[str]:
+        """The argv that runs: each slot's placeholder replaced by the given ``values``
+        (validated by :func:`controller.config.checkargs.check_values`) or its default."""
+        return expand_argv(self.argv, self.args, values or {})
 
 
 class TaskSpec(BaseModel):

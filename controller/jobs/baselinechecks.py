@@ -118,7 +118,7 @@ def run_baseline_checks(
         if on_check is not None:
             on_check(check_id)
         run = sandbox.run(
-            list(spec.argv),
+            spec.argv_with(),
             timeout=spec.timeout_seconds,
             env=spec.environment(),
             output_limit=spec.output_limit,
@@ -138,7 +138,7 @@ def run_baseline_checks(
 
 def baseline_result(check_id: str, spec: CheckSpec, run: RunResult) -> BaselineCheck:
     """One baseline run as the record keeps it."""
-    reason = cannot_run(spec.argv, run)
+    reason = cannot_run(spec.argv_with(), run)
     status: Literal["passed", "failed", "timed_out", "cannot_run"]
     if reason is not None:
         status = "cannot_run"

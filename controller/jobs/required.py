@@ -38,7 +38,7 @@ TIMEOUT_EXIT = 137
 def _exec(
     client: docker.DockerClient, container_id: str, spec: CheckSpec, stop: threading.Event
 ) -> tuple[int | None, str, bool, int]:
-    argv = ["timeout", "-s", "KILL", f"{spec.timeout_seconds:g}", *spec.argv]
+    argv = ["timeout", "-s", "KILL", f"{spec.timeout_seconds:g}", *spec.argv_with()]
     started = time.monotonic()
     exec_id = client.api.exec_create(
         container_id,

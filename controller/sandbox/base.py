@@ -223,6 +223,21 @@ class RawChunk(_Result):
     executable: bool = False
 
 
+class PathKind(_Result):
+    """What one path names in the workspace (``kind``), or why a tool may not use it
+    (``code``, ``message``: the jail's own words; a protected path is refused by name)."""
+
+    kind: Literal["file", "folder"] | None = None
+    code: Literal["TOOL_PATH_DENIED", "TOOL_PATH_INVALID", "TOOL_FILE_NOT_FOUND"] | None = None
+    message: str | None = Field(default=None, max_length=1024)
+
+
+class CheckPathsResult(_Result):
+    """The answer of ``check_paths``: one :class:`PathKind` per path asked, in order."""
+
+    paths: list[PathKind] = Field(max_length=ops.MAX_CHECK_PATHS)
+
+
 class RunResult(_Result):
     """The outcome of one process in the sandbox, as the agent reports it."""
 
@@ -281,6 +296,8 @@ class Sandbox(Protocol):
     def changes(self) -> ChangesResult: ...
 
     def read_raw(self, path: str, offset: int = 0, length: int = ...) -> RawChunk: ...
+
+    def check_paths(self, paths: list[str]) -> CheckPathsResult: ...
 
     def run(
         self,

@@ -16,6 +16,7 @@ from controller.sandbox.base import (
     DEFAULT_OUTPUT_LIMIT,
     ApplyPatchResult,
     ChangesResult,
+    CheckPathsResult,
     ListFilesResult,
     PutArchiveResult,
     RawChunk,
@@ -130,6 +131,14 @@ class AgentCalls:
         """One chunk of a file's bytes (or a symlink's target), nothing followed."""
         args: CallArgs = {"path": path, "offset": offset, "length": length}
         return self._validate(RawChunk, self._call("read_raw", args))
+
+    def check_paths(self, paths: list[str]) -> CheckPathsResult:
+        """What each path names in the workspace (a file, a folder), or why the tools may not
+        use it, under the jail's rules (at most ``ops.MAX_CHECK_PATHS``)."""
+        result = self._validate(CheckPathsResult, self._call("check_paths", {"paths": paths}))
+        if len(result.paths) != len(paths):
+            raise self._protocol_violation(ProtocolError("check_paths answered another count"))
+        return result
 
     def put_archive(self, data: bytes) -> PutArchiveResult:
         """Unpacks a tar archive made by the controller into /workspace."""

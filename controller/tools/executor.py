@@ -12,12 +12,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Required, TypedDict, cast
 
 from pydantic import BaseModel
 
+from controller.config.checkargs import canonical, check_values, workspace_paths
 from controller.config.task import CheckSpec
 from controller.errors import (
     ArgumentsNotAnObjectError,
@@ -85,6 +86,8 @@ class CheckOutput(TypedDict):
     outputTruncated: bool
     changes: CheckChanges | None
     reused: bool
+    argv: list[str]
+    """The command that ran, each declared argument replaced by its values."""
 
 
 class ResultFields(TypedDict, total=False):
@@ -221,7 +224,7 @@ class ToolExecutor:
         try:
             args = parse_arguments(tool, raw)
             if isinstance(args, RunCheckArgs):
-                return self._run_check(turn, call_id, args.check_id)
+                return self._run_check(turn, call_id, args.check_id, args.args)
             result, effect = self._dispatch(args)
         except ToolError as exc:
             if not _retryable(exc):
@@ -270,7 +273,9 @@ class ToolExecutor:
         if reason is not None:
             raise ToolError(f"{path[:200]}: {reason}", code=ErrorCode.TOOL_PATH_DENIED)
 
-    def _run_check(self, turn: int, call_id: str, check_id: str) -> ToolOutcome:
+    def _run_check(
+        self, turn: int, call_id: str, check_id: str, given: Mapping[str, object] | None = None
+    ) -> ToolOutcome:
         spec = self.checks.get(check_id)
         if spec is None:
             known = ", ".join(sorted(self.checks)) or "none"
@@ -278,13 +283,16 @@ class ToolExecutor:
                 f"unknown checkId {check_id!r}; configured: {known}",
                 code=ErrorCode.TOOL_ARGUMENTS_INVALID,
             )
-        cached = self._check_cache.get(check_id)
+        values = check_arguments(self.sandbox, check_id, spec, given)
+        key = check_key(check_id, values)
+        cached = self._check_cache.get(key)
         if cached is not None:
             result = dict(cached.result or {}, reused=True)
             result["verdict"] = f"{result['verdict']} (reused: nothing changed since it ran)"
             return ToolOutcome(turn, call_id, "run_check", ok=True, result=result, effect="none")
+        argv = spec.argv_with(values)
         run = self.sandbox.run(
-            list(spec.argv),
+            argv,
             timeout=spec.timeout_seconds,
             env=spec.environment(),
             output_limit=spec.output_limit,
@@ -299,7 +307,7 @@ class ToolExecutor:
                 f"check {check_id} changed {changes.count} file(s) it was not declared to change: "
                 + ", ".join(sample)
             )
-        output = check_result(check_id, run)
+        output = check_result(check_id, run, argv)
         outcome = ToolOutcome(
             turn,
             call_id,
@@ -311,12 +319,42 @@ class ToolExecutor:
         if changed:
             self._check_cache.clear()
         else:
-            self._check_cache[check_id] = outcome
+            self._check_cache[key] = outcome
         return outcome
 
 
-def check_result(check_id: str, run: RunResult) -> CheckOutput:
-    """The model-facing (and evidence) view of a check run: status, exit, bounded output."""
+def check_arguments(
+    sandbox: Sandbox, check_id: str, spec: CheckSpec, given: Mapping[str, object] | None
+) -> dict[str, tuple[str, ...]]:
+    """The values a ``run_check`` call gives ``spec``'s declared arguments, checked: each on
+    its own (:func:`controller.config.checkargs.check_values`), then every path in the
+    sandbox, where the workspace is (:meth:`Sandbox.check_paths`: it exists, is not a link,
+    is not protected). ``TOOL_ARGUMENTS_INVALID`` with the exact reason otherwise."""
+    values = check_values(check_id, spec.args, given)
+    wanted = workspace_paths(spec.args, values)
+    if not wanted:
+        return values
+    found = sandbox.check_paths([path for _, path, _ in wanted])
+    for (where, _, needs_file), kind in zip(wanted, found.paths, strict=True):
+        if kind.kind is None:
+            reason = kind.message or "not allowed"
+        elif needs_file and kind.kind != "file":
+            reason = "a folder, not a file: a test id names a file"
+        else:
+            continue
+        raise ToolError(f"{where}: {reason}", code=ErrorCode.TOOL_ARGUMENTS_INVALID)
+    return values
+
+
+def check_key(check_id: str, values: Mapping[str, Sequence[str]]) -> str:
+    """The reuse key of a check run: the check and its arguments (the run's workspace state
+    is the cache's own: every write empties it)."""
+    return json.dumps([check_id, canonical(values)])
+
+
+def check_result(check_id: str, run: RunResult, argv: Sequence[str] = ()) -> CheckOutput:
+    """The model-facing (and evidence) view of a check run: status, exit, bounded output,
+    and the argv that ran (the values of secret variables taken out)."""
     status: Literal["passed", "failed", "timed_out"]
     if run.timed_out:
         status = "timed_out"
@@ -336,7 +374,16 @@ def check_result(check_id: str, run: RunResult) -> CheckOutput:
         "outputTruncated": run.truncated or len(run.output) > OUTPUT_TAIL,
         "changes": _changes(run.changes) if run.changes else None,
         "reused": False,
+        "argv": _shown_argv(argv),
     }
+
+
+def _shown_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` as a result shows it: without controls or secret values."""
+    from controller.logs import Scrubber  # the secrets of this process's environment
+
+    scrub = Scrubber("", paths=False)
+    return [scrub.text(a) for a in argv]
 
 
 def verdict(check_id: str, status: str, exit_code: int | None, signal: int | None) -> str:

@@ -172,6 +172,16 @@ class RunCheckArgs(_Args):
 
     check_id: CheckId = Field(alias="checkId")
     """The id of the check to run."""
+    args: (
+        dict[
+            Annotated[str, StringConstraints(min_length=1, max_length=64)],
+            str | int | list[str | int],
+        ]
+        | None
+    ) = Field(default=None, max_length=16)
+    """Values for the check's declared arguments, by name (only a check that declares
+    arguments takes them; each is one value or a list of values): for example
+    {"tests": ["tests/test_app.py::test_empty"]}. Left out, each argument has its default."""
 
 
 ARGUMENT_MODELS: dict[str, type[_Args]] = {
@@ -241,11 +251,16 @@ def describe_check(check_id: str, spec: CheckSpec) -> str:
     time limit."""
     from controller.logs import Scrubber  # the secrets of this process's environment
 
-    what = Scrubber("", paths=False).text(spec.description or shlex.join(spec.argv))
+    slots = {f"{{{name}}}" for name in spec.args}
+    command = " ".join(a if a in slots else shlex.quote(a) for a in spec.argv)
+    what = Scrubber("", paths=False).text(spec.description or command)
     if len(what) > CHECK_TEXT:
         what = what[: CHECK_TEXT - 3] + "..."
     need = "the change must pass it" if spec.required else "optional"
-    return f"{check_id}: {_plain(what)} ({need}; at most {spec.timeout_seconds:g} s)"
+    line = f"{check_id}: {_plain(what)} ({need}; at most {spec.timeout_seconds:g} s)"
+    for name, slot in sorted(spec.args.items()):
+        line += f"; argument {name}: {_plain(slot.summary())}"
+    return line
 
 
 CHECK_TEXT = 300
@@ -288,6 +303,35 @@ def _schema(model: type[_Args]) -> dict[str, Any]:
     return schema
 
 
+ARG_VALUE: dict[str, Any] = {"anyOf": [{"type": "string"}, {"type": "integer"}]}
+"""One argument value as the model sends it."""
+
+
+def _args_schema(prop: dict[str, Any], checks: Mapping[str, CheckSpec] | None) -> dict[str, Any]:
+    """run_check's ``args`` with only the keywords every function-calling dialect takes (the
+    bounds on names and count stay the model's to check): with the job's checks known, an
+    object of exactly the argument names they declare, each described."""
+    value = {"anyOf": [*ARG_VALUE["anyOf"], {"type": "array", "items": ARG_VALUE}]}
+    out: dict[str, Any] = {"type": "object", "description": prop["description"]}
+    slots: dict[str, list[str]] = {}
+    for check_id, spec in sorted((checks or {}).items()):
+        for name in spec.args:
+            slots.setdefault(name, []).append(check_id)
+    if checks is None:
+        out["additionalProperties"] = value
+        return out
+    if not slots:
+        out["description"] = "No check of this job takes arguments: leave this out."
+        out["properties"] = {}
+    else:
+        out["properties"] = {
+            name: {**value, "description": f"Values for checks {', '.join(ids)} (see above)."}
+            for name, ids in sorted(slots.items())
+        }
+    out["additionalProperties"] = False
+    return out
+
+
 def tool_schemas(checks: Mapping[str, CheckSpec] | None = None) -> list[ToolSchema]:
     """The tools as function definitions for a model: name, description, JSON Schema.
 
@@ -310,5 +354,7 @@ def tool_schemas(checks: Mapping[str, CheckSpec] | None = None) -> list[ToolSche
             else:
                 prop["description"] = "No check is configured for this job."
             description += "\n" + checks_text(checks)
+        if model is RunCheckArgs:
+            schema["properties"]["args"] = _args_schema(schema["properties"]["args"], checks)
         out.append({"name": name, "description": description, "parameters": schema})
     return out

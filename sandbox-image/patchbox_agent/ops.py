@@ -1,7 +1,7 @@
 """The agent's operations on the workspace: ``list_files``, ``search_text``, ``read_file``,
-``replace_text``, ``apply_patch``, ``changes``, ``read_raw``, ``put_archive``, ``run`` and
-``cancel``, with their limits, and the baseline preload. :mod:`patchbox_agent.server` greets
-the controller and hands each request to a :class:`Workspace`.
+``replace_text``, ``apply_patch``, ``changes``, ``read_raw``, ``check_paths``, ``put_archive``,
+``run`` and ``cancel``, with their limits, and the baseline preload.
+:mod:`patchbox_agent.server` greets the controller and hands each request to a :class:`Workspace`.
 
 The tar extraction behind ``put_archive`` and the preload (:mod:`patchbox_agent.extract`),
 the ``run`` operation's process handling (:mod:`patchbox_agent.runner`), search and edits
@@ -48,6 +48,9 @@ SEED = "/opt/patchbox-seed"
 """Where a project environment keeps what its setup left in /workspace."""
 RAW_CHUNK = 2 * 1024 * 1024
 
+
+MAX_CHECK_PATHS = 256
+NO_SUCH_PATH = "no such file or folder"
 
 NOT_TEXT = "not a text file the tools read (binary, not UTF-8, or a line over 1 MiB)"
 
@@ -254,6 +257,48 @@ class Workspace:
             "offset": offset,
             "data": base64.b64encode(chunk).decode("ascii"),
         }
+
+    def check_paths(self, args: dict[str, Any]) -> dict[str, Any]:
+        """What each of ``paths`` names, under the jail's rules: ``{"kind": "file"}`` or
+        ``{"kind": "folder"}``, or the error a tool would get (``code``, ``message``). A
+        protected path is refused by name before anything is looked up; a link, at any
+        component, is refused and never followed. The arguments a check is given are
+        checked here, where the workspace is."""
+        paths = args.get("paths")
+        if (
+            not isinstance(paths, list)
+            or len(paths) > MAX_CHECK_PATHS
+            or not all(isinstance(p, str) for p in paths)
+        ):
+            raise _bad(f"paths must be a list of at most {MAX_CHECK_PATHS} strings")
+        return {"paths": [self._path_kind(p) for p in paths]}
+
+    def _path_kind(self, path: str) -> dict[str, str]:
+        try:
+            parts = jail.split(path)
+            dfd = jail.open_dir(self._root_fd, parts[:-1])
+            try:
+                try:
+                    st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+                except FileNotFoundError:
+                    raise jail.NoSuchFileError(NO_SUCH_PATH) from None
+                except OSError:
+                    raise jail.PathDeniedError(jail.NOT_ALLOWED + ": it cannot be opened") from None
+            finally:
+                os.close(dfd)
+        except jail.NoSuchFileError as exc:
+            return {"code": exc.code, "message": NO_SUCH_PATH}
+        except jail.PathDeniedError as exc:
+            return {"code": exc.code, "message": exc.message}
+        if stat.S_ISDIR(st.st_mode):
+            return {"kind": "folder"}
+        if stat.S_ISREG(st.st_mode):
+            return {"kind": "file"}
+        if stat.S_ISLNK(st.st_mode):
+            message = jail.NOT_ALLOWED + ": a symbolic link, which the tools do not follow"
+        else:
+            message = jail.NOT_ALLOWED + ": not a regular file or folder"
+        return {"code": "TOOL_PATH_DENIED", "message": message}
 
     def read_file(self, args: dict[str, Any]) -> dict[str, Any]:
         start = _int_arg(args, "startLine", 1, 1, MAX_LINE_NUMBER)

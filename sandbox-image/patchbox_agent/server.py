@@ -142,6 +142,7 @@ class Agent:
             "put_archive": lambda: ops.put_archive(self._reader, args),
             "changes": lambda: ops.locked(ops.changes, args),
             "read_raw": lambda: ops.read_raw(args),
+            "check_paths": lambda: ops.check_paths(args),
         }
         handler = handlers.get(op)
         if handler is None:

@@ -139,7 +139,7 @@ def test_result_attributes_are_snake_case() -> None:
 
 
 def test_check_result_keeps_its_keys() -> None:
-    view = check_result("unit", RunResult.model_validate(RESULTS[RunResult]))
+    view = check_result("unit", RunResult.model_validate(RESULTS[RunResult]), ["pytest", "-q"])
     assert view == {
         "verdict": "unit: passed",
         "checkId": "unit",
@@ -151,6 +151,7 @@ def test_check_result_keeps_its_keys() -> None:
         "outputTruncated": False,
         "changes": {"added": ["n.py"], "removed": [], "modified": [], "count": 1},
         "reused": False,
+        "argv": ["pytest", "-q"],
     }
 
 
