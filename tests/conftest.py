@@ -26,7 +26,9 @@ sys.path.insert(0, str(REPO_ROOT / "sandbox-image"))
 # Subprocesses (``python3 -m controller``, the installed ``patchbox``) import this checkout's
 # package, not whichever checkout the environment's editable install points at.
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
+    p
+    for p in (str(REPO_ROOT), str(REPO_ROOT / "sandbox-image"), os.environ.get("PYTHONPATH", ""))
+    if p
 )
 
 from controller.config.limits import Limits

@@ -78,7 +78,8 @@ def runner_env(server: LoopbackServer, bin_dir: Path) -> dict[str, str]:
     """The runner's environment: ``patchbox`` on PATH as installed, the test provider."""
     bin_dir.mkdir(exist_ok=True)
     shim = bin_dir / "patchbox"
-    shim.write_text(f'#!/bin/sh\nPYTHONPATH="{ROOT}" exec "{sys.executable}" -m controller "$@"\n')
+    path = f"{ROOT}:{ROOT}/sandbox-image"
+    shim.write_text(f'#!/bin/sh\nPYTHONPATH="{path}" exec "{sys.executable}" -m controller "$@"\n')
     shim.chmod(0o755)
     return {
         **os.environ,

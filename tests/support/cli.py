@@ -28,7 +28,8 @@ def patchbox(
     if home is not None:
         full["PATCHBOX_HOME"] = str(home)
     if cwd is not None:
-        full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), full.get("PYTHONPATH")]))
+        paths = [str(ROOT), str(ROOT / "sandbox-image"), full.get("PYTHONPATH")]
+        full["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
     return subprocess.run(
         [sys.executable, "-m", "controller", *args],
         capture_output=True,

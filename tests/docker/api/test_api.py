@@ -221,7 +221,7 @@ def test_the_documented_example_runs(
         capture_output=True,
         text=True,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'sandbox-image'}"},
         timeout=300,
         check=False,
     )

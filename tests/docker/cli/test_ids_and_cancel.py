@@ -30,7 +30,11 @@ LIMITS = {"memory_mb": 512, "workspace_mb": 64, "tmp_mb": 32, "wall_seconds": 24
 
 
 def environ(home: Path) -> dict[str, str]:
-    return {**os.environ, "PATCHBOX_HOME": str(home), "PYTHONPATH": str(REPO_ROOT)}
+    return {
+        **os.environ,
+        "PATCHBOX_HOME": str(home),
+        "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{REPO_ROOT / 'sandbox-image'}",
+    }
 
 
 def patchbox_in(
