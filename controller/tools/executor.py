@@ -38,7 +38,7 @@ from controller.tools.schemas import (
     SearchTextArgs,
     parse_arguments,
 )
-from patchbox_agent import diffs
+from patchbox_agent import diffs, ops
 
 OUTPUT_TAIL = 8 * 1024
 
@@ -334,8 +334,13 @@ def check_arguments(
     wanted = workspace_paths(spec.args, values)
     if not wanted:
         return values
-    found = sandbox.check_paths([path for _, path, _ in wanted])
-    for (where, _, needs_file), kind in zip(wanted, found.paths, strict=True):
+    paths = [path for _, path, _ in wanted]
+    found = [
+        kind
+        for start in range(0, len(paths), ops.MAX_CHECK_PATHS)
+        for kind in sandbox.check_paths(paths[start : start + ops.MAX_CHECK_PATHS]).paths
+    ]
+    for (where, _, needs_file), kind in zip(wanted, found, strict=True):
         if kind.kind is None:
             reason = kind.message or "not allowed"
         elif needs_file and kind.kind != "file":

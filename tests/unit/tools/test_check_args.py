@@ -155,3 +155,14 @@ def test_the_model_reads_each_checks_arguments() -> None:
     parsed = parse_arguments("run_check", {"checkId": "tests", "args": {"tests": ["a.py"]}})
     assert isinstance(parsed, RunCheckArgs)
     assert parsed.args == {"tests": ["a.py"]}
+
+
+def test_more_paths_than_one_sandbox_answer_holds_are_checked_in_parts(box: LocalSandbox) -> None:
+    slots = {f"p{n}": {"kind": "path", "max": 100} for n in range(3)}
+    spec = CheckSpec.model_validate({"argv": [*ECHO, *(f"{{{n}}}" for n in slots)], "args": slots})
+    given = {name: ["tests"] * 100 for name in slots}
+    given["p2"] = [*given["p2"][:99], "tests/nope.py"]
+    ex = ToolExecutor(box, checks={"many": spec})
+    done = ex.execute(1, "c1", "run_check", {"checkId": "many", "args": given})
+    assert done.error is not None
+    assert done.error["message"] == "args.p2[99]: no such file or folder"
