@@ -10,6 +10,7 @@ python3 >= 3.9 and git), to run the Docker tests against another interpreter.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Iterator
@@ -98,18 +99,20 @@ def docker_client() -> Iterator[docker.DockerClient]:
     yield client
     leftovers = [
         c
-        for c in client.containers.list(all=True, filters={"label": OWNER_FILTER})
-        if _ours(c.labels)
+        for c in client.containers.list(all=True, filters={"label": OWNER_FILTER}, sparse=True)
+        if _ours(c.attrs.get("Labels") or {})
     ]
     volumes = [
         v
         for v in client.volumes.list(filters={"label": OWNER_FILTER})
         if _ours(v.attrs.get("Labels") or {})
     ]
+    names = [(c.attrs.get("Names") or [c.id])[0] for c in leftovers]
     for c in leftovers:
-        c.remove(force=True, v=True)
+        with contextlib.suppress(docker.errors.NotFound):
+            c.remove(force=True, v=True)
     client.close()
-    assert not leftovers, f"labelled containers left behind: {[c.name for c in leftovers]}"
+    assert not leftovers, f"labelled containers left behind: {names}"
     assert not volumes, f"labelled volumes left behind: {[v.name for v in volumes]}"
 
 

@@ -132,8 +132,10 @@ def new_job(
 
 
 def containers_of(client: docker.DockerClient, job_id: str) -> list[str]:
-    found = client.containers.list(all=True, filters={"label": f"{JOB}={job_id}"})
-    return [c.name or "" for c in found]
+    # A sparse listing: a full one inspects each container after listing it, and one removed in
+    # between (the job tearing down while this polls) raises NotFound.
+    found = client.containers.list(all=True, filters={"label": f"{JOB}={job_id}"}, sparse=True)
+    return [(c.attrs.get("Names") or [""])[0].lstrip("/") for c in found]
 
 
 def evidence_of(job_id: str) -> dict[str, Any]:

@@ -204,7 +204,9 @@ def test_run_without_a_usable_provider_starts_no_sandbox(
 
 def _spares_of(client: docker.DockerClient, home: Path) -> list[str]:
     labels = [f"{KIND}=spare", f"{HOME}={home_id(home)}"]
-    return [c.id or "" for c in client.containers.list(all=True, filters={"label": labels})]
+    return [
+        c.id or "" for c in client.containers.list(all=True, filters={"label": labels}, sparse=True)
+    ]
 
 
 def _spares_soon(client: docker.DockerClient, home: Path) -> list[str]:

@@ -70,8 +70,12 @@ LIMITS = {"memory_mb": 512, "workspace_mb": 64, "tmp_mb": 64, "wall_seconds": 30
 
 def _steps_left(client: docker.DockerClient, marker: str) -> list[str]:
     """Build-step containers of the environment whose spec holds ``marker``."""
-    found = client.containers.list(all=True, filters={"label": LABEL_KEY})
-    return [c.name or "" for c in found if marker in c.labels.get(envmod.LABEL_SPEC, "")]
+    found = client.containers.list(all=True, filters={"label": LABEL_KEY}, sparse=True)
+    return [
+        c.id or ""
+        for c in found
+        if marker in (c.attrs.get("Labels") or {}).get(envmod.LABEL_SPEC, "")
+    ]
 
 
 def _env_images(client: docker.DockerClient, marker: str) -> list[str]:

@@ -98,8 +98,10 @@ def _env_images(client: docker.DockerClient, marker: str) -> list[str]:
 
 def _build_steps(client: docker.DockerClient, marker: str) -> list[str]:
     """Environment build-step containers whose spec holds ``marker``."""
-    found = client.containers.list(all=True, filters={"label": LABEL_KEY})
-    return [c.name or "" for c in found if marker in c.labels.get(LABEL_SPEC, "")]
+    found = client.containers.list(all=True, filters={"label": LABEL_KEY}, sparse=True)
+    return [
+        c.id or "" for c in found if marker in (c.attrs.get("Labels") or {}).get(LABEL_SPEC, "")
+    ]
 
 
 def _remove_env_images(client: docker.DockerClient, marker: str) -> None:
