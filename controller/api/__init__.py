@@ -87,6 +87,7 @@ if TYPE_CHECKING:
         Job,
         JobRequest,
     )
+    from controller.tools.watch import CheckLine
 
 _WHERE = {
     "ProviderChoice": "controller.api.jobs",
@@ -129,6 +130,7 @@ _WHERE = {
     "task_from": "controller.config.task",
     "Job": "controller.jobs.engine",
     "JobRequest": "controller.jobs.engine",
+    "CheckLine": "controller.tools.watch",
 }
 
 if not TYPE_CHECKING:  # the type checker sees the imports above, and nothing else
@@ -145,6 +147,7 @@ __all__ = [
     "ApplyView",
     "BundleRef",
     "CallResult",
+    "CheckLine",
     "CheckView",
     "DiscardView",
     "FileView",

@@ -45,6 +45,7 @@ from controller.repo.baseline import commit_baseline
 from controller.sandbox.dockerclient import connect as connect_daemon
 from controller.sandbox.labels import new_job_id
 from controller.sandbox.reaper import reap
+from controller.tools.watch import OutputListener
 
 if TYPE_CHECKING:
     import docker
@@ -102,9 +103,11 @@ def make_job(
     *,
     client: docker.DockerClient | None = None,
     progress: Progress | None = None,
+    output: OutputListener | None = None,
 ) -> Job:
-    """The job of ``request``, not started (the daemon's client made when not given)."""
-    return Job(client or connect_daemon(), request, progress=progress)
+    """The job of ``request``, not started (the daemon's client made when not given);
+    ``output`` is told each line of a running check's output as it comes."""
+    return Job(client or connect_daemon(), request, progress=progress, output=output)
 
 
 def run_job(
@@ -112,9 +115,10 @@ def run_job(
     *,
     client: docker.DockerClient | None = None,
     progress: Progress | None = None,
+    output: OutputListener | None = None,
 ) -> tuple[JobRecord, str | None]:
     """Runs one job to its end state; returns its record and its diff (None without one)."""
-    job = make_job(request, client=client, progress=progress)
+    job = make_job(request, client=client, progress=progress, output=output)
     return job.run(), job.diff
 
 

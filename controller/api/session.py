@@ -33,6 +33,7 @@ from controller.jobs.engine import Job, JobRequest
 from controller.jobs.records import JobRecord
 from controller.providers.base import ModelTurn, ToolCall, ToolResult, check_results
 from controller.tools.executor import ToolErrorInfo
+from controller.tools.watch import CheckLine
 
 if TYPE_CHECKING:
     import docker
@@ -179,6 +180,8 @@ class Session:
         self._provider = provider
         self._progress = progress or (lambda _m: None)
         self._lock = threading.Lock()
+        self._on_output: Callable[[CheckLine], object] | None = None
+        job.output = self._told
         self._ids = itertools.count(1)
         self._seen: dict[str, CallResult] = {}
         self._calls = 0
@@ -224,39 +227,62 @@ class Session:
     def active(self) -> bool:
         return self._thread.is_alive()
 
+    def _told(self, line: CheckLine) -> None:
+        """A line of the running check's output: to the current call's ``on_output``."""
+        listener = self._on_output
+        if listener is not None:
+            listener(line)
+
     def call(
-        self, tool: str, arguments: Mapping[str, object], request_id: str | None = None
+        self,
+        tool: str,
+        arguments: Mapping[str, object],
+        request_id: str | None = None,
+        *,
+        on_output: Callable[[CheckLine], object] | None = None,
     ) -> CallResult:
         """Runs one tool call in the sandbox. A repeated ``request_id`` returns the first
         call's result without running it again. Raises the job's error when the call ended
-        the job (a broken sandbox, a limit), and ``USAGE_ERROR`` once the session ended."""
+        the job (a broken sandbox, a limit), and ``USAGE_ERROR`` once the session ended.
+
+        ``run_check`` takes ``{"checkId": ...}`` or ``{"handle": ...}``, each with
+        ``waitSeconds``; while it waits, ``on_output`` is called (on the job's thread) with
+        each line of the check's output as it comes (a :class:`CheckLine`)."""
         with self._lock:
-            if request_id is not None and request_id in self._seen:
-                return self._seen[request_id]
-            if not self.active:
-                msg = f"the session's job {self.job_id} has ended ({self.record.state})"
-                raise UsageError(msg)
-            call_id = f"s{next(self._ids)}"
-            text = json.dumps(arguments, ensure_ascii=False)
-            call = ToolCall(id=call_id, name=tool, arguments=text)
+            self._on_output = on_output
             try:
-                self._provider.ask(ModelTurn(tool_calls=[call]))
-                answer = self._provider.answer(
-                    timeout=self._job.request.task.limits.wall_seconds + 60
-                )
+                return self._call(tool, arguments, request_id)
             finally:
-                self._idle_since = time.monotonic()
-            if not isinstance(answer, list):
-                self._thread.join()
-                self._raise_ended()
-            self._calls += 1
-            content = json.loads(answer[0].content)
-            result = CallResult(
-                ok="error" not in content, result=content.get("result"), error=content.get("error")
-            )
-            if request_id is not None:
-                self._seen[request_id] = result
-            return result
+                self._on_output = None
+
+    def _call(
+        self, tool: str, arguments: Mapping[str, object], request_id: str | None
+    ) -> CallResult:
+        """Under the lock: :meth:`call`."""
+        if request_id is not None and request_id in self._seen:
+            return self._seen[request_id]
+        if not self.active:
+            msg = f"the session's job {self.job_id} has ended ({self.record.state})"
+            raise UsageError(msg)
+        call_id = f"s{next(self._ids)}"
+        text = json.dumps(arguments, ensure_ascii=False)
+        call = ToolCall(id=call_id, name=tool, arguments=text)
+        try:
+            self._provider.ask(ModelTurn(tool_calls=[call]))
+            answer = self._provider.answer(timeout=self._job.request.task.limits.wall_seconds + 60)
+        finally:
+            self._idle_since = time.monotonic()
+        if not isinstance(answer, list):
+            self._thread.join()
+            self._raise_ended()
+        self._calls += 1
+        content = json.loads(answer[0].content)
+        result = CallResult(
+            ok="error" not in content, result=content.get("result"), error=content.get("error")
+        )
+        if request_id is not None:
+            self._seen[request_id] = result
+        return result
 
     def propose(self, message: str = "") -> Proposal:
         """Ends the calls: the diff is collected, validated, checked in a fresh sandbox and

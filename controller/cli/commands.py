@@ -6,6 +6,7 @@ Each returns ``(exit code, JSON-able data, text)``; :mod:`controller.cli.main` p
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict, get_args
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from controller.repo.baseline import Baseline
+    from controller.tools.watch import CheckLine
 
 
 Outcome = tuple[int, Mapping[str, object], str]
@@ -61,6 +63,38 @@ class JobLine(TypedDict):
     """The error's JSON object (code, message, hint)."""
 
 
+LIVE_EVERY = 1.0
+"""Seconds between two progress lines that show a running check's latest output line."""
+
+
+def check_output_printer(
+    args: argparse.Namespace, progress: Callable[[str], None], scrub: Callable[[str], str]
+) -> Callable[[CheckLine], None]:
+    """How ``run`` shows a running check's output: with ``--log-format json`` every line as
+    a ``check_output`` log event; else its latest line in a progress line, at most one a
+    :data:`LIVE_EVERY` seconds."""
+    if getattr(args, "log_format", "console") == "json":
+        import structlog
+
+        log = structlog.get_logger("controller.check")
+
+        def every(line: CheckLine) -> None:
+            log.info(
+                "check_output", check_id=line.check_id, handle=line.handle, line=scrub(line.line)
+            )
+
+        return every
+    shown = [-LIVE_EVERY]
+
+    def latest(line: CheckLine) -> None:
+        now = time.monotonic()
+        if now - shown[0] >= LIVE_EVERY and line.line.strip():
+            shown[0] = now
+            progress(f"check {line.check_id}: {scrub(line.line)}")
+
+    return latest
+
+
 def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcome:
     from controller import api
     from controller.config.host import load_config
@@ -86,7 +120,9 @@ def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcom
         secrets=secrets,
     )
     client = connect()
-    job = api.make_job(request, client=client, progress=progress)
+    scrub = Scrubber(str(request.repo), secrets, paths=False)
+    output = check_output_printer(args, progress, scrub.text)
+    job = api.make_job(request, client=client, progress=progress, output=output)
     internal: InternalError | None = None
     with cancel_on_signals(job.cancel, progress) as cancellation:
         try:

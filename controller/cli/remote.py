@@ -146,7 +146,8 @@ def _submit(client: ServiceClient, args: argparse.Namespace, progress: Progress)
         text = f"job {job_id}: {accepted.get('status')}\nnext: patchbox remote events {job_id}"
         return ExitCode.OK, accepted, text
     for event in client.events(job_id):
-        progress(_event_text(event))
+        for text in _event_texts(event):
+            progress(text)
     view = client.job(job_id)
     return _job_outcome(view), view, _summary(view)
 
@@ -217,9 +218,10 @@ def _events(client: ServiceClient, args: argparse.Namespace, _progress: Progress
     for event in client.events(args.job, last_event_id=args.last_event_id):
         if args.json:  # ASCII: every control or non-ASCII character is a \u escape
             line = json.dumps({"id": event.id, "type": event.type, "data": event.data})
-        else:
-            line = visible(f"{event.id} {_event_text(event)}")
-        _write_line(line)
+            _write_line(line)
+            continue
+        for text in _event_texts(event):
+            _write_line(visible(f"{event.id} {text}"))
     return ExitCode.OK, None, ""
 
 
@@ -436,6 +438,18 @@ def _write_line(line: str) -> None:
         sys.stdout.flush()
     except OSError:
         pass
+
+
+def _event_texts(event: Event) -> list[str]:
+    """An event in words: one line each, a ``check_output`` event one per output line."""
+    data = event.data
+    lines = data.get("lines")
+    if event.type == "check_output" and isinstance(lines, list):
+        head = f"check_output {data.get('check_id')}"
+        dropped = data.get("dropped")
+        out = [f"{head}: ({dropped} lines not kept)"] if dropped else []
+        return out + [f"{head}: {line}" for line in lines]
+    return [_event_text(event)]
 
 
 def _event_text(event: Event) -> str:

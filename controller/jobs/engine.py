@@ -61,6 +61,7 @@ from controller.sandbox.labels import ControllerIdentity, current_identity, new_
 from controller.sandbox.prepare import Prepared, prepare
 from controller.sandbox.spares import SparePool
 from controller.tools.executor import ToolExecutor
+from controller.tools.watch import OutputListener
 
 log = structlog.get_logger(__name__)
 
@@ -115,7 +116,7 @@ class JobRequest:
 class Job:
     """Runs one job; :meth:`cancel` may be called from another thread (or a signal)."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the job, then its keyword-only listeners
         self,
         client: docker.DockerClient,
         request: JobRequest,
@@ -123,12 +124,15 @@ class Job:
         store: JobStore | None = None,
         identity: ControllerIdentity | None = None,
         progress: Callable[[str], None] | None = None,
+        output: OutputListener | None = None,
     ) -> None:
         self.client = client
         self.request = request
         self.store = store or JobStore()
         self.identity = identity or current_identity()
         self.progress = progress or (lambda _m: None)
+        self.output = output
+        """Told each line of a running check's output as it comes (the live output)."""
         self.cancelled = threading.Event()
         self._cancel_reason = CANCELLED_MESSAGE
         self._late_denial: str | None = None
@@ -431,24 +435,7 @@ class Job:
         t = time.perf_counter()
         if isinstance(request.provider, ChecksAware):
             request.provider.use_checks(checks)
-        executor = ToolExecutor(
-            prepared.sandbox,
-            checks=checks,
-            allowed_paths=task.allowed_paths,
-            extra_protected=tuple(config.protected),
-        )
-        record.final_message = ToolLoop(
-            provider=request.provider,
-            tools=executor,
-            limits=task.limits,
-            record=record,
-            cancelled=self.cancelled,
-            save=lambda: self.store.save_turn(record),
-            step=self._doing,
-            clock=prepared.sandbox.clock,
-            idle_while_asking=request.caller_driven,
-            called=lambda done: self.progress(done.line()),
-        ).run()
+        record.final_message = self._tool_loop(prepared.sandbox, checks, task)
         record.timings_ms["loop"] = round((time.perf_counter() - t) * 1000)
         self._move("validating")
         collected = collect(prepared.sandbox, baseline)
@@ -465,6 +452,35 @@ class Job:
         self._move("checking")
         self._checks(baseline, changeset, checks, spec)
         self._decide(baseline, changeset)
+
+    def _tool_loop(
+        self, sandbox: DockerSandbox, checks: dict[str, CheckSpec], task: TaskSpec
+    ) -> str:
+        """The model's calls in ``sandbox``; a check still running when they end is killed."""
+        request, record = self.request, self.record
+        executor = ToolExecutor(
+            sandbox,
+            checks=checks,
+            allowed_paths=task.allowed_paths,
+            extra_protected=tuple(request.config.protected),
+            on_output=self.output,
+        )
+        loop = ToolLoop(
+            provider=request.provider,
+            tools=executor,
+            limits=task.limits,
+            record=record,
+            cancelled=self.cancelled,
+            save=lambda: self.store.save_turn(record),
+            step=self._doing,
+            clock=sandbox.clock,
+            idle_while_asking=request.caller_driven,
+            called=lambda done: self.progress(done.line()),
+        )
+        try:
+            return loop.run()
+        finally:
+            executor.stop_check()
 
     def _baseline_checks(
         self, sandbox: Sandbox, checks: dict[str, CheckSpec], clock: WorkClock

@@ -243,7 +243,12 @@ class ToolLoop:
         result = outcome.fields
         if isinstance(result.get("version"), int):
             self.version = result["version"]
-        elif call.name == "run_check" and outcome.ok and not result.get("reused"):
+        elif (
+            call.name == "run_check"
+            and outcome.ok
+            and not result.get("reused")
+            and (outcome.result or {}).get("status") != "running"
+        ):
             self.version += 1
         return outcome
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import queue
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -141,6 +142,38 @@ def _internal(exc: Exception, options: Options) -> Outcome:
     return error_outcome(error.info())
 
 
+PROGRESS_EVERY = 0.2
+"""Seconds between two progress notifications with a running check's output."""
+PROGRESS_BEAT = 10.0
+"""Seconds without output after which a progress notification says the check still runs
+(a client whose request timeout resets on progress keeps the call)."""
+PROGRESS_CHARS = 4000
+"""Characters of output in one progress notification (its last lines)."""
+
+
+async def _progress(ctx: ServerRequestContext[Any, Any], lines: queue.SimpleQueue[str]) -> None:
+    """While ``run_check`` runs: its output lines as progress notifications of the request
+    (the lines since the last one in each), and one every :data:`PROGRESS_BEAT` seconds
+    without output. Nothing is sent when the client gave no progress token."""
+    count, quiet = 0, 0.0
+    while True:
+        await anyio.sleep(PROGRESS_EVERY)
+        batch: list[str] = []
+        while True:
+            try:
+                batch.append(lines.get_nowait())
+            except queue.Empty:
+                break
+        quiet = 0.0 if batch else quiet + PROGRESS_EVERY
+        if not batch and quiet < PROGRESS_BEAT:
+            continue
+        quiet = 0.0
+        count += 1
+        message = "\n".join(batch)[-PROGRESS_CHARS:] if batch else "the check still runs"
+        with contextlib.suppress(Exception):  # a client gone: the call's own end says it
+            await ctx.session.report_progress(count, None, message)
+
+
 class _Handlers:
     """The request handlers of one server (see :func:`build_server`)."""
 
@@ -191,11 +224,23 @@ class _Handlers:
             return failure(str(ErrorCode.USAGE_ERROR), SESSIONLESS).result()
         slot = self.sessions.get(key)
         request_id = None if ctx.request_id is None else str(ctx.request_id)
-        run = functools.partial(slot.call, params.name, dict(params.arguments or {}), request_id)
-        try:
-            outcome = await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
-        except Exception as exc:  # a bug: never a bare traceback to the client
-            outcome = _internal(exc, self.options)
+        lines: queue.SimpleQueue[str] = queue.SimpleQueue()
+        run = functools.partial(
+            slot.call,
+            params.name,
+            dict(params.arguments or {}),
+            request_id,
+            (lambda line: lines.put(line.line)) if params.name == "run_check" else None,
+        )
+        async with anyio.create_task_group() as tasks:
+            if params.name == "run_check":
+                tasks.start_soon(_progress, ctx, lines)
+            try:
+                outcome = await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
+            except Exception as exc:  # a bug: never a bare traceback to the client
+                outcome = _internal(exc, self.options)
+            finally:
+                tasks.cancel_scope.cancel()
         return outcome.result()
 
     async def list_resources(

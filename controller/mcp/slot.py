@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from controller.config.host import HostConfig
     from controller.config.task import TaskSpec
     from controller.sandbox.base import Runtime
+    from controller.tools.watch import CheckLine
 
 Progress = Callable[[str], None]
 
@@ -178,9 +179,16 @@ class Slot:
 
     # -- calls ----------------------------------------------------------------------------
 
-    def call(self, tool: str, arguments: dict[str, Any], request_id: str | None) -> Outcome:
+    def call(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        request_id: str | None,
+        on_output: Callable[[CheckLine], object] | None = None,
+    ) -> Outcome:
         """One tool call (``propose`` included), as a model's; never raises a
-        :class:`PatchboxError`. A request id seen before gets the first answer again."""
+        :class:`PatchboxError`. A request id seen before gets the first answer again.
+        ``on_output``: told each line of a running check's output as it comes."""
         if tool == PROPOSE:
             try:
                 args = ProposeArgs.model_validate(arguments)
@@ -190,7 +198,7 @@ class Slot:
             return self.propose(args, request_id)
         holder: list[api.Session] = []
         try:
-            result, notice = self._run(tool, arguments, request_id, holder)
+            result, notice = self._run(tool, arguments, request_id, holder, on_output)
         except UsageError as exc:
             closed = self._closed
             session = holder[-1] if holder else None
@@ -213,20 +221,21 @@ class Slot:
         arguments: dict[str, Any],
         request_id: str | None,
         holder: list[api.Session],
+        on_output: Callable[[CheckLine], object] | None = None,
     ) -> tuple[api.CallResult, JobStarted | None]:
         """The call in the job that takes it (appended to ``holder``), and the notice of a
         job opened for it."""
         session, notice = self._open(request_id)
         holder.append(session)
         try:
-            result = session.call(tool, arguments, request_id=request_id)
+            result = session.call(tool, arguments, request_id=request_id, on_output=on_output)
         except UsageError:
             if session.idle_end is None:
                 raise
             # the job ended idle between the opening and the call: a new job takes it
             session, notice = self._open(request_id)
             holder.append(session)
-            result = session.call(tool, arguments, request_id=request_id)
+            result = session.call(tool, arguments, request_id=request_id, on_output=on_output)
         if request_id is not None:
             with self._lock:
                 self._answered.setdefault(request_id, session)

@@ -258,6 +258,23 @@ class RunResult(_Result):
     controller waits for Docker's own ``oom`` event when this is above zero."""
 
 
+class RunStarted(_Result):
+    """A run the agent started without waiting for it (``run_start``)."""
+
+    handle: int = Field(ge=0)
+
+
+class RunPoll(_Result):
+    """A watched run's output since the last poll, and its result once it ended."""
+
+    output: str = Field(max_length=4 * 1024 * 1024)
+    dropped: int = Field(ge=0)
+    """Bytes of output between the last poll and this one that were not kept (the newest
+    are)."""
+    done: bool
+    result: RunResult | None = None
+
+
 class Channel(Protocol):
     """A byte stream to and from the agent's stdin/stdout.
 
@@ -308,6 +325,20 @@ class Sandbox(Protocol):
         output_limit: int = DEFAULT_OUTPUT_LIMIT,
         track_changes: bool = False,
     ) -> RunResult: ...
+
+    def start_run(
+        self,
+        argv: list[str],
+        *,
+        timeout: float,
+        env: dict[str, str] | None = None,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+        track_changes: bool = False,
+    ) -> int: ...
+
+    def poll_run(self, handle: int, wait: float) -> RunPoll: ...
+
+    def stop_run(self, handle: int) -> None: ...
 
     def search_text(
         self,

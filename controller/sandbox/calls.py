@@ -22,7 +22,9 @@ from controller.sandbox.base import (
     RawChunk,
     ReadFileResult,
     ReplaceTextResult,
+    RunPoll,
     RunResult,
+    RunStarted,
     SearchTextResult,
 )
 from controller.sandbox.protocol import ArgValue, CallArgs
@@ -33,6 +35,10 @@ M = TypeVar("M", bound=BaseModel)
 DEFAULT_CALL_TIMEOUT = 60.0
 ARCHIVE_TIMEOUT = 600.0
 RAW_CHUNK = ops.RAW_CHUNK
+POLL_GRACE = 10.0
+"""Seconds the controller waits beyond a poll's own wait for the agent's answer."""
+MAX_POLL_WAIT = 60.0
+"""The longest wait one ``run_poll`` asks of the agent."""
 RUN_GRACE = 10.0
 """Seconds the controller waits beyond a process timeout for the agent's answer."""
 
@@ -172,3 +178,42 @@ class AgentCalls:
         }
         result = self._validate(RunResult, self._call("run", args, timeout + RUN_GRACE))
         return self._after_run(result)
+
+    def start_run(
+        self,
+        argv: list[str],
+        *,
+        timeout: float,
+        env: dict[str, str] | None = None,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+        track_changes: bool = False,
+    ) -> int:
+        """Starts a process as :meth:`run` does and returns at once with its handle: the
+        process runs on (its whole process group dies at ``timeout``) while other calls are
+        made; :meth:`poll_run` gives its output and its result, :meth:`stop_run` kills it."""
+        self._before_run()
+        args: CallArgs = {
+            "argv": argv,
+            "env": env or {},
+            "timeoutSeconds": timeout,
+            "outputLimit": output_limit,
+            "trackChanges": track_changes,
+        }
+        return self._validate(RunStarted, self._call("run_start", args)).handle
+
+    def poll_run(self, handle: int, wait: float) -> RunPoll:
+        """Waits up to ``wait`` seconds (at most :data:`MAX_POLL_WAIT`) for output of the
+        run ``handle`` or its end; returns the output since the last poll and, once it
+        ended, its result (then the handle is gone)."""
+        wait = max(0.0, min(wait, MAX_POLL_WAIT))
+        args: CallArgs = {"handle": handle, "waitSeconds": wait}
+        poll = self._validate(RunPoll, self._call("run_poll", args, wait + POLL_GRACE))
+        if poll.done and poll.result is None:
+            raise self._protocol_violation(ProtocolError("a run ended without its result"))
+        if poll.result is not None:
+            self._after_run(poll.result)
+        return poll
+
+    def stop_run(self, handle: int) -> None:
+        """Kills the process group of run ``handle`` (its result then comes at a poll)."""
+        self._call("cancel", {"target": handle})

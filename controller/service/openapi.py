@@ -278,7 +278,7 @@ OPENAPI: dict[str, Any] = {
         ),
         "/v1/jobs/{job_id}/events": {
             "get": {
-                "summary": "server-sent events: state, tool_call, check; resumable",
+                "summary": "server-sent events: state, tool_call, check, check_output; resumable",
                 "security": SECURED,
                 "parameters": [
                     JOB_ID,

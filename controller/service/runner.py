@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from controller.service.store import (
     QUEUED,
     RUNNING_STATES,
     CheckData,
+    CheckOutputData,
     ErrorData,
     JobRow,
     ServiceStore,
@@ -47,6 +49,7 @@ if TYPE_CHECKING:
     from controller.jobs.engine import Job
     from controller.providers.base import Provider
     from controller.service.config import ServiceConfig, TenantConfig
+    from controller.tools.watch import CheckLine
 
 log = structlog.get_logger(__name__)
 
@@ -54,6 +57,11 @@ REVIEWED_STATES = frozenset({"awaiting_review", "applied"})
 """A job's states an apply or a revert moves it from: a service killed while it applied or
 reverted one may have left its row behind its record."""
 WATCH_SECONDS = 0.25
+OUTPUT_EVERY = 0.5
+"""Seconds between two ``check_output`` events of a running check (its lines since the
+last one in each)."""
+OUTPUT_LINES = 200
+"""Lines one ``check_output`` event keeps (the newest)."""
 """How often a running job's record is looked at for new tool calls."""
 LOOP_DONE = frozenset(
     {"validating", "checking", "awaiting_review", "applied", "no_change", "failed"}
@@ -129,12 +137,46 @@ class EventFeed:
         self._states = 0
         self._calls = 0
         self._checks_done = False
+        self._output: list[CheckLine] = []
+        self._dropped = 0
+        self._flushed = time.monotonic()
+
+    def output(self, line: CheckLine) -> None:
+        """A line of the running check's output: kept for the next ``check_output`` event,
+        emitted once :data:`OUTPUT_EVERY` seconds passed since the last one."""
+        with self._lock:
+            self._output.append(line)
+            if len(self._output) > OUTPUT_LINES:
+                del self._output[0]
+                self._dropped += 1
+            if time.monotonic() - self._flushed >= OUTPUT_EVERY:
+                self._emit_output()
+
+    def _emit_output(self) -> None:
+        """Under the lock: the kept lines as ``check_output`` events (one per check run)."""
+        self._flushed = time.monotonic()
+        lines, self._output = self._output, []
+        dropped, self._dropped = self._dropped, 0
+        while lines:
+            first = lines[0]
+            same = [x for x in lines if x.handle == first.handle]
+            lines = [x for x in lines if x.handle != first.handle]
+            data = CheckOutputData(
+                check_id=first.check_id,
+                handle=first.handle,
+                lines=[x.line for x in same],
+                dropped=dropped,
+            )
+            dropped = 0
+            self._store.append_event(self._job_id, "check_output", data)
 
     def sync(self, record: JobRecord, *, final: bool = False) -> None:
         """Emits what is new. The job's end state is held back until ``final`` (its worker
         returned: containers removed, evidence written), so a client that sees it, or whose
         stream ends, finds nothing of the job still running."""
         with self._lock:
+            if self._output:
+                self._emit_output()  # before the call that ran the check
             history = list(record.history)
             calls = record.tool_calls[self._calls :]  # only what is new: a long job stays cheap
             checks = list(record.checks)
@@ -381,7 +423,7 @@ class Runner:
             apply_denied=apply_denied(tenant, row),
             job_id=row.job_id,  # the service's id is the engine's
         )
-        job = api.make_job(request, client=client, progress=progress)
+        job = api.make_job(request, client=client, progress=progress, output=feed.output)
         holder.append(job)
         return job
 

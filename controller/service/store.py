@@ -114,12 +114,26 @@ class CheckData(TypedDict):
     duration_ms: int
 
 
+@final
+class CheckOutputData(TypedDict):
+    """A ``check_output`` event: lines of a running check's output, as they came."""
+
+    check_id: str
+    handle: str
+    lines: list[str]
+    dropped: int
+    """Lines that came since the last such event and were not kept (the newest are)."""
+
+
+EventData = StateData | ToolCallData | CheckData | CheckOutputData
+
+
 @dataclass(frozen=True)
 class Event:
     job_id: str
     seq: int
     type: str
-    data: StateData | ToolCallData | CheckData
+    data: EventData
 
     def error(self) -> ErrorData | None:
         """The error of a ``state`` event that has one."""
@@ -147,9 +161,7 @@ class ServiceStore(Protocol):
         self, tenant: str, busy_repos: frozenset[str], *, bundles: bool = True
     ) -> JobRow | None: ...
 
-    def append_event(
-        self, job_id: str, type_: str, data: StateData | ToolCallData | CheckData
-    ) -> Event: ...
+    def append_event(self, job_id: str, type_: str, data: EventData) -> Event: ...
 
     def events_after(self, job_id: str, seq: int) -> list[Event]: ...
 
@@ -289,9 +301,7 @@ class SqliteStore:
                 return row
         return None
 
-    def append_event(
-        self, job_id: str, type_: str, data: StateData | ToolCallData | CheckData
-    ) -> Event:
+    def append_event(self, job_id: str, type_: str, data: EventData) -> Event:
         text = json.dumps(data, sort_keys=True)
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")

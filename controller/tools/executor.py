@@ -38,6 +38,7 @@ from controller.tools.schemas import (
     SearchTextArgs,
     parse_arguments,
 )
+from controller.tools.watch import CheckRunning, CheckWatch, OutputListener, Watched
 from patchbox_agent import diffs, ops
 
 OUTPUT_TAIL = 8 * 1024
@@ -182,8 +183,24 @@ class ToolExecutor:
     checks: Mapping[str, CheckSpec] = field(default_factory=dict)
     allowed_paths: list[str] | None = None
     extra_protected: Iterable[str] = ()
+    on_output: OutputListener | None = None
+    """Told every line of a running check's output as it comes."""
     _done: dict[tuple[int, str], tuple[str, ToolOutcome]] = field(default_factory=dict)
     _check_cache: dict[str, ToolOutcome] = field(default_factory=dict)
+    _watch: CheckWatch | None = None
+
+    @property
+    def watch(self) -> CheckWatch:
+        """The job's running check (:mod:`controller.tools.watch`)."""
+        if self._watch is None:
+            self._watch = CheckWatch(self.sandbox)
+        self._watch.listener = self.on_output
+        return self._watch
+
+    def stop_check(self) -> None:
+        """Kills the check that still runs, if any (the job's calls have ended)."""
+        if self._watch is not None:
+            self._watch.stop()
 
     def execute(
         self, turn: int, call_id: str, tool: str, raw: str | Mapping[str, object]
@@ -224,7 +241,12 @@ class ToolExecutor:
         try:
             args = parse_arguments(tool, raw)
             if isinstance(args, RunCheckArgs):
-                return self._run_check(turn, call_id, args.check_id, args.args)
+                if args.handle is not None:
+                    return self._poll_check(turn, call_id, args.handle, args.wait_seconds)
+                assert args.check_id is not None  # noqa: S101 - one of the two
+                return self._run_check(
+                    turn, call_id, args.check_id, args.args, wait=args.wait_seconds
+                )
             result, effect = self._dispatch(args)
         except ToolError as exc:
             if not _retryable(exc):
@@ -254,6 +276,9 @@ class ToolExecutor:
         if isinstance(args, ReadFileArgs):
             with _naming(args.path):
                 return self.sandbox.read_file(args.path, args.start_line, args.end_line), "none"
+        if isinstance(args, ApplyPatchArgs | ReplaceTextArgs):
+            tool = "apply_patch" if isinstance(args, ApplyPatchArgs) else "replace_text"
+            self.watch.refuse_while_running(f"{tool} is refused")
         if isinstance(args, ApplyPatchArgs):
             for path in _patch_paths(args.patch):
                 self._check_write(path)
@@ -274,7 +299,13 @@ class ToolExecutor:
             raise ToolError(f"{path[:200]}: {reason}", code=ErrorCode.TOOL_PATH_DENIED)
 
     def _run_check(
-        self, turn: int, call_id: str, check_id: str, given: Mapping[str, object] | None = None
+        self,
+        turn: int,
+        call_id: str,
+        check_id: str,
+        given: Mapping[str, object] | None = None,
+        *,
+        wait: float | None = None,
     ) -> ToolOutcome:
         spec = self.checks.get(check_id)
         if spec is None:
@@ -291,13 +322,23 @@ class ToolExecutor:
             result["verdict"] = f"{result['verdict']} (reused: nothing changed since it ran)"
             return ToolOutcome(turn, call_id, "run_check", ok=True, result=result, effect="none")
         argv = spec.argv_with(values)
-        run = self.sandbox.run(
-            argv,
-            timeout=spec.timeout_seconds,
-            env=spec.environment(),
-            output_limit=spec.output_limit,
-            track_changes=True,
-        )
+        watched = self.watch.start(check_id, spec, argv, key=key)
+        return self._waited(turn, call_id, watched, wait)
+
+    def _poll_check(self, turn: int, call_id: str, handle: str, wait: float | None) -> ToolOutcome:
+        """``run_check {"handle": H}``: waits again for the check that runs."""
+        return self._waited(turn, call_id, self.watch.find(handle), wait)
+
+    def _waited(self, turn: int, call_id: str, watched: Watched, wait: float | None) -> ToolOutcome:
+        """The check after waiting up to ``wait`` seconds: still running, or its result."""
+        run = self.watch.wait(watched, wait)
+        if isinstance(run, RunResult):
+            return self._checked(turn, call_id, watched, run)
+        return _running_outcome(turn, call_id, run)
+
+    def _checked(self, turn: int, call_id: str, watched: Watched, run: RunResult) -> ToolOutcome:
+        """The outcome of a check run that ended (its result cached unless it wrote)."""
+        check_id, spec = watched.check_id, watched.spec
         changes = run.changes
         changed = changes is not None and changes.count > 0
         if changed and not spec.mutates:
@@ -307,7 +348,7 @@ class ToolExecutor:
                 f"check {check_id} changed {changes.count} file(s) it was not declared to change: "
                 + ", ".join(sample)
             )
-        output = check_result(check_id, run, argv)
+        output = check_result(check_id, run, watched.argv)
         outcome = ToolOutcome(
             turn,
             call_id,
@@ -319,8 +360,12 @@ class ToolExecutor:
         if changed:
             self._check_cache.clear()
         else:
-            self._check_cache[key] = outcome
+            self._check_cache[watched.key] = outcome
         return outcome
+
+
+def _running_outcome(turn: int, call_id: str, running: CheckRunning) -> ToolOutcome:
+    return ToolOutcome(turn, call_id, "run_check", ok=True, result=dict(running))
 
 
 def check_arguments(

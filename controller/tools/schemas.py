@@ -166,12 +166,28 @@ class ApplyPatchArgs(_Args):
     """Also return each file's content hashes before and after, and the workspace version."""
 
 
+MAX_WAIT_SECONDS = 3600
+"""The longest ``waitSeconds`` of one ``run_check`` call."""
+CheckHandle = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+
+
 class RunCheckArgs(_Args):
     """Run one of the job's configured checks (tests, linters: the operator's commands, not
-    yours) in the repository copy and get its verdict, exit code and the end of its output."""
+    yours) in the repository copy and get its verdict, exit code and the end of its output.
+    With waitSeconds the call answers after that long at most: a check still running then
+    answers status running, its output so far and a handle; call run_check again with that
+    handle (and no checkId) to wait again and get the output since the last answer, then
+    the result once the check ended. While a check runs, files can be read but not changed,
+    and no other check can start."""
 
-    check_id: CheckId = Field(alias="checkId")
-    """The id of the check to run."""
+    check_id: CheckId | None = Field(default=None, alias="checkId")
+    """The id of the check to run (leave it out when you give handle)."""
+    handle: CheckHandle | None = None
+    """The handle of a check still running, from an earlier run_check answer: wait for it
+    again instead of starting a check."""
+    wait_seconds: float | None = Field(default=None, ge=0, le=MAX_WAIT_SECONDS, alias="waitSeconds")
+    """Answer after at most this many seconds, with status running when the check has not
+    ended (default: wait until it ends)."""
     args: (
         dict[
             Annotated[str, StringConstraints(min_length=1, max_length=64)],
@@ -182,6 +198,16 @@ class RunCheckArgs(_Args):
     """Values for the check's declared arguments, by name (only a check that declares
     arguments takes them; each is one value or a list of values): for example
     {"tests": ["tests/test_app.py::test_empty"]}. Left out, each argument has its default."""
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Self:
+        if (self.check_id is None) == (self.handle is None):
+            msg = "give exactly one of checkId (start a check) and handle (wait for one)"
+            raise ValueError(msg)
+        if self.handle is not None and self.args is not None:
+            msg = "args go with checkId: a handle waits for a check that already runs"
+            raise ValueError(msg)
+        return self
 
 
 ARGUMENT_MODELS: dict[str, type[_Args]] = {

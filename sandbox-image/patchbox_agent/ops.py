@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import IO, Any
 
+    from . import runner
+
 # The operations' limits. The controller imports them (its result models, the tools'
 # argument schemas, the checks' bounds) rather than copying them.
 MAX_READ_BYTES = 256 * 1024
@@ -88,6 +90,7 @@ class Workspace:
         self._base: dict[str, Any] | None = None
         self._running: dict[int, subprocess.Popen[bytes]] = {}
         self._cancelled: set[int] = set()
+        self._watches: dict[int, runner.Watch] = {}
         self._state_lock = allocate_lock()
 
     def open(self) -> None:
@@ -380,7 +383,54 @@ class Workspace:
             runner.kill_group(proc)
         return {"cancelled": proc is not None}
 
-    def run(self, rid: int, args: dict[str, Any]) -> dict[str, Any]:
+    def run_start(self, rid: int, args: dict[str, Any]) -> dict[str, Any]:
+        """Starts ``run`` on a thread of its own and answers at once with its handle (the
+        request's id); ``run_poll`` then gives its output as it comes and its result. One
+        such run at a time; its deadline, kill and ``cancel`` are those of ``run``."""
+        _run_args(args)  # refused now, not on the thread
+        from . import runner  # imported on first use: a faster start
+
+        with self._state_lock:
+            if any(not w.done for w in self._watches.values()):
+                raise OpError("TOOL_ARGUMENTS_INVALID", "a watched run is already running")
+            watch = runner.Watch()
+            self._watches[rid] = watch
+
+        def work() -> None:
+            try:
+                watch.end(self.run(rid, args, sink=watch.add))
+            except OpError as exc:
+                watch.end(None, (exc.code, exc.message))
+            except Exception as exc:
+                watch.end(None, ("SANDBOX_FAILED", f"agent fault: {type(exc).__name__}"))
+
+        import threading
+
+        threading.Thread(target=work, daemon=True).start()
+        return {"handle": rid}
+
+    def run_poll(self, args: dict[str, Any]) -> dict[str, Any]:
+        """A watched run's output since the last poll, after waiting up to ``waitSeconds``
+        for some; ``done`` with its ``result`` once it ended (then the handle is gone)."""
+        handle = _int_arg(args, "handle", 0, 0, 1 << 62)
+        wait = args.get("waitSeconds", 0)
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= 60:
+            raise _bad("waitSeconds must be a number from 0 to 60")
+        with self._state_lock:
+            watch = self._watches.get(handle)
+        if watch is None:
+            raise _bad("no such watched run")
+        out = watch.take(float(wait))
+        if out["done"]:
+            with self._state_lock:
+                self._watches.pop(handle, None)
+            if watch.error is not None:
+                raise OpError(*watch.error)
+        return out
+
+    def run(
+        self, rid: int, args: dict[str, Any], sink: Callable[[bytes], object] | None = None
+    ) -> dict[str, Any]:
         argv, env, timeout, cap = _run_args(args)
         track = args.get("trackChanges", False)
         if not isinstance(track, bool):
@@ -399,7 +449,7 @@ class Workspace:
         with self._state_lock:
             self._running[rid] = proc
         assert proc.stdout is not None  # noqa: S101 - Popen contract with stdout=PIPE
-        tail, total, timed_out = runner.collect(proc, proc.stdout, started + timeout, cap)
+        tail, total, timed_out = runner.collect(proc, proc.stdout, started + timeout, cap, sink)
         self.changed()
         procs.reap_orphans()  # what the killed process group left behind
         oom_after = runner.oom_kills()

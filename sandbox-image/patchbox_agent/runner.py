@@ -19,6 +19,7 @@ from . import procs
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import signal as _signal
+    from collections.abc import Callable
     from typing import IO, Any
 else:
     import _signal  # the C module behind signal, without its enums
@@ -128,7 +129,11 @@ def _read_ready(fd: int, wait: float) -> bytes | None:
 
 
 def collect(
-    proc: subprocess.Popen[bytes], out: IO[bytes], deadline: float, cap: int
+    proc: subprocess.Popen[bytes],
+    out: IO[bytes],
+    deadline: float,
+    cap: int,
+    sink: Callable[[bytes], object] | None = None,
 ) -> tuple[bytes, int, bool]:
     """Reads the process output (keeping the last ``cap`` bytes) until exit or deadline.
 
@@ -150,6 +155,8 @@ def collect(
             break
         if chunk:
             tail.add(chunk)
+            if sink is not None:
+                sink(chunk)
         if proc.poll() is not None:
             kill_group(proc)
     kill_group(proc)
@@ -157,5 +164,82 @@ def collect(
     # Drain what was written before the kill, without waiting on stragglers.
     while chunk := _read_ready(fd, 0):
         tail.add(chunk)
+        if sink is not None:
+            sink(chunk)
     out.close()
     return bytes(tail.data), tail.total, timed_out
+
+
+UNREAD_CAP = 64 * 1024
+"""The most output a watched run keeps for its next poll (the newest bytes win)."""
+
+
+class Watch:
+    """A run that goes on while the controller does other calls (``run_start``): its
+    output as it comes, kept for the next ``run_poll`` (the newest :data:`UNREAD_CAP`
+    bytes, with a count of those dropped), and its result once it ended."""
+
+    def __init__(self) -> None:
+        import threading  # imported on first use: a faster start
+
+        self._cond = threading.Condition()
+        self._unread = bytearray()
+        self._dropped = 0
+        self.result: dict[str, Any] | None = None
+        self.error: tuple[str, str] | None = None
+
+    def add(self, chunk: bytes) -> None:
+        with self._cond:
+            self._unread += chunk
+            if len(self._unread) > UNREAD_CAP:
+                cut = len(self._unread) - UNREAD_CAP
+                del self._unread[:cut]
+                self._dropped += cut
+            self._cond.notify_all()
+
+    def end(self, result: dict[str, Any] | None, error: tuple[str, str] | None = None) -> None:
+        with self._cond:
+            self.result, self.error = result, error
+            self._cond.notify_all()
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None or self.error is not None
+
+    def take(self, wait: float) -> dict[str, Any]:
+        """Waits up to ``wait`` seconds for output or the end; returns the output not yet
+        taken (``output``, ``dropped`` bytes before it) and ``done``, with the ``result``
+        once the run ended."""
+        deadline = time.monotonic() + wait
+        with self._cond:
+            while not self.done and len(self._unread) <= _partial_tail(self._unread):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            done = self.done
+            keep = 0 if done else _partial_tail(self._unread)
+            data = bytes(self._unread[: len(self._unread) - keep])
+            del self._unread[: len(data)]
+            dropped, self._dropped = self._dropped, 0
+            out: dict[str, Any] = {
+                "output": data.decode("utf-8", "replace"),
+                "dropped": dropped,
+                "done": done,
+            }
+            if done and self.result is not None:
+                out["result"] = self.result
+            return out
+
+
+def _partial_tail(data: bytearray) -> int:
+    """How many bytes at the end of ``data`` begin a UTF-8 character not yet whole (kept
+    for the next poll, so a character cut between two reads is not mangled)."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte < 0x80:
+            return 0
+        if byte >= 0xC0:  # a lead byte: whole when its sequence is as long as what follows
+            need = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return back if need > back else 0
+    return 0

@@ -4,8 +4,10 @@ Requests are ``{"id": int, "op": str, "args": object}``; responses are
 ``{"id": int, "ok": true, "result": object}`` or
 ``{"id": int, "ok": false, "error": {"code": str, "message": str}}``.
 The first request must be ``hello`` with the controller's protocol version.
-``run`` executes in a worker thread so that ``cancel`` can reach it; every other
-operation runs inline, in order. The operations themselves are those of a
+``run`` executes in a worker thread so that ``cancel`` can reach it; ``run_start`` starts
+the same on a thread and answers at once, and ``run_poll`` (inline) waits a bounded time for
+its output and its end, so reads go on between polls; every other operation runs inline,
+in order. The operations themselves are those of a
 :class:`patchbox_agent.ops.Workspace`.
 """
 
@@ -35,7 +37,7 @@ else:
 
 AGENT_VERSION = "0.1.0"
 WORKSPACE = "/workspace"
-WRITE_OPS = frozenset({"replace_text", "apply_patch", "run"})
+WRITE_OPS = frozenset({"replace_text", "apply_patch", "run", "run_start"})
 """Operations that may change the workspace: the first one marks the baseline state."""
 
 
@@ -139,6 +141,8 @@ class Agent:
             "apply_patch": lambda: ops.locked(ops.apply_patch, args),
             "read_file": lambda: ops.read_file(args),
             "cancel": lambda: ops.cancel(args),
+            "run_start": lambda: ops.run_start(rid, args),
+            "run_poll": lambda: ops.run_poll(args),
             "put_archive": lambda: ops.put_archive(self._reader, args),
             "changes": lambda: ops.locked(ops.changes, args),
             "read_raw": lambda: ops.read_raw(args),
