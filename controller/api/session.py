@@ -18,7 +18,7 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -164,6 +164,13 @@ class _CallerProvider:
         return None
 
 
+@dataclass(frozen=True)
+class _Ended:
+    """The end of a streamed call: its result or its error."""
+
+    outcome: CallResult | BaseException
+
+
 class Session:
     """One job driven by its caller (see the module docstring). Use :func:`open_session`;
     always :meth:`close` it (or use ``with``): an open session holds a sandbox."""
@@ -254,6 +261,36 @@ class Session:
                 return self._call(tool, arguments, request_id)
             finally:
                 self._on_output = None
+
+    def stream(
+        self, tool: str, arguments: Mapping[str, object], request_id: str | None = None
+    ) -> Iterator[CheckLine | CallResult]:
+        """:meth:`call` as an iterator: each line of a running check's output as it comes (a
+        :class:`CheckLine`), then the call's :class:`CallResult`, always last. The call runs on
+        a thread of its own; leaving the loop early waits for the call to end (a call with a
+        ``waitSeconds`` ends within it), so nothing is left running. The call's error (the
+        job's end, the session's) is raised from the iterator."""
+        lines: queue.Queue[CheckLine | _Ended] = queue.Queue()
+
+        def work() -> None:
+            try:
+                lines.put(_Ended(self.call(tool, arguments, request_id, on_output=lines.put)))
+            except BaseException as exc:  # handed to the caller's thread
+                lines.put(_Ended(exc))
+
+        worker = threading.Thread(target=work, name=f"session-call-{self.job_id}", daemon=True)
+        worker.start()
+        try:
+            while True:
+                item = lines.get()
+                if isinstance(item, _Ended):
+                    if isinstance(item.outcome, BaseException):
+                        raise item.outcome
+                    yield item.outcome
+                    return
+                yield item
+        finally:
+            worker.join()
 
     def _call(
         self, tool: str, arguments: Mapping[str, object], request_id: str | None

@@ -4,8 +4,8 @@ prints in a loop answers ``running`` within ``waitSeconds`` + 0.5 s with its fir
 poll answers only the lines since the last answer; reads work while it runs, writes and a
 second check are refused; an unknown or answered handle is refused; a timed-out check
 answers its last output; the job's end kills a check still running; the output reaches the
-call's ``on_output`` as it comes; ``max_tool_calls`` and ``wall_seconds`` end the job; cancel
-leaves no container."""
+call's ``on_output`` and the stream form (``Session.stream``) as it comes; ``max_tool_calls``
+and ``wall_seconds`` end the job; cancel leaves no container."""
 
 from __future__ import annotations
 
@@ -18,11 +18,12 @@ import docker
 import pytest
 
 from controller import api
-from controller.api.session import Session
+from controller.api.session import CallResult, Session
 from controller.config.host import HostConfig
 from controller.config.task import TaskSpec
 from controller.errors import PatchboxError
 from controller.sandbox.base import Runtime
+from controller.tools.watch import CheckLine
 from tests.support.jobs import APP, containers_of, make_repo
 
 pytestmark = pytest.mark.docker
@@ -217,3 +218,44 @@ def test_the_jobs_end_kills_a_check_still_running(
         assert proposal.status == "no_change"
         job_id = session.job_id
     assert containers_of(docker_client, job_id) == []
+
+
+@pytest.mark.usefixtures("sandbox_image")
+def test_the_stream_form_gives_the_lines_as_they_come_then_the_result(
+    docker_client: docker.DockerClient, tmp_path: Path, runtime: Runtime
+) -> None:
+    repo = make_repo(tmp_path / "repo")
+    with _open(docker_client, repo, runtime) as session:
+        started = time.monotonic()
+        items = [
+            (time.monotonic() - started, item)
+            for item in session.stream("run_check", {"checkId": "loop", "waitSeconds": 2})
+        ]
+        *lines, (ended, last) = items
+        assert isinstance(last, CallResult)
+        assert last.ok, last.error
+        body = last.result or {}
+        assert body["status"] == "running"
+        assert all(isinstance(line, CheckLine) for _, line in lines)
+        told = [line.line for _, line in lines if isinstance(line, CheckLine)]
+        seen = _numbers(body["output"])
+        assert told[: len(seen)] == [f"line {n}" for n in seen]
+        # the first line came as it was printed, well before the call's answer
+        assert lines[0][0] < ended - 1.0, (lines[0][0], ended)
+        # a tool without output: the result alone; a poll streams only the new lines
+        only = list(session.stream("read_file", {"path": "app.py"}))
+        assert len(only) == 1
+        assert isinstance(only[0], CallResult)
+        assert only[0].ok
+        polled = list(session.stream("run_check", {"handle": body["handle"], "waitSeconds": 1}))
+        numbers = [int(x.line.split()[1]) for x in polled if isinstance(x, CheckLine)]
+        assert numbers
+        assert numbers[0] > seen[-1]
+        # leaving a stream early waits for its call: the next call works at once
+        for _ in session.stream("run_check", {"handle": body["handle"], "waitSeconds": 1}):
+            break
+        assert session.call("list_files", {}).ok
+    # once the session ended, the stream raises the call's error
+    with pytest.raises(PatchboxError) as raised:
+        list(session.stream("list_files", {}))
+    assert raised.value.code == "USAGE_ERROR"
