@@ -1,10 +1,13 @@
 """``run_check`` over MCP with the SDK's own client on the real daemon: the server sends the
-running check's output as progress notifications of the request, and the handle form waits
-again for a check that answered ``running``."""
+running check's output as progress notifications of the request, over stdio and over the
+streamable HTTP transport (under runc and runsc), and the handle form waits again for a check
+that answered ``running``."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import anyio
@@ -12,9 +15,11 @@ import docker
 import pytest
 from mcp.client.client import Client
 
-from tests.docker.mcp.test_mcp import server_args, stdio, the_job
+from controller.sandbox.base import Runtime
+from tests.docker.mcp.test_mcp import server_args, stdio, the_job, until
 from tests.support.jobs import containers_of, make_repo
 from tests.support.mcp import LIMITS, code, data
+from tests.support.paths import REPO_ROOT
 
 pytestmark = pytest.mark.docker
 
@@ -98,3 +103,64 @@ def test_progress_carries_the_output_and_the_handle_form_polls(
     job = the_job(repo)
     assert job.state == "cancelled"
     assert containers_of(docker_client, job.job_id) == []
+
+
+def test_over_http_progress_carries_the_output_under_each_runtime(
+    docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path, runtime: Runtime
+) -> None:
+    """The streamable HTTP transport: the same progress notifications, under runc and runsc,
+    and the handle form; the session's end cancels the job."""
+    del sandbox_image
+    repo = make_repo(tmp_path / "repo")
+    err_path = tmp_path / "server.err"
+    args = [*server_args(tmp_path / "files", repo, TASK), "--runtime", runtime, "--http", "0"]
+    notes: list[str] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        del progress, total
+        notes.append(message or "")
+
+    with err_path.open("w") as err:
+        server = subprocess.Popen(
+            [sys.executable, *args], stdout=subprocess.DEVNULL, stderr=err, cwd=REPO_ROOT
+        )
+        try:
+
+            def url() -> str:
+                found = re.search(r"(http://127\.0\.0\.1:\d+/mcp)", err_path.read_text())
+                return found.group(1) if found else ""
+
+            assert until(lambda: bool(url()), 60.0), err_path.read_text()
+
+            async def scenario() -> None:
+                async with Client(url()) as client:
+                    brief = await client.call_tool(
+                        "run_check", {"checkId": "brief"}, progress_callback=on_progress
+                    )
+                    assert data(brief)["status"] == "passed"
+                    assert [f"out {i}" for i in range(8)] == re.findall(r"out \d", "\n".join(notes))
+                    notes.clear()
+                    first = data(
+                        await client.call_tool(
+                            "run_check",
+                            {"checkId": "loop", "waitSeconds": 1.5},
+                            progress_callback=on_progress,
+                        )
+                    )
+                    assert first["status"] == "running"
+                    assert _numbers("\n".join(notes))[:2] == [0, 1]
+                    again = data(
+                        await client.call_tool(
+                            "run_check", {"handle": first["handle"], "waitSeconds": 1}
+                        )
+                    )
+                    assert again["status"] == "running"
+                    assert _numbers(again["output"])[0] == _numbers(first["output"])[-1] + 1
+
+            anyio.run(scenario)
+            job = the_job(repo)
+            assert until(lambda: the_job(repo).state == "cancelled", 60.0), the_job(repo).state
+            assert until(lambda: containers_of(docker_client, job.job_id) == [], 30.0)
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
