@@ -31,6 +31,10 @@
      +-- InternalError                INTERNAL_ERROR: a bug; exit 70 with a crash report
      +-- EnvironmentBuildError        ENVIRONMENT_BUILD_FAILED: a project environment's build
      +-- EnvironmentInputError        ENVIRONMENT_INPUT_INVALID: its inputs select badly
+     +-- EgressNotAllowedError        EGRESS_NOT_ALLOWED: a declared egress entry the
+     |                                operator (or the tenant's policy) does not allow: exit 2
+     +-- EgressUnavailableError       EGRESS_UNAVAILABLE: a declared egress cannot be given
+                                      here (no runtime for it, the proxy cannot start): exit 3
      +-- ServiceError                 an error answer of a patchbox service: its code and status
      |    +-- ServiceUsageError       the request was wrong (token, job id, body): also a
      |                                UsageError, exit 2
@@ -104,6 +108,8 @@ class ErrorCode(StrEnum):
     ENVIRONMENT_NOT_READY = "ENVIRONMENT_NOT_READY"
     ENVIRONMENT_BUILD_FAILED = "ENVIRONMENT_BUILD_FAILED"
     ENVIRONMENT_INPUT_INVALID = "ENVIRONMENT_INPUT_INVALID"
+    EGRESS_NOT_ALLOWED = "EGRESS_NOT_ALLOWED"
+    EGRESS_UNAVAILABLE = "EGRESS_UNAVAILABLE"
     USAGE_ERROR = "USAGE_ERROR"
     # The service's own codes (docs/service.md), as its clients raise them.
     UNAUTHORIZED = "UNAUTHORIZED"
@@ -128,6 +134,8 @@ _EXIT_BY_CODE.update(
         ErrorCode.USAGE_ERROR: ExitCode.USAGE,
         ErrorCode.NOT_A_REPOSITORY: ExitCode.USAGE,
         ErrorCode.ENVIRONMENT_NOT_READY: ExitCode.NOT_READY,
+        ErrorCode.EGRESS_NOT_ALLOWED: ExitCode.USAGE,
+        ErrorCode.EGRESS_UNAVAILABLE: ExitCode.NOT_READY,
         ErrorCode.PROVIDER_ERROR: ExitCode.PROVIDER,
         ErrorCode.MODEL_TOOL_CALL_UNSUPPORTED: ExitCode.PROVIDER,
         ErrorCode.INTERNAL_ERROR: ExitCode.INTERNAL,
@@ -168,6 +176,20 @@ class NotReadyError(PatchboxError):
 
 class UsageError(PatchboxError):
     code = ErrorCode.USAGE_ERROR
+
+
+class EgressNotAllowedError(PatchboxError):
+    """A declared ``egress`` entry the host configuration's ``network.allow`` (or, in the
+    service, the tenant's ``egress_allow``) does not allow: refused before anything starts."""
+
+    code = ErrorCode.EGRESS_NOT_ALLOWED
+
+
+class EgressUnavailableError(PatchboxError):
+    """A declared egress that cannot be given here: the runtime for a gVisor sandbox with a
+    network is not registered, or the job's proxy could not start."""
+
+    code = ErrorCode.EGRESS_UNAVAILABLE
 
 
 class SandboxError(PatchboxError):

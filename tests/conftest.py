@@ -107,13 +107,22 @@ def docker_client() -> Iterator[docker.DockerClient]:
         for v in client.volumes.list(filters={"label": OWNER_FILTER})
         if _ours(v.attrs.get("Labels") or {})
     ]
+    networks = [
+        n
+        for n in client.networks.list(filters={"label": OWNER_FILTER})
+        if _ours(n.attrs.get("Labels") or {})
+    ]
     names = [(c.attrs.get("Names") or [c.id])[0] for c in leftovers]
     for c in leftovers:
         with contextlib.suppress(docker.errors.NotFound):
             c.remove(force=True, v=True)
+    for n in networks:
+        with contextlib.suppress(docker.errors.APIError):
+            n.remove()
     client.close()
     assert not leftovers, f"labelled containers left behind: {names}"
     assert not volumes, f"labelled volumes left behind: {[v.name for v in volumes]}"
+    assert not networks, f"labelled networks left behind: {[n.name for n in networks]}"
 
 
 @pytest.fixture(scope="session")

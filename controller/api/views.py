@@ -22,6 +22,7 @@ from controller.jobs.records import (
     FileChange,
     JobRecord,
     JobStore,
+    NetworkRequest,
     ToolCallRecord,
 )
 from controller.logs import Scrubber
@@ -53,6 +54,8 @@ class CheckView(_View):
     exit_code: int | None
     duration_ms: int
     output_tail: str
+    network: list[NetworkRequest] | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Every request it made through the job's proxy (a check with an ``egress``)."""
 
     @classmethod
     def of(cls, check: CheckResult | BaselineCheck) -> CheckView:

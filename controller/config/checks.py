@@ -11,16 +11,17 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pydantic import TypeAdapter, ValidationError
 
 from controller.config.environment import EnvironmentSpec
+from controller.config.network import EgressRule, NetworkConfig, permitted
 from controller.config.task import CheckId, CheckSpec, TaskSpec
 from controller.errormap import describe_validation
-from controller.errors import UsageError
+from controller.errors import EgressNotAllowedError, UsageError
 
 if TYPE_CHECKING:
     from controller.config.host import HostConfig
@@ -99,7 +100,30 @@ def job_checks(
     environment = resolve_environment(task, config)
     if environment is not None:
         checks = with_environment(checks, environment)
+    check_egress(checks, config.network)
     return checks, environment
+
+
+def check_egress(
+    checks: Mapping[str, CheckSpec], network: NetworkConfig, *, allow: Sequence[str] | None = None
+) -> dict[str, tuple[EgressRule, ...]]:
+    """Each check's egress as rules, every entry allowed by the operator's ``network.allow``
+    (and ``allow``, a tenant's own list, when given); ``EGRESS_NOT_ALLOWED`` naming every
+    check's entries that are not."""
+    rules: dict[str, tuple[EgressRule, ...]] = {}
+    refused: list[str] = []
+    for check_id, check in checks.items():
+        if not check.egress:
+            continue
+        try:
+            rules[check_id] = permitted(
+                check.egress, network, allow=allow, where=f"checks.{check_id}.egress"
+            )
+        except EgressNotAllowedError as exc:
+            refused.append(exc.message)
+    if refused:
+        raise EgressNotAllowedError("; ".join(refused)[:2000])
+    return rules
 
 
 def resolve_environment(task: TaskSpec, config: HostConfig) -> EnvironmentSpec | None:

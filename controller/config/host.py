@@ -22,6 +22,9 @@
     [checks.tests]               # default checks for tasks that name none
     argv = ["python3", "-m", "pytest", "-q"]
 
+    [network]                    # see controller.config.network
+    allow = ["*.example.com:443"]
+
     [provider]                   # see controller.providers.config
     api = "chat"
     base_url = "https://..."
@@ -39,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from controller.config.environment import EnvironmentName, EnvironmentSpec
 from controller.config.limits import Limits
+from controller.config.network import NetworkConfig
 from controller.config.task import CheckId, CheckSpec
 from controller.errormap import describe_validation
 from controller.errors import UsageError
@@ -63,6 +67,8 @@ class HostConfig(BaseModel):
     service: dict[str, Any] = Field(default_factory=dict)
     """``patchbox serve``'s table (tenants, workers, database): validated by the service,
     ignored by every other command."""
+    network: NetworkConfig = Field(default_factory=NetworkConfig)
+    """What declared egress may reach (:mod:`controller.config.network`)."""
     ca_bundle: str | None = Field(default=None, max_length=4096)
     """PEM file of the CAs environment builds trust; by default the one the host's own
     TLS clients use (``PIP_CERT``, ``REQUESTS_CA_BUNDLE``, ``SSL_CERT_FILE``, ...); ``""``

@@ -19,6 +19,7 @@ from controller.config.checkargs import ArgSlot, SlotName, check_declaration, ex
 from controller.config.environment import EnvironmentRef, check_env_names
 from controller.config.inputfile import read_input_file
 from controller.config.limits import Limits
+from controller.config.network import EgressList
 from controller.errormap import describe_validation
 from controller.errors import UsageError
 from patchbox_agent import ops
@@ -60,6 +61,9 @@ class CheckSpec(BaseModel):
     """Where the check writes its own JUnit XML (``pytest --junitxml=/tmp/junit.xml``): an
     absolute path in the sandbox or one relative to /workspace. Its test cases go into the
     job's report instead of one case for the check."""
+    egress: EgressList = Field(default_factory=list)
+    """``host:port`` pairs (or ``preset:NAME``) the check may reach through the job's proxy
+    (:mod:`controller.config.network`); none (the default): no network at all."""
     args: dict[SlotName, ArgSlot] = Field(default_factory=dict, max_length=16)
     """Argument slots a model may fill (:mod:`controller.config.checkargs`): each named in
     ``argv`` as one whole element, ``{name}``. The required checks that decide the job

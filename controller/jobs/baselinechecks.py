@@ -22,8 +22,15 @@ from typing import Literal
 from controller.config.task import CheckSpec
 from controller.errorinfo import Hint
 from controller.errors import CheckChangedFilesError, ErrorCode, PatchboxError
-from controller.jobs.records import BaselineCheck, CheckChange, CheckChangeKind, CheckResult
+from controller.jobs.records import (
+    BaselineCheck,
+    CheckChange,
+    CheckChangeKind,
+    CheckResult,
+    requests_of,
+)
 from controller.sandbox.base import RunResult, Sandbox
+from controller.sandbox.netgate import NetworkGate, checked
 from controller.text import strip_control
 
 OUTPUT_TAIL = 8192
@@ -105,6 +112,7 @@ def run_baseline_checks(
     *,
     on_check: Callable[[str], None] | None = None,
     stop: threading.Event | None = None,
+    gate: NetworkGate | None = None,
 ) -> list[BaselineCheck]:
     """Runs each required check that may not change files (``mutates`` false) once in
     ``sandbox``, in order. Raises ``CHECK_FAILED`` (:class:`CheckChangedFilesError`) when one
@@ -117,13 +125,14 @@ def run_baseline_checks(
             break
         if on_check is not None:
             on_check(check_id)
-        run = sandbox.run(
-            spec.argv_with(),
-            timeout=spec.timeout_seconds,
-            env=spec.environment(),
-            output_limit=spec.output_limit,
-            track_changes=True,
-        )
+        with checked(gate, check_id) as seen:
+            run = sandbox.run(
+                spec.argv_with(),
+                timeout=spec.timeout_seconds,
+                env=spec.environment(),
+                output_limit=spec.output_limit,
+                track_changes=True,
+            )
         changes = run.changes
         if changes is not None and changes.count > 0:
             sample = (changes.added + changes.modified + changes.removed)[:10]
@@ -132,7 +141,10 @@ def run_baseline_checks(
                 "declared to change: " + ", ".join(sample)
             )
             raise CheckChangedFilesError(msg)
-        results.append(baseline_result(check_id, spec, run))
+        result = baseline_result(check_id, spec, run)
+        if gate is not None:
+            result = result.model_copy(update={"network": requests_of(seen)})
+        results.append(result)
     return results
 
 

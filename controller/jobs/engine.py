@@ -25,12 +25,19 @@ from controller.changes.changeset import ChangeSet
 from controller.changes.collect import Collected, collect
 from controller.changes.rules import control_lines
 from controller.changes.validate import validate_changeset
-from controller.config.checks import job_checks
+from controller.config.checks import check_egress, job_checks
 from controller.config.host import HostConfig
+from controller.config.network import EgressRule
 from controller.config.task import CheckSpec, TaskSpec
 from controller.crash import internal_error
 from controller.errorinfo import ErrorInfo
-from controller.errors import ApplyConflictError, ErrorCode, InternalError, PatchboxError
+from controller.errors import (
+    ApplyConflictError,
+    EgressUnavailableError,
+    ErrorCode,
+    InternalError,
+    PatchboxError,
+)
 from controller.jobs.baselinechecks import cannot_run_error, run_baseline_checks
 from controller.jobs.decision import DecisionInputs, decide, skips_checks, with_conflict
 from controller.jobs.evidence import write_evidence
@@ -47,7 +54,7 @@ from controller.jobs.records import (
     JobStore,
     write_lock,
 )
-from controller.jobs.required import run_required_checks
+from controller.jobs.required import refused_by_proxy, run_required_checks
 from controller.providers.base import ChecksAware, Provider
 from controller.repo.baseline import Baseline
 from controller.repo.layout import locate
@@ -55,9 +62,11 @@ from controller.repo.pin import RepoPin
 from controller.sandbox.base import Runtime, Sandbox, SandboxSpec, WorkClock
 from controller.sandbox.cache import BaselineCache
 from controller.sandbox.docker import DockerSandbox
+from controller.sandbox.egress import EgressProxy, proxy_image
 from controller.sandbox.envbuild import EnvironmentBuilder
 from controller.sandbox.image import ImageBuilder
 from controller.sandbox.labels import ControllerIdentity, current_identity, new_job_id
+from controller.sandbox.netgate import NetworkGate
 from controller.sandbox.prepare import Prepared, prepare
 from controller.sandbox.spares import SparePool
 from controller.tools.executor import ToolExecutor
@@ -153,6 +162,7 @@ class Job:
             controller_host=self.identity.host,
         )
         self._box: DockerSandbox | None = None
+        self._gate: NetworkGate | None = None
         self._diff: str | None = None
         self._prepared: Prepared | None = None
         self._activity = ""
@@ -279,6 +289,9 @@ class Job:
                         self._box = None
                     if self._prepared is not None:
                         self._prepared.finish()
+                    if self._gate is not None:
+                        self._gate.proxy.close()
+                        self._gate = None
         except PatchboxError as exc:  # the lock itself: JOB_ALREADY_RUNNING
             self._fail(exc)
         return unexpected
@@ -368,6 +381,47 @@ class Job:
             protected=tuple(self.request.config.protected),
         )
 
+    def _egress(self, spec: SandboxSpec, rules: dict[str, tuple[EgressRule, ...]]) -> SandboxSpec:
+        """With checks that declare ``egress``: the job's proxy, started, and ``spec`` on its
+        network (the proxy allows nothing until a check runs). Without: ``spec`` as it is,
+        no network at all."""
+        if not rules:
+            return spec
+        network = self.request.config.network
+        docker_runtime = None
+        if spec.runtime == "runsc":
+            docker_runtime = network.runsc_runtime
+            runtimes = self.client.info().get("Runtimes") or {}
+            if docker_runtime not in runtimes:
+                msg = (
+                    f"a check declares egress and the job runs under gVisor, but the Docker "
+                    f"runtime {docker_runtime!r} (gVisor with a network, network.runsc_runtime) "
+                    "is not registered with the daemon"
+                )
+                raise EgressUnavailableError(msg)
+        self.progress("starting the egress proxy")
+        base = ImageBuilder(self.client, self.progress).resolve_base(None)[0]
+        image = proxy_image(self.client, base, self.progress)
+        job_id = self.record.job_id
+        proxy = EgressProxy.start(
+            self.client,
+            name=f"patchbox-egress-{job_id}",
+            labels=self.identity.labels(job_id, "egress"),
+            image=image,
+            outside=network.outside,
+        )
+        self._gate = NetworkGate(proxy, rules)
+        self.record.diagnostics["egress"] = {
+            cid: [r.text() for r in checked] for cid, checked in rules.items()
+        }
+        return spec.model_copy(
+            update={
+                "network": proxy.network,
+                "docker_runtime": docker_runtime,
+                "run_env": proxy.environment(),
+            }
+        )
+
     def _stages(self) -> None:
         request, record = self.request, self.record
         task = request.task
@@ -378,6 +432,7 @@ class Job:
             task, request.config, Path(record.repo), trust_repo_config=request.trust_repo_config
         )
         spec = self._spec(task, default_image=environment is None)
+        spec = self._egress(spec, check_egress(checks, request.config.network))
         image_for = None
         if environment is not None:
 
@@ -405,7 +460,7 @@ class Job:
                 max_spares=config.spare_sandboxes,
                 idle_seconds=config.spare_idle_seconds,
             )
-            if config.spare_sandboxes
+            if config.spare_sandboxes and self._gate is None  # a spare has no network
             else None
         )
         t = time.perf_counter()
@@ -464,6 +519,7 @@ class Job:
             allowed_paths=task.allowed_paths,
             extra_protected=tuple(request.config.protected),
             on_output=self.output,
+            gate=self._gate,
         )
         loop = ToolLoop(
             provider=request.provider,
@@ -502,6 +558,7 @@ class Job:
                 checks,
                 on_check=lambda cid: self._doing(f"running check {cid} before the change"),
                 stop=self.cancelled,
+                gate=self._gate,
             )
         finally:
             clock.resume()
@@ -609,6 +666,7 @@ class Job:
             cache=BaselineCache(),
             stop=self.cancelled,
             on_check=lambda cid: self._doing(f"running check {cid}"),
+            gate=self._gate,
         )
         record.timings_ms["checks"] = round((time.perf_counter() - t) * 1000)
         record.checks = outcomes
@@ -644,7 +702,8 @@ class Job:
                     " (failing before the change too: " + ", ".join(decision.still_failing) + ")"
                     if decision.still_failing
                     else ""
-                ),
+                )
+                + refused_by_proxy(record.checks, decision.failed_checks),
             )
             self._move("failed")
             return

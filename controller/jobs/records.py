@@ -21,7 +21,7 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any, Literal
 
@@ -33,6 +33,7 @@ from controller.jobs.junit import TestCase
 from controller.jobs.log import RecordLog, Saved
 from controller.paths import patchbox_home
 from controller.repo.baseline import Baseline
+from controller.sandbox.egress import Connection
 from controller.sandbox.labels import controller_alive
 
 JobState = Literal[
@@ -190,6 +191,45 @@ class ControlLine(_Value):
     characters: list[str]
 
 
+class NetworkRequest(_Value):
+    """One request a check made through the job's proxy: where to, what the proxy decided
+    (and why it refused), bytes each way, when."""
+
+    host: str
+    port: int
+    address: str | None = None
+    """The address the proxy connected to (resolved by the proxy itself)."""
+    allowed: bool
+    reason: str | None = _OMITTED
+    """Why it was refused: ``not_allowed`` (the pair is not in the check's egress),
+    ``inward`` (the name resolves to a loopback, private, link-local, metadata, multicast or
+    unspecified address), ``unresolved``, ``proxy``; absent when allowed."""
+    status: int
+    bytes_out: int
+    bytes_in: int
+    start: float
+    end: float
+
+
+def requests_of(connections: Iterable[Connection]) -> list[NetworkRequest]:
+    """The proxy's connections as a record keeps them."""
+    return [
+        NetworkRequest(
+            host=c.host,
+            port=c.port,
+            address=c.address,
+            allowed=c.allowed,
+            reason=c.reason or None,
+            status=c.status,
+            bytes_out=c.bytes_out,
+            bytes_in=c.bytes_in,
+            start=c.start,
+            end=c.end,
+        )
+        for c in connections
+    ]
+
+
 class CheckResult(_Value):
     """One check as run in the fresh check sandbox (or skipped), bound to the diff."""
 
@@ -208,6 +248,8 @@ class CheckResult(_Value):
     """The test cases of the JUnit XML the check wrote (its ``junit``), when it did."""
     junit_error: str | None = _OMITTED
     """Why the check's JUnit XML could not be used (missing, too large, not XML)."""
+    network: list[NetworkRequest] | None = _OMITTED
+    """Every request the check made through the job's proxy (a check with an ``egress``)."""
 
 
 class BaselineCheck(_Value):
@@ -223,6 +265,8 @@ class BaselineCheck(_Value):
     output_tail: str
     reason: str | None = _OMITTED
     """Why it could not run; absent otherwise."""
+    network: list[NetworkRequest] | None = _OMITTED
+    """Every request the check made through the job's proxy (a check with an ``egress``)."""
 
 
 CheckChangeKind = Literal["fixed", "still_failing", "newly_failing", "still_passing"]

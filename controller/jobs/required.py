@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Literal
 
 import docker
@@ -21,12 +21,13 @@ import docker.errors
 from controller.config.task import CheckSpec
 from controller.errors import ErrorCode, PatchboxError, SandboxError, ToolError
 from controller.jobs.junit import MAX_JUNIT_BYTES, JunitError, parse_cases
-from controller.jobs.records import CheckResult
+from controller.jobs.records import CheckResult, requests_of
 from controller.repo.baseline import Baseline
 from controller.sandbox.base import SandboxSpec
 from controller.sandbox.cache import BaselineCache
 from controller.sandbox.docker import SANDBOX_UID, DockerSandbox
 from controller.sandbox.labels import ControllerIdentity
+from controller.sandbox.netgate import NetworkGate, checked, refused_text
 from controller.sandbox.prepare import start_with_baseline
 from controller.text import strip_control
 
@@ -36,7 +37,11 @@ TIMEOUT_EXIT = 137
 
 
 def _exec(
-    client: docker.DockerClient, container_id: str, spec: CheckSpec, stop: threading.Event
+    client: docker.DockerClient,
+    container_id: str,
+    spec: CheckSpec,
+    stop: threading.Event,
+    run_env: dict[str, str],
 ) -> tuple[int | None, str, bool, int]:
     argv = ["timeout", "-s", "KILL", f"{spec.timeout_seconds:g}", *spec.argv_with()]
     started = time.monotonic()
@@ -49,7 +54,7 @@ def _exec(
         tty=False,
         user=f"{SANDBOX_UID}:{SANDBOX_UID}",
         workdir="/workspace",
-        environment=spec.environment(),
+        environment={**spec.environment(), **run_env},
     )["Id"]
     tail = b""
     for chunk in client.api.exec_start(exec_id, stream=True, demux=False):
@@ -79,9 +84,12 @@ def run_required_checks(  # noqa: PLR0913 - the inputs of one check stage, all k
     cache: BaselineCache | None = None,
     stop: threading.Event | None = None,
     on_check: Callable[[str], None] | None = None,
+    gate: NetworkGate | None = None,
 ) -> list[CheckResult]:
     """Runs every check in ``checks`` (required or not) in one fresh sandbox holding the
-    baseline plus ``diff``; the container is removed afterwards, whatever happened."""
+    baseline plus ``diff``; the container is removed afterwards, whatever happened. With a
+    ``gate`` (``spec`` on the job's egress network) each check reaches its own ``egress``
+    while it runs, and its requests are in its result."""
     stop = stop or threading.Event()
     box = start_with_baseline(client, baseline, spec, identity, cache or BaselineCache())
     try:
@@ -92,12 +100,15 @@ def run_required_checks(  # noqa: PLR0913 - the inputs of one check stage, all k
                 except ToolError as exc:
                     msg = f"the validated diff does not apply in the check sandbox: {exc.message}"
                     raise PatchboxError(msg, code=ErrorCode.CHECK_FAILED) from exc
-            cid = box.container.id or ""
             results = []
             for item in checks.items():
                 if on_check is not None:
                     on_check(item[0])
-                results.append(_run_one(client, cid, item, diff_sha256, stop))
+                with checked(gate, item[0]) as seen:
+                    result = _run_one(client, box, item, diff_sha256, stop)
+                if gate is not None:
+                    result = result.model_copy(update={"network": requests_of(seen)})
+                results.append(result)
             return results
     except SandboxError:
         _raise_if_stopped(stop)
@@ -108,15 +119,16 @@ def run_required_checks(  # noqa: PLR0913 - the inputs of one check stage, all k
 
 def _run_one(
     client: docker.DockerClient,
-    container_id: str,
+    box: DockerSandbox,
     check: tuple[str, CheckSpec],
     diff_sha256: str,
     stop: threading.Event,
 ) -> CheckResult:
     check_id, spec = check
+    container_id = box.container.id or ""
     _raise_if_stopped(stop)
     try:
-        code, text, timed_out, ms = _exec(client, container_id, spec, stop)
+        code, text, timed_out, ms = _exec(client, container_id, spec, stop, box.run_env)
     except (docker.errors.DockerException, OSError) as exc:  # requests' errors are OSErrors
         _raise_if_stopped(stop)
         msg = f"check {check_id} could not be run: {type(exc).__name__}"
@@ -195,3 +207,15 @@ def _closed_on_stop(box: DockerSandbox, stop: threading.Event) -> Iterator[None]
 def _raise_if_stopped(stop: threading.Event) -> None:
     if stop.is_set():
         raise PatchboxError("cancelled during the checks", code=ErrorCode.CANCELLED)
+
+
+def refused_by_proxy(checks: Sequence[CheckResult], failed: Sequence[str]) -> str:
+    """For a failure message: the pairs the job's proxy refused to the checks that failed
+    (empty when it refused none), so the user knows what to add to a check's ``egress``."""
+    parts = []
+    for result in checks:
+        if result.id in failed and result.network:
+            text = refused_text(result.network)
+            if text:
+                parts.append(f"{result.id} tried {text}")
+    return "; the proxy refused: " + "; ".join(parts) if parts else ""

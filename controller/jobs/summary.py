@@ -31,6 +31,7 @@ def summary_text(record: JobRecord) -> str:
         for c in record.checks
     ]
     lines += table_text(record)
+    lines += network_text(record)
     if record.state in FAILED_STATES:
         lines += _cannot_run_output(record)
         for c in record.checks:
@@ -47,6 +48,29 @@ def summary_text(record: JobRecord) -> str:
     elif record.decision is not None and record.decision.reason:
         lines.append(f"decision: {record.decision.reason}")
     return "\n".join(lines)
+
+
+def network_text(record: JobRecord) -> list[str]:
+    """The network section: every request each check made through the job's proxy (empty
+    for a job whose checks declare no ``egress``)."""
+    runs = [("before the change", c.id, c.network) for c in record.baseline_checks]
+    runs += [("", c.id, c.network) for c in record.checks]
+    shown = [(when, cid, requests) for when, cid, requests in runs if requests is not None]
+    if not shown:
+        return []
+    lines = ["network (through the job's proxy):"]
+    for when, cid, requests in shown:
+        label = f"check {cid}" + (f" {when}" if when else "")
+        if not requests:
+            lines.append(f"  {label}: no request")
+        for r in requests or []:
+            verdict = "allowed" if r.allowed else f"refused ({r.reason})"
+            address = f" [{r.address}]" if r.address else ""
+            lines.append(
+                f"  {label}: {r.host}:{r.port}{address} {verdict}, status {r.status}, "
+                f"{r.bytes_out} B out, {r.bytes_in} B in, {r.end - r.start:.2f} s"
+            )
+    return lines
 
 
 def _cannot_run_output(record: JobRecord) -> list[str]:

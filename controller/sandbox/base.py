@@ -40,6 +40,14 @@ class SandboxSpec(BaseModel):
     idle_exit: float | None = None
     """A spare: the agent exits (and Docker removes the container) when no controller
     attaches within this many seconds."""
+    network: str | None = None
+    """The Docker network the sandbox is on: the job's internal egress network, which
+    reaches only the job's proxy; None (the default): no network at all."""
+    docker_runtime: str | None = None
+    """The Docker runtime's name when it is not ``runtime`` itself (a gVisor sandbox on an
+    egress network runs under the runtime that gives gVisor a network)."""
+    run_env: dict[str, str] = Field(default_factory=dict)
+    """Variables every process run in the sandbox gets (the job's proxy)."""
 
 
 PRELOAD_TARGET = "/run/patchbox/baseline.tar"

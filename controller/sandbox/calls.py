@@ -48,6 +48,9 @@ class AgentCalls:
     are the implementation's), defined once: an implementation provides ``_call`` and may
     hook ``_protocol_violation``, ``_before_run`` and ``_after_run``."""
 
+    run_env: dict[str, str] = {}  # noqa: RUF012 - replaced, never changed in place
+    """Variables every run gets on top of its own (the job's proxy, when it has one)."""
+
     def _call(
         self,
         op: str,
@@ -171,7 +174,7 @@ class AgentCalls:
         self._before_run()
         args: CallArgs = {
             "argv": argv,
-            "env": env or {},
+            "env": {**(env or {}), **self.run_env},
             "timeoutSeconds": timeout,
             "outputLimit": output_limit,
             "trackChanges": track_changes,
@@ -194,7 +197,7 @@ class AgentCalls:
         self._before_run()
         args: CallArgs = {
             "argv": argv,
-            "env": env or {},
+            "env": {**(env or {}), **self.run_env},
             "timeoutSeconds": timeout,
             "outputLimit": output_limit,
             "trackChanges": track_changes,

@@ -120,6 +120,10 @@ def container_config(spec: SandboxSpec, labels: dict[str, str]) -> dict[str, Any
     }
     if spec.runtime != "runc":
         config["runtime"] = spec.runtime
+    if spec.network is not None:
+        config["network_mode"] = spec.network
+        if spec.docker_runtime is not None:
+            config["runtime"] = spec.docker_runtime
     if spec.preload is not None:
         config["mounts"] = [
             Mount(target=PRELOAD_TARGET, source=spec.preload, type="bind", read_only=True)
@@ -262,6 +266,7 @@ class DockerSandbox(AgentCalls):
         self._watcher: _OomWatcher | None = None
         self._hello: HelloResult | None = None
         self._closed = False
+        self.run_env = dict(spec.run_env)
 
     @classmethod
     def start(

@@ -36,6 +36,7 @@ reaper that ran between the two would otherwise take it for one that stopped).""
 class ReapReport:
     containers: list[str] = field(default_factory=list)
     volumes: list[str] = field(default_factory=list)
+    networks: list[str] = field(default_factory=list)
     folders: list[str] = field(default_factory=list)
     failures: int = 0
 
@@ -113,6 +114,28 @@ def _reap_volumes(client: docker.DockerClient, everything: bool, report: ReapRep
             log.error("reap_volume_failed", volume=volume.name, error=str(exc.explanation))
 
 
+def _reap_networks(client: docker.DockerClient, everything: bool, report: ReapReport) -> None:
+    """A job's egress network, once its proxy and sandboxes are gone (they are reaped first:
+    a network with a container on it cannot be removed)."""
+    try:
+        networks = client.networks.list(filters={"label": OWNER_FILTER})
+    except docker.errors.APIError as exc:
+        report.failures += 1
+        log.error("reap_list_failed", error=str(exc.explanation))
+        return
+    for network in networks:
+        if not _orphaned(network.attrs.get("Labels") or {}, everything):
+            continue
+        try:
+            network.remove()
+            report.networks.append(network.name or "")
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            report.failures += 1
+            log.error("reap_network_failed", network=network.name, error=str(exc.explanation))
+
+
 OWNERLESS_GRACE_SECONDS = 120.0
 """A temp folder gets its ``.owner`` file just after it is made: until then it is young,
 not abandoned."""
@@ -152,14 +175,16 @@ def reap(
     _reap_containers(client, everything, report)
     SparePool(client).sweep()
     _reap_volumes(client, everything, report)
+    _reap_networks(client, everything, report)
     if tmp_root is not None and tmp_root.is_dir():
         _reap_folders(tmp_root, everything, report)
     _reap_folders(mount_staging_root(), everything, report, MOUNT_PREFIX)
-    if report.containers or report.volumes or report.folders:
+    if report.containers or report.volumes or report.networks or report.folders:
         log.info(
             "reaped",
             containers=len(report.containers),
             volumes=len(report.volumes),
+            networks=len(report.networks),
             folders=len(report.folders),
         )
     return report

@@ -45,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from controller.config.environment import EnvironmentName, ImageRef
 from controller.config.host import HostConfig
+from controller.config.network import EgressPattern
 from controller.errormap import describe_validation
 from controller.errors import UsageError
 from controller.paths import patchbox_home
@@ -113,6 +114,9 @@ class TenantConfig(BaseModel):
     """The images an inline environment may name as its ``base`` (without one it gets the
     default sandbox base)."""
     max_limits: LimitCaps = Field(default_factory=LimitCaps)
+    egress_allow: list[EgressPattern] = Field(default_factory=list, max_length=1024)
+    """The ``host:port`` patterns the tenant's checks may declare as ``egress`` (within the
+    host configuration's ``network.allow`` too); empty (the default): none."""
 
 
 class ServiceConfig(BaseModel):

@@ -11,14 +11,17 @@ again when its job starts (the configuration may have changed in between).
   ``max_limits``.
 
 Every refusal is ``TASK_NOT_ALLOWED`` naming each field over the policy and the key that
-bounds it.
+bounds it; a check's ``egress`` entry outside the tenant's ``egress_allow`` (or the host
+configuration's ``network.allow``) is ``EGRESS_NOT_ALLOWED``.
 """
 
 from __future__ import annotations
 
 import json
 
+from controller.config.checks import check_egress
 from controller.config.environment import EnvironmentSpec
+from controller.config.network import NetworkConfig
 from controller.config.task import TaskSpec
 from controller.errors import ErrorCode, PatchboxError
 from controller.service.config import LimitCaps, TenantConfig
@@ -101,6 +104,12 @@ def refusals(task: TaskSpec, tenant: TenantConfig) -> list[str]:
     problems += _environment(task, tenant)
     problems += _limits(task, tenant.max_limits)
     return problems
+
+
+def check_egress_of(task: TaskSpec, network: NetworkConfig, tenant: TenantConfig) -> None:
+    """``EGRESS_NOT_ALLOWED`` naming each of the task's checks' ``egress`` entries that the
+    host configuration's ``network.allow`` or the tenant's ``egress_allow`` does not allow."""
+    check_egress(task.checks, network, allow=tenant.egress_allow)
 
 
 def check_task(task: TaskSpec, tenant: TenantConfig) -> None:

@@ -30,7 +30,7 @@ from controller.jobs.records import CheckResult, JobRecord, JobStore, ToolCallRe
 from controller.logs import Scrubber
 from controller.repo.pin import Confinement, RepoPin, pin_repo
 from controller.service.bundles import checkout, remove_clone, sweep
-from controller.service.policy import check_task
+from controller.service.policy import check_egress_of, check_task
 from controller.service.store import (
     QUEUED,
     RUNNING_STATES,
@@ -367,6 +367,7 @@ class Runner:
             client = self._connect()
             task = row.request.task
             check_task(task, self.tenants[row.tenant])  # the configuration may have changed
+            check_egress_of(task, self.host.network, self.tenants[row.tenant])
             choice = api.choose_provider(self.host, task, row.request.calls)
             provider = choice.provider
             job = self._make(row, choice, client, feed)

@@ -14,7 +14,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Required, TypedDict, cast
+from typing import Any, Literal, NotRequired, Required, TypedDict, cast
 
 from pydantic import BaseModel
 
@@ -27,6 +27,7 @@ from controller.errors import (
     ToolError,
 )
 from controller.sandbox.base import FileChanges, RunResult, Sandbox
+from controller.sandbox.netgate import NetworkGate, refused_text
 from controller.text import strip_control
 from controller.tools.policy import write_denial
 from controller.tools.schemas import (
@@ -89,6 +90,8 @@ class CheckOutput(TypedDict):
     reused: bool
     argv: list[str]
     """The command that ran, each declared argument replaced by its values."""
+    network: NotRequired[list[dict[str, object]]]
+    """Every request it made through the job's proxy (a check with an ``egress``)."""
 
 
 class ResultFields(TypedDict, total=False):
@@ -185,6 +188,8 @@ class ToolExecutor:
     extra_protected: Iterable[str] = ()
     on_output: OutputListener | None = None
     """Told every line of a running check's output as it comes."""
+    gate: NetworkGate | None = None
+    """The job's proxy, when its checks declare ``egress``."""
     _done: dict[tuple[int, str], tuple[str, ToolOutcome]] = field(default_factory=dict)
     _check_cache: dict[str, ToolOutcome] = field(default_factory=dict)
     _watch: CheckWatch | None = None
@@ -193,7 +198,7 @@ class ToolExecutor:
     def watch(self) -> CheckWatch:
         """The job's running check (:mod:`controller.tools.watch`)."""
         if self._watch is None:
-            self._watch = CheckWatch(self.sandbox)
+            self._watch = CheckWatch(self.sandbox, gate=self.gate)
         self._watch.listener = self.on_output
         return self._watch
 
@@ -349,6 +354,11 @@ class ToolExecutor:
                 + ", ".join(sample)
             )
         output = check_result(check_id, run, watched.argv)
+        if watched.network is not None:
+            output["network"] = [c.as_dict() for c in watched.network]
+            refused = refused_text(watched.network)
+            if refused and output["status"] != "passed":
+                output["verdict"] += f" (the proxy refused {refused})"
         outcome = ToolOutcome(
             turn,
             call_id,

@@ -24,6 +24,8 @@ from controller.config.task import CheckSpec
 from controller.errors import ErrorCode, SandboxError, ToolError
 from controller.sandbox.base import RunResult, Sandbox
 from controller.sandbox.calls import RUN_GRACE
+from controller.sandbox.egress import Connection
+from controller.sandbox.netgate import NetworkGate
 from controller.text import strip_control
 
 OUTPUT_TAIL = 8 * 1024
@@ -80,6 +82,8 @@ class Watched:
     unread_chars: int = 0
     dropped: bool = False
     partial: str = ""
+    network: list[Connection] | None = None
+    """The requests it made through the job's proxy, once it ended (a job with a proxy)."""
 
 
 @dataclass
@@ -88,6 +92,8 @@ class CheckWatch:
 
     sandbox: Sandbox
     listener: OutputListener | None = None
+    gate: NetworkGate | None = None
+    """The job's proxy: open for the running check's ``egress`` (a job with a proxy)."""
     current: Watched | None = None
     _ended: set[str] = field(default_factory=set)
 
@@ -108,13 +114,19 @@ class CheckWatch:
         """Starts ``check_id`` (``argv``) in the sandbox; it then runs on. ``key`` is the
         run's reuse key (:func:`controller.tools.executor.check_key`)."""
         self.refuse_while_running(f"check {check_id} cannot start")
-        run = self.sandbox.start_run(
-            list(argv),
-            timeout=spec.timeout_seconds,
-            env=spec.environment(),
-            output_limit=spec.output_limit,
-            track_changes=True,
-        )
+        if self.gate is not None:
+            self.gate.open(check_id)
+        try:
+            run = self.sandbox.start_run(
+                list(argv),
+                timeout=spec.timeout_seconds,
+                env=spec.environment(),
+                output_limit=spec.output_limit,
+                track_changes=True,
+            )
+        except BaseException:
+            self._close_gate()
+            raise
         handle = f"chk_{secrets.token_hex(6)}"
         self.current = Watched(
             handle, check_id, spec, run, time.monotonic(), argv=tuple(argv), key=key
@@ -151,6 +163,7 @@ class CheckWatch:
                 self._tell(watched, "", flush=True)
                 self._ended.add(watched.handle)
                 self.current = None
+                watched.network = self._close_gate()
                 return poll.result
             if time.monotonic() >= deadline:
                 return self._running(watched)
@@ -167,6 +180,12 @@ class CheckWatch:
             ends = time.monotonic() + RUN_GRACE
             while time.monotonic() < ends and not self.sandbox.poll_run(watched.run, 1.0).done:
                 pass
+        with contextlib.suppress(Exception):
+            self._close_gate()
+
+    def _close_gate(self) -> list[Connection] | None:
+        """The proxy allows nothing again; the ended check's requests (None: no proxy)."""
+        return None if self.gate is None else self.gate.close()
 
     def _add(self, watched: Watched, text: str, *, dropped: bool) -> None:
         watched.unread.append(text)

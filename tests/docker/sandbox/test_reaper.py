@@ -94,3 +94,47 @@ def test_a_spare_being_started_is_not_taken_for_a_stopped_one(
     finally:
         with contextlib.suppress(docker.errors.NotFound):
             container.remove(force=True)
+
+
+CRASHING_EGRESS_CONTROLLER = """
+import sys, time
+from controller.sandbox.dockerclient import connect
+from controller.sandbox.egress import EgressProxy
+from controller.sandbox.labels import current_identity
+job = sys.argv[2]
+proxy = EgressProxy.start(
+    connect(), name=f"patchbox-egress-{job}", labels=current_identity().labels(job, "egress"),
+    image=sys.argv[1],
+)
+print(proxy.network, flush=True)
+time.sleep(600)
+"""
+
+
+def test_reaper_removes_the_proxy_and_network_a_killed_controller_left(
+    docker_client: docker.DockerClient, proxy_tag: str
+) -> None:
+    job = "crash-egress-" + str(os.getpid())
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_EGRESS_CONTROLLER, proxy_tag, job],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
+    )
+    assert proc.stdout is not None
+    network = proc.stdout.readline().strip()
+    assert network, "the child controller did not start its proxy"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    [proxy] = docker_client.containers.list(filters={"label": f"{JOB}={job}"})
+    assert proxy.status == "running"
+    assert docker_client.networks.get(network).name == network
+
+    report = reap(docker_client, patchbox_home() / "tmp")
+
+    assert network in report.networks
+    assert (proxy.id or "")[:12] in report.containers
+    assert docker_client.containers.list(all=True, filters={"label": f"{JOB}={job}"}) == []
+    with pytest.raises(docker.errors.NotFound):
+        docker_client.networks.get(network)
+    assert report.failures == 0

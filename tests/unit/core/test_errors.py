@@ -169,6 +169,8 @@ def test_exit_codes() -> None:
     assert by_code.pop(ErrorCode.USAGE_ERROR) is ExitCode.USAGE
     assert by_code.pop(ErrorCode.NOT_A_REPOSITORY) is ExitCode.USAGE
     assert by_code.pop(ErrorCode.ENVIRONMENT_NOT_READY) is ExitCode.NOT_READY
+    assert by_code.pop(ErrorCode.EGRESS_NOT_ALLOWED) is ExitCode.USAGE
+    assert by_code.pop(ErrorCode.EGRESS_UNAVAILABLE) is ExitCode.NOT_READY
     assert by_code.pop(ErrorCode.PROVIDER_ERROR) is ExitCode.PROVIDER
     assert by_code.pop(ErrorCode.MODEL_TOOL_CALL_UNSUPPORTED) is ExitCode.PROVIDER
     assert by_code.pop(ErrorCode.NO_CHANGE) is ExitCode.NO_CHANGE

@@ -127,3 +127,41 @@ def test_the_default_caps_are_the_defaults_of_what_they_cap() -> None:
     assert refusals(TaskSpec(prompt="p"), tenant) == []
     checks = {f"c{i}": CheckSpec(argv=["true"]) for i in range(caps.checks)}
     assert refusals(TaskSpec(prompt="p", checks=checks), tenant) == []
+
+
+def test_a_checks_egress_is_held_to_the_tenant_and_the_operator(tmp_path: Path) -> None:
+    host = '[network]\nallow = ["*.example.com:443", "files.example.org:443"]\n'
+    config = write_config(
+        tmp_path,
+        workers=0,
+        host=host,
+        tenants={"alpha": 'egress_allow = ["api.example.com:443", "files.example.net:443"]'},
+    )
+    repo = make_repo(tmp_path / "alpha" / "greet")
+    beta_repo = make_repo(tmp_path / "beta" / "greet")
+
+    def task(*egress: str) -> dict[str, object]:
+        return TASK | {"checks": {"net": {"argv": ["true"], "egress": list(egress)}}}
+
+    with serving(config) as running:
+        alpha, beta = running.client("alpha"), running.client("beta")
+        # within both lists: accepted
+        accepted = submit(alpha, repo, task("api.example.com:443"))
+        assert accepted.status_code == 202, accepted.text
+        # the operator allows it, the tenant's list does not
+        status, code, message = error_of(submit(alpha, repo, task("other.example.com:443")))
+        assert (status, code) == (403, "EGRESS_NOT_ALLOWED")
+        assert "checks.net.egress" in message
+        assert "other.example.com:443" in message
+        assert "egress_allow" in message
+        # the tenant's list names it, the operator does not allow it
+        status, code, message = error_of(submit(alpha, repo, task("files.example.net:443")))
+        assert (status, code) == (403, "EGRESS_NOT_ALLOWED")
+        assert "files.example.net:443" in message
+        # a tenant without egress_allow gets no network at all
+        status, code, _ = error_of(submit(beta, beta_repo, task("files.example.org:443")))
+        assert (status, code) == (403, "EGRESS_NOT_ALLOWED")
+        assert beta.get("/v1/jobs").json() == {"jobs": []}
+        # a malformed entry is a bad task
+        status, code, _ = error_of(submit(alpha, repo, task("10.0.0.1:443")))
+        assert (status, code) == (400, "USAGE_ERROR")
