@@ -8,6 +8,7 @@ network at all."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +22,9 @@ from controller.config.task import TaskSpec
 from controller.errors import PatchboxError
 from controller.jobs.summary import summary_text
 from controller.sandbox.base import Runtime
-from controller.sandbox.labels import JOB, OWNER_FILTER
+from controller.sandbox.labels import JOB, KIND, OWNER_FILTER
 from tests.support.egress import FILES, SERVER_PORT, Outside
-from tests.support.jobs import containers_of, make_repo
+from tests.support.jobs import containers_of, evidence_of, make_repo
 
 pytestmark = pytest.mark.docker
 
@@ -125,7 +126,43 @@ def test_each_check_reaches_its_own_pairs_and_every_request_is_recorded(
     text = summary_text(record)
     assert "network (through the job's proxy):" in text
     assert f"check fetch: {FILES}:{SERVER_PORT} [{outside.server_address}] allowed" in text
+    # the evidence holds each request, and nothing of the proxy's variables
+    evidence = evidence_of(job_id)
+    [fetch] = [c for c in evidence["checks"] if c["id"] == "fetch"]
+    assert [(r["host"], r["port"], r["allowed"]) for r in fetch["network"]] == [
+        (FILES, SERVER_PORT, True)
+    ]
+    assert "HTTP_PROXY" not in json.dumps(evidence)
     # the proxy, its network and the sandboxes are gone with the job
+    assert containers_of(docker_client, job_id) == []
+    assert _networks_of(docker_client, job_id) == []
+
+
+@pytest.mark.usefixtures("sandbox_image", "proxy_tag")
+def test_a_cancelled_job_leaves_no_proxy_and_no_network(
+    docker_client: docker.DockerClient, tmp_path: Path, outside: Outside
+) -> None:
+    repo = make_repo(tmp_path / "repo")
+    task = TaskSpec.model_validate(
+        {
+            "prompt": "x",
+            "checks": {"fetch": {"argv": _fetch(FILES), "egress": [PAIR]}},
+            "baseline_checks": False,
+        }
+    )
+    session = api.open_session(repo, task=task, config=_config(outside), client=docker_client)
+    job_id = session.job_id
+    try:
+        kinds = sorted(
+            c.labels.get(KIND, "")
+            for c in docker_client.containers.list(filters={"label": f"{JOB}={job_id}"})
+        )
+        assert kinds == ["egress-proxy", "sandbox"]
+        assert _networks_of(docker_client, job_id)
+        session.cancel()
+    finally:
+        session.close()
+    assert session.record.state == "cancelled"
     assert containers_of(docker_client, job_id) == []
     assert _networks_of(docker_client, job_id) == []
 
