@@ -63,6 +63,8 @@ class CheckEntry(TypedDict, total=False):
     status: str
     exit_code: int | None
     duration_ms: int
+    network: list[dict[str, object]]
+    """The requests of a check that declared ``egress``, through the job's proxy."""
 
 
 class ToolCallEntry(TypedDict, total=False):

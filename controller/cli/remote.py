@@ -476,6 +476,28 @@ def _job_outcome(view: RemoteJob) -> int:
     return exit_code_for_error(str(error.get("code", "")) if isinstance(error, dict) else "")
 
 
+def _network_lines(checks: object) -> list[str]:
+    """The network section of a job view: each request its checks made through the job's
+    proxy (none for a job whose checks declare no ``egress``)."""
+    lines: list[str] = []
+    for c in checks if isinstance(checks, list) else []:
+        requests = c.get("network") if isinstance(c, dict) else None
+        if not isinstance(requests, list):
+            continue
+        if not requests:
+            lines.append(f"  check {c.get('id')}: no request")
+        for r in requests:
+            if not isinstance(r, dict):
+                continue
+            verdict = "allowed" if r.get("allowed") is True else f"refused ({r.get('reason')})"
+            address = f" [{r.get('address')}]" if r.get("address") else ""
+            lines.append(
+                f"  check {c.get('id')}: {r.get('host')}:{r.get('port')}{address} {verdict}, "
+                f"status {r.get('status')}, {r.get('bytes_out')} B out, {r.get('bytes_in')} B in"
+            )
+    return ["network (through the job's proxy):", *lines] if lines else []
+
+
 def _summary(view: RemoteJob) -> str:
     lines = [f"job {view.get('job_id')}: {view.get('status')}"]
     error = view.get("error")
@@ -495,6 +517,7 @@ def _summary(view: RemoteJob) -> str:
         f"(exit {c.get('exit_code')}, {c.get('duration_ms')} ms)"
         for c in view.get("checks") or []
     ]
+    lines += _network_lines(view.get("checks"))
     lines += [
         f"  turn {t.get('turn')} {t.get('id')} {t.get('name')}: {t.get('error_code')}"
         for t in view.get("tool_calls") or []

@@ -1,0 +1,71 @@
+"""``patchbox remote show``'s network section: each request of an egress check as the
+service's job view gives it; a view without ``network`` has none; what a hostile service
+sends in place of a list or an object is skipped, not a crash."""
+
+from __future__ import annotations
+
+from typing import cast
+
+from controller.cli.remote import _network_lines, _summary
+from controller.remoteviews import RemoteJob
+
+ALLOWED = {
+    "host": "files.example.com",
+    "port": 443,
+    "address": "203.0.113.7",
+    "allowed": True,
+    "status": 200,
+    "bytes_out": 310,
+    "bytes_in": 5120,
+    "start": 1.0,
+    "end": 1.5,
+}
+REFUSED = {
+    "host": "other.example.com",
+    "port": 443,
+    "allowed": False,
+    "reason": "not_allowed",
+    "status": 403,
+    "bytes_out": 120,
+    "bytes_in": 3300,
+    "start": 2.0,
+    "end": 2.1,
+}
+
+
+def _view(checks: object) -> RemoteJob:
+    return cast("RemoteJob", {"job_id": "j1", "status": "failed", "files": [], "checks": checks})
+
+
+def _check(check_id: str, **more: object) -> dict[str, object]:
+    return {"id": check_id, "status": "passed", "exit_code": 0, "duration_ms": 1, **more}
+
+
+def test_each_request_of_a_check_is_shown() -> None:
+    checks = [
+        _check("tests", network=[ALLOWED, REFUSED]),
+        _check("quiet", network=[]),
+        _check("offline"),
+    ]
+    lines = _summary(_view(checks)).splitlines()
+    start = lines.index("network (through the job's proxy):")
+    first = "  check tests: files.example.com:443 [203.0.113.7] allowed, status 200, "
+    second = "  check tests: other.example.com:443 refused (not_allowed), status 403, "
+    assert lines[start + 1 :] == [
+        first + "310 B out, 5120 B in",
+        second + "120 B out, 3300 B in",
+        "  check quiet: no request",
+    ]
+
+
+def test_no_network_no_section_and_hostile_shapes_are_skipped() -> None:
+    assert "network" not in _summary(_view([_check("t")]))
+    hostile: list[object] = [
+        [_check("t", network="nope")],
+        [_check("t", network=[1, None, "x"])],
+        ["not a check", 7],
+        "not a list",
+        None,
+    ]
+    for checks in hostile:
+        assert _network_lines(checks) == []
