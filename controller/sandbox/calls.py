@@ -159,6 +159,24 @@ class AgentCalls:
         result = self._call("put_archive", {"stream": True}, ARCHIVE_TIMEOUT, chunks)
         return self._validate(PutArchiveResult, result)
 
+    def _run_args(
+        self,
+        argv: list[str],
+        timeout: float,
+        env: dict[str, str] | None,
+        output_limit: int,
+        *,
+        track_changes: bool,
+    ) -> CallArgs:
+        """A run's arguments: the process's own variables and :attr:`run_env` over them."""
+        return {
+            "argv": argv,
+            "env": {**(env or {}), **self.run_env},
+            "timeoutSeconds": timeout,
+            "outputLimit": output_limit,
+            "trackChanges": track_changes,
+        }
+
     def run(
         self,
         argv: list[str],
@@ -172,13 +190,7 @@ class AgentCalls:
 
         With ``track_changes`` the result lists the visible files the process changed."""
         self._before_run()
-        args: CallArgs = {
-            "argv": argv,
-            "env": {**(env or {}), **self.run_env},
-            "timeoutSeconds": timeout,
-            "outputLimit": output_limit,
-            "trackChanges": track_changes,
-        }
+        args = self._run_args(argv, timeout, env, output_limit, track_changes=track_changes)
         result = self._validate(RunResult, self._call("run", args, timeout + RUN_GRACE))
         return self._after_run(result)
 
@@ -195,13 +207,7 @@ class AgentCalls:
         process runs on (its whole process group dies at ``timeout``) while other calls are
         made; :meth:`poll_run` gives its output and its result, :meth:`stop_run` kills it."""
         self._before_run()
-        args: CallArgs = {
-            "argv": argv,
-            "env": {**(env or {}), **self.run_env},
-            "timeoutSeconds": timeout,
-            "outputLimit": output_limit,
-            "trackChanges": track_changes,
-        }
+        args = self._run_args(argv, timeout, env, output_limit, track_changes=track_changes)
         return self._validate(RunStarted, self._call("run_start", args)).handle
 
     def poll_run(self, handle: int, wait: float) -> RunPoll:

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import docker
 import docker.errors
@@ -54,6 +54,21 @@ _LOG_FIELDS = 12
 %err_code %>a."""
 
 
+class RequestView(TypedDict):
+    """A :class:`Connection` as a check's result carries it."""
+
+    host: str
+    port: int
+    address: str | None
+    allowed: bool
+    reason: str
+    status: int
+    bytes_out: int
+    bytes_in: int
+    start: float
+    end: float
+
+
 @dataclass(frozen=True)
 class Connection:
     """One request the proxy saw (a CONNECT tunnel or a plain-HTTP request)."""
@@ -76,7 +91,7 @@ class Connection:
     end: float
     """Epoch seconds."""
 
-    def as_dict(self) -> dict[str, object]:
+    def as_dict(self) -> RequestView:
         return {
             "host": self.host,
             "port": self.port,

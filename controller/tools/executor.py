@@ -27,6 +27,7 @@ from controller.errors import (
     ToolError,
 )
 from controller.sandbox.base import FileChanges, RunResult, Sandbox
+from controller.sandbox.egress import RequestView
 from controller.sandbox.netgate import NetworkGate, refused_text
 from controller.text import strip_control
 from controller.tools.policy import write_denial
@@ -90,7 +91,7 @@ class CheckOutput(TypedDict):
     reused: bool
     argv: list[str]
     """The command that ran, each declared argument replaced by its values."""
-    network: NotRequired[list[dict[str, object]]]
+    network: NotRequired[list[RequestView]]
     """Every request it made through the job's proxy (a check with an ``egress``)."""
 
 
