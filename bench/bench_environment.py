@@ -20,11 +20,14 @@
 
 The setup is small: ``python3 -c 'print(1)'`` and ``sh -c 'echo x > /opt/x'`` with one
 input file. ``--pip`` adds ``apt-get install python3-pip`` and a ``pip install`` of one small
-package (network-bound and noisy). Every container and image the script makes is removed at
+package (network-bound and noisy); patchbox's setup then reaches the package hosts through
+its egress proxy, as ``--config``'s ``network.setup_default`` allows (required with
+``--pip``), while the reference ``docker build`` uses the daemon's default network. Every
+container and image the script makes is removed at
 the end, also on Ctrl-C; the base image and images it did not make are never touched.
 
-    python3 bench/bench_environment.py [--rounds 3] [--n 15] [--warmup 2] [--pip]
-                                       [--runtime runc|runsc]
+    python3 bench/bench_environment.py [--rounds 3] [--n 15] [--warmup 2]
+                                       [--pip --config CONFIG.toml] [--runtime runc|runsc]
 """
 
 from __future__ import annotations
@@ -48,13 +51,15 @@ import docker.errors
 
 from common import fmt_ms, loadavg, make_repo, print_table
 from controller.config.environment import EnvironmentSpec
+from controller.config.host import load_config
 from controller.config.limits import Limits
+from controller.config.network import setup_rules
 from controller.errors import EnvironmentBuildError
 from controller.repo.baseline import Baseline, build_baseline
 from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.cache import BaselineCache
 from controller.sandbox.dockerclient import connect
-from controller.sandbox.envbuild import EnvironmentBuilder, EnvironmentImage
+from controller.sandbox.envbuild import EnvironmentBuilder, EnvironmentImage, SetupEgress
 from controller.sandbox.environment import LABEL_KEY, step_names
 from controller.sandbox.image import ImageBuilder
 from controller.sandbox.labels import JOB, current_identity, new_job_id
@@ -430,16 +435,39 @@ def row(
     return [what, str(len(ours)), fmt(a), fmt(b), f"{ratio:.2f}x", goal, met]
 
 
-def main(argv: list[str] | None = None) -> int:
+def _setup_egress(config: str | None) -> SetupEgress:
+    """What the setup may reach: the host configuration's ``network.setup_default``."""
+    network = load_config(Path(config)).network if config else None
+    build_id = new_job_id()
+    return SetupEgress(
+        setup_rules(None, network) if network is not None else (),
+        name=f"patchbox-setup-{build_id}",
+        labels=current_identity().labels(build_id, "egress"),
+        outside=network.outside if network is not None else "bridge",
+    )
+
+
+def _arguments(argv: list[str] | None) -> tuple[argparse.Namespace, SetupEgress]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=3, help="first builds per side")
     parser.add_argument("--n", type=int, default=15, help="sandboxes per side (ready)")
     parser.add_argument("--warmup", type=int, default=2, help="sandboxes per side, not timed")
     parser.add_argument("--pip", action="store_true", help="add apt-get + pip install steps")
+    parser.add_argument(
+        "--config", help="host configuration whose network.setup_default the setup reaches"
+    )
     parser.add_argument("--runtime", choices=["runc", "runsc"], default="runc")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.n < 1:
         parser.error("--rounds and --n must be at least 1")
+    egress = _setup_egress(args.config)
+    if args.pip and not egress.rules:
+        parser.error("--pip needs --config with a network.setup_default of the package hosts")
+    return args, egress
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, egress = _arguments(argv)
     runtime: Runtime = args.runtime
     setup_steps = SETUP + (PIP_SETUP if args.pip else [])
     scratch = Path(tempfile.mkdtemp(prefix="bench-env-"))
@@ -449,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     default = ImageBuilder(client, progress).ensure()
     if default.built:
         whole_run.tags.add(default.tag)
-    builder = EnvironmentBuilder(client, progress)
+    builder = EnvironmentBuilder(client, progress, egress=egress)
     print(
         f"default image {default.tag} (built now: {default.built}); base {default.base}; "
         f"{time.strftime('%Y-%m-%d %H:%M:%S')}; load {loadavg()}",

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from controller.changes.apply import AppliedFile, ApplyResult, RevertResult
 from controller.errorinfo import ErrorInfo
 from controller.errors import PatchboxError
+from controller.jobs.evidence import job_diff as job_diff  # noqa: PLC0414 - the api re-exports it
 from controller.jobs.records import (
     ACTIVE,
     BaselineCheck,
@@ -21,7 +22,6 @@ from controller.jobs.records import (
     Decision,
     FileChange,
     JobRecord,
-    JobStore,
     NetworkRequest,
     ToolCallRecord,
 )
@@ -153,15 +153,6 @@ def error_view(exc: PatchboxError, clean: Callable[[str], str]) -> ErrorInfo:
     (a :class:`Scrubber`'s ``text``: no secret, no path the caller may not see), its
     remedy."""
     return ErrorInfo(code=str(exc.code), message=clean(exc.message), hint=exc.hint)
-
-
-def job_diff(store: JobStore, job_id: str) -> str | None:
-    """The diff a job made, as its evidence keeps it, byte for byte (None without one)."""
-    path = store.folder(job_id) / "diff.patch"
-    try:
-        return path.read_bytes().decode("utf-8", "surrogateescape")
-    except FileNotFoundError:
-        return None
 
 
 class ApplyView(_View):

@@ -25,10 +25,12 @@ def cmd_env_build(args: argparse.Namespace, progress: Callable[[str], None]) -> 
     """Builds the task's environment from the repository's baseline (nothing else runs)."""
     from controller.config.checks import resolve_environment
     from controller.config.host import load_config
+    from controller.config.network import setup_rules
     from controller.config.task import load_task
     from controller.repo.baseline import build_baseline
     from controller.sandbox.dockerclient import connect
-    from controller.sandbox.envbuild import EnvironmentBuilder
+    from controller.sandbox.envbuild import EnvironmentBuilder, SetupEgress
+    from controller.sandbox.labels import current_identity, new_job_id
     from controller.signals import cancel_on_signals
 
     task = load_task(Path(args.task))
@@ -41,8 +43,16 @@ def cmd_env_build(args: argparse.Namespace, progress: Callable[[str], None]) -> 
         Path(args.repo),
         "include-local-changes" if args.include_local_changes else "require-clean",
     )
+    rules = setup_rules(environment.egress, config.network)
+    build_id = new_job_id()
+    egress = SetupEgress(
+        rules,
+        name=f"patchbox-setup-{build_id}",
+        labels=current_identity().labels(build_id, "egress"),
+        outside=config.network.outside,
+    )
     client = connect()
-    builder = EnvironmentBuilder(client, progress, config.ca_bundle)
+    builder = EnvironmentBuilder(client, progress, config.ca_bundle, egress)
     cancel = threading.Event()
     try:
         with cancel_on_signals(lambda _reason: cancel.set(), progress) as cancellation:
@@ -63,6 +73,8 @@ def cmd_env_build(args: argparse.Namespace, progress: Callable[[str], None]) -> 
         "built": built.built,
         "seconds": round(built.seconds, 3),
         "steps": built.steps,
+        "egress": [r.text() for r in rules],
+        "network": built.network,
     }
     state = f"built in {built.seconds:.1f} s" if built.built else "up to date"
     return ExitCode.OK, data, f"{built.tag} {state} (base {built.base})"

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from pydantic import TypeAdapter, ValidationError
 
 from controller.config.environment import EnvironmentSpec
-from controller.config.network import EgressRule, NetworkConfig, permitted
+from controller.config.network import EgressRule, NetworkConfig, permitted, setup_rules
 from controller.config.task import CheckId, CheckSpec, TaskSpec
 from controller.errormap import describe_validation
 from controller.errors import EgressNotAllowedError, UsageError
@@ -93,13 +93,15 @@ def job_checks(
 ) -> tuple[dict[str, CheckSpec], EnvironmentSpec | None]:
     """A job's checks as it runs them, and its environment: the task's checks (or the host
     configuration's), the repository's with ``trust_repo_config``, each with the
-    environment's variables."""
+    environment's variables. ``EGRESS_NOT_ALLOWED`` for a check's or the environment's
+    ``egress`` the operator does not allow."""
     checks = resolve_checks(
         task.checks or config.checks, None, repo_root, trust_repo_config=trust_repo_config
     )
     environment = resolve_environment(task, config)
     if environment is not None:
         checks = with_environment(checks, environment)
+        setup_rules(environment.egress, config.network)
     check_egress(checks, config.network)
     return checks, environment
 

@@ -1,7 +1,8 @@
 """A project's environment: the base image, the setup steps that install its toolchain and
-test dependencies (run once, with network), the repository files they may read, and the
-variables every check gets. Named in the host configuration (``[environments.NAME]``) or
-given inline in the task; trusted configuration, validated strictly."""
+test dependencies (run once, reaching only the hosts of its ``egress`` through the job's
+proxy), the repository files they may read, and the variables every check gets. Named in
+the host configuration (``[environments.NAME]``) or given inline in the task; trusted
+configuration, validated strictly."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from controller.config.network import EgressList
 from controller.logs import SECRET_NAME
 from patchbox_agent.globs import Glob, GlobError
 
@@ -168,7 +170,7 @@ class EnvironmentSpec(BaseModel):
         ]
     ] = Field(default_factory=list, max_length=MAX_SETUP_STEPS)
     """Commands (argv lists, no shell unless the argv names one), run in order as root in
-    /workspace, with network."""
+    /workspace, reaching only the hosts of ``egress``."""
     inputs: list[Annotated[str, StringConstraints(min_length=1, max_length=1024)]] = Field(
         default_factory=list, max_length=MAX_INPUT_PATTERNS
     )
@@ -178,6 +180,10 @@ class EnvironmentSpec(BaseModel):
         default_factory=dict, max_length=128
     )
     """Variables of the setup steps and of every check (a check's own ``env`` wins)."""
+    egress: EgressList | None = None
+    """``host:port`` pairs (or ``preset:NAME``) the setup steps may reach through a proxy
+    (:mod:`controller.config.network`); unset: the host configuration's
+    ``network.setup_default``; empty: no network at all."""
     setup_timeout_seconds: float = Field(default=1800.0, gt=0, le=6 * 3600)
     """Wall-clock bound of the whole build."""
     setup_memory_mb: int = Field(default=4096, ge=128, le=65536)

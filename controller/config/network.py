@@ -1,8 +1,8 @@
 """Declared network: which ``host:port`` pairs a check may reach
 through the job's proxy, and the operator's say over them.
 
-A task declares ``egress`` on a check (``checks.ID.egress``): a list of ``host:port``
-entries, each an exact name
+A task declares ``egress`` on a check (``checks.ID.egress``) and on an environment's setup
+(``environment.egress``): a list of ``host:port`` entries, each an exact name
 (``api.example.com:443``) or one leading ``*.`` label (``*.example.com:443``: any name that
 ends ``.example.com``, not ``example.com`` itself), the port always given; or
 ``preset:NAME``, one of the operator's named lists. With no ``egress`` the sandbox has no
@@ -11,7 +11,8 @@ network at all.
 The operator owns the network: the host configuration's ``[network]`` table says which
 patterns any task may use (``allow``), the named lists (``presets``), which Docker network
 the proxy reaches out on (``outside``) and which runtime runs a gVisor sandbox that has a network
-(``runsc_runtime``). An entry the operator does not allow is refused before anything starts
+(``runsc_runtime``), and the egress of setup steps whose environment gives none
+(``setup_default``). An entry the operator does not allow is refused before anything starts
 (``EGRESS_NOT_ALLOWED``, naming it).
 
 .. code-block:: toml
@@ -29,9 +30,16 @@ import ipaddress
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    model_validator,
+)
 
 from controller.errors import EgressNotAllowedError, UsageError
 
@@ -147,12 +155,40 @@ class NetworkConfig(BaseModel):
     presets: dict[PresetName, Annotated[list[EgressPattern], Field(max_length=MAX_ENTRIES)]] = (
         Field(default_factory=dict, max_length=64)
     )
+    setup_default: EgressList = Field(default_factory=list)
+    """The ``egress`` of an environment's setup steps when the environment does not give
+    one (entries as a task writes them, ``preset:NAME`` included); empty (the default): such
+    setup steps have no network at all."""
     outside: Annotated[str, StringConstraints(min_length=1, max_length=128)] = "bridge"
     """The Docker network the proxy reaches out on."""
     runsc_runtime: Annotated[str, StringConstraints(min_length=1, max_length=128)] = "runsc-egress"
     """The Docker runtime that runs a gVisor sandbox with a declared egress: gVisor with
     ``--network=host`` (its socket calls go to the sandbox's own network namespace, which
     reaches only the proxy); the ``runsc`` runtime has no network at all."""
+
+    @model_validator(mode="after")
+    def _presets_defined(self) -> Self:
+        try:
+            expand(self.setup_default, self)
+        except UsageError as exc:
+            msg = "setup_default: " + exc.message
+            raise ValueError(msg) from None
+        return self
+
+
+def setup_rules(
+    egress: Sequence[str] | None,
+    network: NetworkConfig,
+    *,
+    allow: Sequence[str] | None = None,
+) -> tuple[EgressRule, ...]:
+    """The rules an environment's setup steps may reach: its own ``egress`` (each entry
+    allowed by ``network.allow`` and, when given, ``allow``, else ``EGRESS_NOT_ALLOWED``) or,
+    when it gives none, the operator's ``setup_default`` (the operator's own list, not held
+    to ``allow``)."""
+    if egress is None:
+        return tuple(rule for _entry, rule in expand(network.setup_default, network))
+    return permitted(egress, network, allow=allow, where="environment.egress")
 
 
 def expand(entries: Iterable[str], network: NetworkConfig) -> list[tuple[str, EgressRule]]:

@@ -26,8 +26,9 @@ from controller.changes.collect import Collected, collect
 from controller.changes.rules import control_lines
 from controller.changes.validate import validate_changeset
 from controller.config.checks import check_egress, job_checks
+from controller.config.environment import EnvironmentSpec
 from controller.config.host import HostConfig
-from controller.config.network import EgressRule
+from controller.config.network import EgressRule, setup_rules
 from controller.config.task import CheckSpec, TaskSpec
 from controller.crash import internal_error
 from controller.errorinfo import ErrorInfo
@@ -62,8 +63,8 @@ from controller.repo.pin import RepoPin
 from controller.sandbox.base import Runtime, Sandbox, SandboxSpec, WorkClock
 from controller.sandbox.cache import BaselineCache
 from controller.sandbox.docker import DockerSandbox
-from controller.sandbox.egress import EgressProxy, proxy_image
-from controller.sandbox.envbuild import EnvironmentBuilder
+from controller.sandbox.egress import start_proxy
+from controller.sandbox.envbuild import EnvironmentBuilder, SetupEgress
 from controller.sandbox.image import ImageBuilder
 from controller.sandbox.labels import ControllerIdentity, current_identity, new_job_id
 from controller.sandbox.netgate import NetworkGate
@@ -400,14 +401,12 @@ class Job:
                 )
                 raise EgressUnavailableError(msg)
         self.progress("starting the egress proxy")
-        base = ImageBuilder(self.client, self.progress).resolve_base(None)[0]
-        image = proxy_image(self.client, base, self.progress)
         job_id = self.record.job_id
-        proxy = EgressProxy.start(
+        proxy = start_proxy(
             self.client,
+            self.progress,
             name=f"patchbox-egress-{job_id}",
             labels=self.identity.labels(job_id, "egress"),
-            image=image,
             outside=network.outside,
         )
         self._gate = NetworkGate(proxy, rules)
@@ -420,6 +419,18 @@ class Job:
                 "docker_runtime": docker_runtime,
                 "run_env": proxy.environment(),
             }
+        )
+
+    def _setup_egress(self, environment: EnvironmentSpec) -> SetupEgress:
+        """What the environment's setup steps may reach (its ``egress``, else the host
+        configuration's ``network.setup_default``) and the name and labels of their proxy."""
+        network = self.request.config.network
+        job_id = self.record.job_id
+        return SetupEgress(
+            setup_rules(environment.egress, network),
+            name=f"patchbox-setup-{job_id}",
+            labels=self.identity.labels(job_id, "egress"),
+            outside=network.outside,
         )
 
     def _stages(self) -> None:
@@ -438,8 +449,9 @@ class Job:
 
             def image_for(baseline: Baseline) -> str:
                 nonlocal spec
+                egress = self._setup_egress(environment)
                 built = EnvironmentBuilder(
-                    self.client, self.progress, request.config.ca_bundle
+                    self.client, self.progress, request.config.ca_bundle, egress
                 ).ensure(environment, baseline, cancel=self.cancelled)
                 record.environment = {
                     "tag": built.tag,
@@ -448,6 +460,8 @@ class Job:
                     "built": built.built,
                     "seconds": round(built.seconds, 3),
                     "steps": built.steps,
+                    "egress": [r.text() for r in egress.rules],
+                    "network": built.network,
                 }
                 self.store.save(record)
                 spec = spec.model_copy(update={"image": built.tag})

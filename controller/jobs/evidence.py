@@ -58,6 +58,7 @@ def bundle(record: JobRecord, diff: str | None) -> dict[str, Any]:
             "control_characters": [c.model_dump(mode="json") for c in record.control_characters],
             "patch_file": "diff.patch" if diff else None,
         },
+        "environment": stored.get("environment"),
         "baseline_checks": stored.get("baseline_checks", []),
         "checks": stored["checks"],
         "check_changes": [c.model_dump(mode="json") for c in changes_of(record)],
@@ -79,6 +80,15 @@ def changes_of(record: JobRecord) -> list[CheckChange]:
 def junit(record: JobRecord, scrub: Scrubber) -> bytes:
     """The job's JUnit XML (:func:`controller.jobs.junit.report`)."""
     return report(record, scrub)
+
+
+def job_diff(store: JobStore, job_id: str) -> str | None:
+    """The diff a job made, as its evidence keeps it, byte for byte (None without one)."""
+    path = store.folder(job_id) / "diff.patch"
+    try:
+        return path.read_bytes().decode("utf-8", "surrogateescape")
+    except FileNotFoundError:
+        return None
 
 
 def write_evidence(

@@ -170,13 +170,9 @@ def _applied_decision(record: JobRecord, journal: Journal) -> Decision:
 
 
 def _evidence(store: JobStore, record: JobRecord) -> None:
-    from controller.jobs.evidence import write_evidence
+    from controller.jobs.evidence import job_diff, write_evidence
 
-    try:
-        diff = (store.folder(record.job_id) / "diff.patch").read_text("utf-8", "surrogateescape")
-    except FileNotFoundError:
-        diff = None
-    write_evidence(record, diff, store)
+    write_evidence(record, job_diff(store, record.job_id), store)
 
 
 __all__ = ["held", "record_lock", "settled"]

@@ -50,15 +50,32 @@ def summary_text(record: JobRecord) -> str:
     return "\n".join(lines)
 
 
+def _setup_lines(record: JobRecord) -> list[str]:
+    """What the environment's setup reached through its proxy (built by this job)."""
+    environment = record.environment or {}
+    lines = []
+    for r in environment.get("network") or []:
+        try:
+            verdict = "allowed" if r["allowed"] else f"refused ({r['reason']})"
+            lines.append(
+                f"  environment setup: {r['host']}:{r['port']} {verdict}, status {r['status']}, "
+                f"{r['bytes_out']} B out, {r['bytes_in']} B in"
+            )
+        except (KeyError, TypeError):
+            continue
+    return lines
+
+
 def network_text(record: JobRecord) -> list[str]:
-    """The network section: every request each check made through the job's proxy (empty
-    for a job whose checks declare no ``egress``)."""
+    """The network section: every request the environment's setup (when this job built it)
+    and each check made through a proxy (empty when nothing declared ``egress``)."""
     runs = [("before the change", c.id, c.network) for c in record.baseline_checks]
     runs += [("", c.id, c.network) for c in record.checks]
     shown = [(when, cid, requests) for when, cid, requests in runs if requests is not None]
-    if not shown:
+    setup = _setup_lines(record)
+    if not shown and not setup:
         return []
-    lines = ["network (through the job's proxy):"]
+    lines = ["network (through the job's proxy):", *setup]
     for when, cid, requests in shown:
         label = f"check {cid}" + (f" {when}" if when else "")
         if not requests:

@@ -34,7 +34,7 @@ from docker.types import LogConfig
 from controller.config.network import EgressRule
 from controller.errors import PatchboxError, SandboxError
 from controller.paths import sandbox_image_dir
-from controller.sandbox.image import build_lock
+from controller.sandbox.image import ImageBuilder, build_lock
 from controller.sandbox.labels import KIND, OWNER, OWNER_VALUE
 
 PROXY_REPO = "patchbox-proxy"
@@ -387,6 +387,36 @@ class EgressProxy:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def default_proxy_image(client: docker.DockerClient, progress: Callable[[str], None]) -> str:
+    """The proxy image of the default base, built if missing (under the build lock: not to
+    be called while holding it)."""
+    base = ImageBuilder(client, progress).resolve_base(None)[0]
+    return proxy_image(client, base, progress)
+
+
+def start_proxy(  # noqa: PLR0913 - keyword-only settings
+    client: docker.DockerClient,
+    progress: Callable[[str], None],
+    *,
+    name: str,
+    labels: dict[str, str],
+    outside: str,
+    rules: Sequence[EgressRule] = (),
+    image: str | None = None,
+) -> EgressProxy:
+    """A job's proxy from ``image`` (by default the proxy image, built once from the default
+    base), started on the internal network ``name``, allowing ``rules``."""
+    image = image or default_proxy_image(client, progress)
+    proxy = EgressProxy.start(client, name=name, labels=labels, image=image, outside=outside)
+    if rules:
+        try:
+            proxy.allow(rules)
+        except BaseException:
+            proxy.close()
+            raise
+    return proxy
 
 
 def _create_and_start(

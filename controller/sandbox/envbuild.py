@@ -3,7 +3,12 @@ sent to the daemon's builder under the build lock, its output followed step by s
 running step, its time, the log's tail), a timer that names the running step and its time
 every :data:`PROGRESS_SECONDS` while it runs (with or without output), a watchdog that
 kills the running step when the setup's time is up or the job is cancelled, and a failure
-report that names the step."""
+report that names the step.
+
+The setup steps' network is the environment's egress: with none they run with no network
+at all; with some, on an internal network whose one way out is an egress proxy of their own
+(:mod:`controller.sandbox.egress`) that allows exactly those pairs, and the requests it saw
+are returned with the image (and named in a failure when it refused any)."""
 
 from __future__ import annotations
 
@@ -19,9 +24,17 @@ import docker
 import docker.errors
 
 from controller.config.environment import EnvironmentSpec
+from controller.config.network import EgressRule
 from controller.errors import EnvironmentBuildError, ErrorCode, PatchboxError
 from controller.paths import sandbox_image_dir
 from controller.repo.baseline import Baseline
+from controller.sandbox.egress import (
+    Connection,
+    EgressProxy,
+    RequestView,
+    default_proxy_image,
+    start_proxy,
+)
 from controller.sandbox.environment import (
     ENV_REPO,
     LABEL_BASE,
@@ -63,6 +76,19 @@ class EnvironmentImage:
     seconds: float
     steps: list[StepTime] = field(default_factory=list)
     """Per build step: its name and seconds (empty when nothing was built)."""
+    network: list[RequestView] = field(default_factory=list)
+    """The requests the setup's proxy saw (empty when nothing was built or no egress)."""
+
+
+@dataclass(frozen=True)
+class SetupEgress:
+    """What an environment's setup steps may reach, and the proxy's name and labels (the
+    reaper's, as a job's)."""
+
+    rules: tuple[EgressRule, ...]
+    name: str
+    labels: dict[str, str]
+    outside: str = "bridge"
 
 
 @dataclass
@@ -79,10 +105,12 @@ class EnvironmentBuilder:
         client: docker.DockerClient,
         progress: Progress | None = None,
         ca_bundle: str | None = None,
+        egress: SetupEgress | None = None,
     ) -> None:
         self._client = client
         self._progress = progress or (lambda _msg: None)
         self._ca_setting = ca_bundle
+        self._egress = egress if egress is not None and egress.rules else None
 
     def _base(self, spec: EnvironmentSpec) -> tuple[str, str]:
         """(base reference, its image id): a named base present or pulled, else the default
@@ -115,7 +143,8 @@ class EnvironmentBuilder:
         """(tag, key, base reference, inputs) of the environment, without building."""
         files = select_inputs(baseline, spec.inputs)
         base_ref, base_id = self._base(spec)
-        key = environment_key(base_id, spec, files, context_digest(sandbox_image_dir()))
+        pairs = [] if self._egress is None else [r.text() for r in self._egress.rules]
+        key = environment_key(base_id, spec, files, context_digest(sandbox_image_dir()), pairs)
         return f"{ENV_REPO}:{key[:16]}", key, base_ref, files
 
     def ensure(
@@ -130,10 +159,16 @@ class EnvironmentBuilder:
         tag, key, base_ref, files = self.plan(spec, baseline)
         existing = _image_id(self._client, tag)
         if existing is None:
+            # the proxy's image first: its own build takes the build lock
+            proxy_tag = (
+                None if self._egress is None else default_proxy_image(self._client, self._progress)
+            )
             with build_lock():  # jobs at once build a missing environment once
                 existing = _image_id(self._client, tag)
                 if existing is None:
-                    return self._build(spec, baseline, tag, key, base_ref, files, cancel, started)
+                    return self._build(
+                        spec, baseline, (tag, key, base_ref), files, cancel, started, proxy_tag
+                    )
         return EnvironmentImage(
             tag, existing, key, base_ref, built=False, seconds=time.monotonic() - started
         )
@@ -142,13 +177,13 @@ class EnvironmentBuilder:
         self,
         spec: EnvironmentSpec,
         baseline: Baseline,
-        tag: str,
-        key: str,
-        base_ref: str,
+        names: tuple[str, str, str],
         files: list[InputFile],
         cancel: threading.Event | None,
         started: float,
+        proxy_tag: str | None,
     ) -> EnvironmentImage:
+        tag, key, base_ref = names
         ca = find_ca_bundle(self._ca_setting)
         labels = {
             OWNER: OWNER_VALUE,
@@ -161,33 +196,41 @@ class EnvironmentBuilder:
         as_root = user.split(":", 1)[0] in {"", "root", "0"}
         text = dockerfile(base_ref, spec, labels, ca=ca is not None, as_root=as_root)
         context = build_context(text, list(read_blobs(baseline, files)), ca)
-        names = step_names(spec, as_root=as_root)
+        steps = step_names(spec, as_root=as_root)
         self._progress(f"environment: building {tag} from {base_ref} ({len(files)} input files)")
         watchdog = _Watchdog(self._client, key, spec.setup_timeout_seconds, cancel)
-        run = _BuildRun(names, self._progress)
+        run = _BuildRun(steps, self._progress)
         memory = spec.setup_memory_mb * 1024 * 1024
-        with watchdog, _Ticker(run):
-            try:
-                stream = self._client.api.build(
-                    fileobj=io.BytesIO(context),
-                    custom_context=True,
-                    tag=tag,
-                    rm=True,
-                    forcerm=True,
-                    pull=False,
-                    decode=True,
-                    container_limits={"memory": memory, "memswap": memory},
-                    network_mode="default",
-                )
-                for chunk in stream:
-                    run.feed(chunk)
-            except docker.errors.APIError as exc:
-                run.error = run.error or (exc.explanation or str(exc))
-            except (OSError, ValueError) as exc:  # the connection, closed by a cancel
-                run.error = run.error or str(exc)
-        run.finish()
-        if watchdog.fired or run.error is not None:
-            watchdog.remove_steps()  # the builder removes them too; nothing may be left
+        proxy = self._proxy(proxy_tag)
+        try:
+            with watchdog, _Ticker(run):
+                try:
+                    stream = self._client.api.build(
+                        fileobj=io.BytesIO(context),
+                        custom_context=True,
+                        tag=tag,
+                        rm=True,
+                        forcerm=True,
+                        pull=False,
+                        decode=True,
+                        container_limits={"memory": memory, "memswap": memory},
+                        network_mode="none" if proxy is None else proxy.network,
+                        buildargs=None if proxy is None else proxy.environment(),
+                    )
+                    for chunk in stream:
+                        run.feed(chunk)
+                except docker.errors.APIError as exc:
+                    run.error = run.error or (exc.explanation or str(exc))
+                except (OSError, ValueError) as exc:  # the connection, closed by a cancel
+                    run.error = run.error or str(exc)
+            run.finish()
+            if watchdog.fired or run.error is not None:
+                watchdog.remove_steps()  # the builder removes them too; nothing may be left
+            requests = _requests(proxy)
+        finally:
+            if proxy is not None:
+                proxy.close()
+        run.refused = refused_words(requests)
         if watchdog.fired:
             reason = (
                 "cancelled"
@@ -204,8 +247,55 @@ class EnvironmentBuilder:
         seconds = time.monotonic() - started
         self._progress(f"environment: built {tag} in {seconds:.1f} s")
         return EnvironmentImage(
-            tag, image_id, key, base_ref, built=True, seconds=seconds, steps=run.steps
+            tag,
+            image_id,
+            key,
+            base_ref,
+            built=True,
+            seconds=seconds,
+            steps=run.steps,
+            network=[c.as_dict() for c in requests],
         )
+
+    def _proxy(self, image: str | None) -> EgressProxy | None:
+        """The setup's proxy, allowing the environment's egress; None without egress."""
+        if self._egress is None or image is None:
+            return None
+        egress = self._egress
+        pairs = ", ".join(r.text() for r in egress.rules)
+        self._progress(f"environment: starting the egress proxy for the setup ({pairs})")
+        return start_proxy(
+            self._client,
+            self._progress,
+            name=egress.name,
+            labels=egress.labels,
+            outside=egress.outside,
+            rules=egress.rules,
+            image=image,
+        )
+
+
+def _requests(proxy: EgressProxy | None) -> list[Connection]:
+    """What the proxy saw (empty without one or when its log cannot be read)."""
+    if proxy is None:
+        return []
+    with contextlib.suppress(PatchboxError):
+        return proxy.connections()
+    return []
+
+
+def refused_words(requests: list[Connection]) -> str:
+    """The pairs the setup's proxy refused, in words; empty when it refused none."""
+    words = {
+        "not_allowed": "not in the environment's egress",
+        "inward": "resolves to a private or local address",
+        "unresolved": "does not resolve",
+    }
+    refused: dict[str, str] = {}
+    for c in requests:
+        if not c.allowed:
+            refused.setdefault(f"{c.host}:{c.port}", words.get(c.reason, "refused"))
+    return ", ".join(f"{pair} ({why})" for pair, why in refused.items())
 
 
 class _BuildRun:
@@ -220,6 +310,8 @@ class _BuildRun:
         self.error: str | None = None
         self.exit_code: int | None = None
         self.steps: list[StepTime] = []
+        self.refused = ""
+        """The pairs the setup's proxy refused, in words (:func:`refused_words`)."""
         self._last_note = time.monotonic()
         self._lock = threading.Lock()
 
@@ -295,6 +387,8 @@ class _BuildRun:
                 what = told[-1].removeprefix("patchbox: ")
         tail = "\n".join(self.tail[-20:])
         msg = f"environment build failed at {step}{exit_text}: {what[:500]}"
+        if self.refused:
+            msg += f"\nthe egress proxy refused: {self.refused[:1000]}"
         if tail:
             msg += "\nlast lines of its log:\n" + tail[-4000:]
         return EnvironmentBuildError(msg, code=code)

@@ -1,6 +1,7 @@
 """A project environment's recipe: its base, python3 for the agent where the base lacks it,
-the selected repository files, the setup steps (as root, with network, no host mount, no
-secret, bounded in time and memory, trusting the host's CAs), then the agent layer of the
+the selected repository files, the setup steps (as root, reaching only the hosts of the
+environment's egress through a proxy, no host mount, no secret, bounded in time and memory,
+trusting the host's CAs), then the agent layer of the
 sandbox image. The image is tagged by the hash of everything that goes into it
 (:func:`environment_key`), so a job whose environment exists starts without a build
 (:mod:`controller.sandbox.envbuild` builds it; :mod:`controller.sandbox.envimages` lists and
@@ -18,7 +19,7 @@ import json
 import os
 import ssl
 import tarfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict, cast
@@ -226,10 +227,16 @@ def read_blobs(baseline: Baseline, files: list[InputFile]) -> Iterator[tuple[Inp
 
 
 def environment_key(
-    base_id: str, spec: EnvironmentSpec, files: list[InputFile], agent_digest: str
+    base_id: str,
+    spec: EnvironmentSpec,
+    files: list[InputFile],
+    agent_digest: str,
+    egress: Sequence[str] = (),
 ) -> str:
-    """Hash of (base image id, setup, env, the inputs' paths, modes and bytes, the agent)."""
+    """Hash of (base image id, setup, env, the inputs' paths, modes and bytes, the agent, the
+    ``host:port`` pairs the setup could reach)."""
     doc = {
+        "egress": sorted(egress),
         "recipe": RECIPE_VERSION,
         "base_id": base_id,
         "setup": spec.setup,

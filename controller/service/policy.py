@@ -11,8 +11,8 @@ again when its job starts (the configuration may have changed in between).
   ``max_limits``.
 
 Every refusal is ``TASK_NOT_ALLOWED`` naming each field over the policy and the key that
-bounds it; a check's ``egress`` entry outside the tenant's ``egress_allow`` (or the host
-configuration's ``network.allow``) is ``EGRESS_NOT_ALLOWED``.
+bounds it; a check's or its own environment's ``egress`` entry outside the tenant's
+``egress_allow`` (or the host configuration's ``network.allow``) is ``EGRESS_NOT_ALLOWED``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import json
 
 from controller.config.checks import check_egress
 from controller.config.environment import EnvironmentSpec
-from controller.config.network import NetworkConfig
+from controller.config.network import NetworkConfig, setup_rules
 from controller.config.task import TaskSpec
 from controller.errors import ErrorCode, PatchboxError
 from controller.service.config import LimitCaps, TenantConfig
@@ -48,7 +48,7 @@ def _environment(task: TaskSpec, tenant: TenantConfig) -> list[str]:
     if not tenant.allow_inline_environment:
         named = _listed("environments", tenant.environments)
         msg = (
-            "an inline environment runs its setup as root with network on the service's "
+            "an inline environment runs its setup as root, with its egress, on the service's "
             f"Docker host: the tenant may only name one of {named} "
             "(allow_inline_environment = false)"
         )
@@ -107,9 +107,12 @@ def refusals(task: TaskSpec, tenant: TenantConfig) -> list[str]:
 
 
 def check_egress_of(task: TaskSpec, network: NetworkConfig, tenant: TenantConfig) -> None:
-    """``EGRESS_NOT_ALLOWED`` naming each of the task's checks' ``egress`` entries that the
-    host configuration's ``network.allow`` or the tenant's ``egress_allow`` does not allow."""
+    """``EGRESS_NOT_ALLOWED`` naming each of the task's checks' ``egress`` entries, and its
+    own environment's, that the host configuration's ``network.allow`` or the tenant's
+    ``egress_allow`` does not allow (a named environment is the operator's)."""
     check_egress(task.checks, network, allow=tenant.egress_allow)
+    if isinstance(task.environment, EnvironmentSpec) and task.environment.egress is not None:
+        setup_rules(task.environment.egress, network, allow=tenant.egress_allow)
 
 
 def check_task(task: TaskSpec, tenant: TenantConfig) -> None:

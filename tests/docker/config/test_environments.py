@@ -27,6 +27,7 @@ from controller.sandbox.image import ImageBuilder
 from tests.support.cli import job_files, patchbox
 from tests.support.git import init
 from tests.support.jobs import call, check_call, containers_of
+from tests.support.registries import network_table
 
 # -- real builds and jobs ------------------------------------------------------------------
 
@@ -111,8 +112,11 @@ def _run(
     task: dict[str, Any],
     turns: list[list[dict[str, Any]]],
     *extra: str,
-    config: str = "spare_sandboxes = 0\n",
+    config: str | None = None,
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """A job through the CLI; by default its setup steps reach the package hosts only."""
+    if config is None:
+        config = "spare_sandboxes = 0\n" + network_table()
     args = job_files(folder, task, {"turns": turns, "final": "done"}, config)
     # a first job builds its environment over the network (apt, PyPI): minutes on a slow day
     proc = patchbox("run", "--repo", str(repo), *args, *extra, "--json", timeout=NETWORK_BUILD)

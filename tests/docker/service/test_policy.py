@@ -161,7 +161,7 @@ def test_an_inline_environment_is_refused_and_nothing_is_built(
         alpha, beta = running.client("alpha"), running.client("beta")
         inline = not_allowed(
             "alpha",
-            "an inline environment runs its setup as root with network on the service's "
+            "an inline environment runs its setup as root, with its egress, on the service's "
             'Docker host: the tenant may only name one of environments = ["py"] '
             "(allow_inline_environment = false)",
         )
@@ -225,12 +225,13 @@ def test_an_allowed_environment_is_built_and_its_checks_run_in_it(
 
 @pytest.mark.timeout(900)
 def test_an_environment_build_holds_one_of_the_tenants_job_slots(
-    tmp_path: Path, client: docker.DockerClient, marker: str
+    tmp_path: Path, client: docker.DockerClient, marker: str, runtime: str
 ) -> None:
     """alpha may hold one sandbox: while its first job builds its environment, its second
     job stays queued."""
     config = write_config(
         tmp_path,
+        runtime=runtime,
         host=_py_env(marker, ["sleep", "8"]),
         tenants={"alpha": 'environments = ["py"]\nmax_sandboxes = 1'},
     )
@@ -282,3 +283,37 @@ def test_a_queued_task_is_held_to_the_policy_again_when_its_job_starts(
     assert _env_images(client, marker) == []
     assert _build_steps(client, marker) == []
     assert containers_of(client, job_id) == []
+
+
+def test_a_queued_tasks_egress_is_held_to_the_tenant_again_when_its_job_starts(
+    tmp_path: Path, client: docker.DockerClient
+) -> None:
+    """A check's egress within alpha's ``egress_allow`` at submit; the operator narrows the
+    list before the job starts: the job fails ``EGRESS_NOT_ALLOWED`` naming the entry, with
+    no proxy, no network and no sandbox started."""
+    host = '[network]\nallow = ["*.example.com:443"]\n'
+    task = TASK | {"checks": {"net": {"argv": ["true"], "egress": ["api.example.com:443"]}}}
+    repo = make_repo(tmp_path / "alpha" / "greet")
+    allowed = write_config(
+        tmp_path, workers=0, host=host, tenants={"alpha": 'egress_allow = ["*.example.com:443"]'}
+    )
+    with serving(allowed) as running:
+        accepted = submit(running.client("alpha"), repo, task)
+        assert accepted.status_code == 202, accepted.text
+        job_id = accepted.json()["job_id"]
+    narrowed = write_config(
+        tmp_path,
+        workers=2,
+        host=host,
+        tenants={"alpha": 'egress_allow = ["other.example.com:443"]'},
+    )
+    with serving(narrowed) as running:
+        alpha = running.client("alpha")
+        view = wait_status(alpha, job_id, {"failed", "awaiting_review", "cancelled"})
+        assert view["status"] == "failed"
+        assert view["error"]["code"] == "EGRESS_NOT_ALLOWED"
+        assert "checks.net.egress" in view["error"]["message"]
+        assert "api.example.com:443" in view["error"]["message"]
+        assert [e["data"]["state"] for e in events(alpha, job_id)] == ["queued", "failed"]
+    assert containers_of(client, job_id) == []
+    assert not client.networks.list(filters={"label": f"io.patchbox.job={job_id}"})

@@ -11,10 +11,18 @@ import pytest
 from pydantic import ValidationError
 
 from controller.config.checks import check_egress, job_checks
+from controller.config.environment import EnvironmentSpec
 from controller.config.host import HostConfig
-from controller.config.network import EgressRule, NetworkConfig, parse_rule, permitted
+from controller.config.network import (
+    EgressRule,
+    NetworkConfig,
+    parse_rule,
+    permitted,
+    setup_rules,
+)
 from controller.config.task import CheckSpec, TaskSpec
 from controller.errors import EgressNotAllowedError, ExitCode, UsageError, exit_code_for_error
+from controller.sandbox.environment import environment_key
 
 BAD_ENTRIES = [
     ("", "non-empty"),
@@ -175,3 +183,73 @@ def test_a_jobs_checks_are_refused_before_anything_starts(tmp_path: Path) -> Non
         "fine": (EgressRule("a.example.com", 443),),
         "wide": (EgressRule("*.example.com", 443), EgressRule("evil.example.net", 443)),
     }
+
+
+def test_setup_steps_reach_their_environments_egress_or_the_operators_default(
+    tmp_path: Path,
+) -> None:
+    """An environment's ``egress`` is held to ``network.allow`` like a check's; without one
+    its setup gets ``network.setup_default`` (the operator's, presets expanded, not held to
+    ``allow``); with neither, no network at all."""
+    network = NetworkConfig(
+        allow=["*.example.com:443"],
+        presets={"pkgs": ["index.example.net:443", "files.example.net:443"]},
+        setup_default=["preset:pkgs", "mirror.example.org:80"],
+    )
+    assert setup_rules(None, network) == (
+        EgressRule("index.example.net", 443),
+        EgressRule("files.example.net", 443),
+        EgressRule("mirror.example.org", 80),
+    )
+    assert setup_rules([], network) == ()
+    assert setup_rules(None, NetworkConfig()) == ()
+    assert setup_rules(["a.example.com:443"], network) == (EgressRule("a.example.com", 443),)
+    with pytest.raises(EgressNotAllowedError) as raised:
+        setup_rules(["a.example.com:443", "preset:pkgs"], network)
+    message = raised.value.message
+    assert message.startswith("environment.egress declares")
+    assert "index.example.net:443 (from preset:pkgs)" in message
+    assert "a.example.com" not in message
+    # a tenant's own list narrows an environment of its own
+    with pytest.raises(EgressNotAllowedError, match="egress_allow"):
+        setup_rules(["a.example.com:443"], network, allow=["b.example.com:443"])
+    # before anything starts: the job's checks and environment are resolved together
+    task = TaskSpec.model_validate(
+        {"prompt": "x", "environment": {"setup": [["true"]], "egress": ["evil.example.net:443"]}}
+    )
+    config = HostConfig(network=network)
+    with pytest.raises(EgressNotAllowedError, match=r"evil\.example\.net:443"):
+        job_checks(task, config, tmp_path, trust_repo_config=False)
+
+
+def test_the_setup_default_is_read_and_its_presets_must_exist() -> None:
+    config = HostConfig.model_validate(
+        tomllib.loads(
+            '[network]\nsetup_default = ["preset:pkgs"]\n'
+            '[network.presets]\npkgs = ["index.example.net:443"]\n'
+        )
+    )
+    assert config.network.setup_default == ["preset:pkgs"]
+    assert HostConfig().network.setup_default == []
+    for bad in (["preset:nope"], ["10.0.0.1:443"], ["example.com"]):
+        with pytest.raises(ValidationError):
+            HostConfig.model_validate({"network": {"setup_default": bad}})
+    with pytest.raises(ValidationError, match="setup_default"):
+        HostConfig.model_validate({"network": {"setup_default": ["preset:nope"]}})
+    # an environment's egress: entries as a check writes them, unset by default
+    assert EnvironmentSpec().egress is None
+    assert EnvironmentSpec(egress=[]).egress == []
+    with pytest.raises(ValidationError):
+        EnvironmentSpec.model_validate({"egress": ["127.0.0.1:80"]})
+
+
+def test_the_environments_key_changes_with_what_its_setup_could_reach() -> None:
+    spec = EnvironmentSpec(setup=[["true"]])
+    none = environment_key("sha256:b", spec, [], "agent")
+    assert none == environment_key("sha256:b", spec, [], "agent", [])
+    one = environment_key("sha256:b", spec, [], "agent", ["a.example.com:443"])
+    two = environment_key("sha256:b", spec, [], "agent", ["b.example.com:443", "a.example.com:443"])
+    assert len({none, one, two}) == 3
+    assert two == environment_key(
+        "sha256:b", spec, [], "agent", ["a.example.com:443", "b.example.com:443"]
+    )

@@ -11,10 +11,11 @@ import pytest
 
 from controller.config.environment import EnvironmentSpec
 from controller.config.limits import Limits
+from controller.config.network import NetworkConfig
 from controller.config.task import CheckSpec, TaskSpec
-from controller.errors import UsageError
+from controller.errors import EgressNotAllowedError, UsageError
 from controller.service.config import LimitCaps, TenantConfig, load_service_config
-from controller.service.policy import refusals
+from controller.service.policy import check_egress_of, refusals
 from tests.support.jobs import GREET, make_repo
 from tests.support.service import TASK, serving, write_config
 from tests.support.service_policy import _py_env, error_of, not_allowed, submit
@@ -165,3 +166,31 @@ def test_a_checks_egress_is_held_to_the_tenant_and_the_operator(tmp_path: Path) 
         # a malformed entry is a bad task
         status, code, _ = error_of(submit(alpha, repo, task("10.0.0.1:443")))
         assert (status, code) == (400, "USAGE_ERROR")
+
+
+def test_a_tenants_own_environment_egress_is_held_to_its_egress_allow() -> None:
+    """A tenant's inline environment declares setup egress within its ``egress_allow`` and
+    the operator's ``allow``; a named environment, and the operator's ``setup_default``, are
+    the operator's and not held to the tenant's list."""
+    network = NetworkConfig(
+        allow=["*.example.com:443"],
+        presets={"pkgs": ["index.example.net:443"]},
+        setup_default=["preset:pkgs"],
+    )
+    tenant = TenantConfig(
+        name="t", token_sha256="0" * 64, repo_roots=["/r"], egress_allow=["a.example.com:443"]
+    )
+
+    def task(environment: object) -> TaskSpec:
+        return TaskSpec.model_validate({"prompt": "p", "environment": environment})
+
+    check_egress_of(task({"setup": [["true"]], "egress": ["a.example.com:443"]}), network, tenant)
+    check_egress_of(task({"setup": [["true"]]}), network, tenant)  # the operator's default
+    check_egress_of(task("named"), network, tenant)
+    with pytest.raises(EgressNotAllowedError) as raised:
+        check_egress_of(
+            task({"setup": [["true"]], "egress": ["b.example.com:443"]}), network, tenant
+        )
+    assert "environment.egress" in raised.value.message
+    assert "b.example.com:443" in raised.value.message
+    assert "egress_allow" in raised.value.message
