@@ -44,7 +44,7 @@ from controller.errors import (
     UsageError,
     exit_code_for_error,
 )
-from controller.text import flag_text, visible
+from controller.text import flag_text, hidden_characters, visible
 
 if TYPE_CHECKING:
     from controller.client import Event, ServiceClient
@@ -149,7 +149,8 @@ def _submit(client: ServiceClient, args: argparse.Namespace, progress: Progress)
         for text in _event_texts(event):
             progress(text)
     view = client.job(job_id)
-    return _job_outcome(view), view, _summary(view)
+    no_change_ok = bool(getattr(args, "no_change_ok", False))
+    return _job_outcome(view, no_change_ok=no_change_ok), view, _summary(view)
 
 
 def upload_head(client: ServiceClient, repo: Path, progress: Progress) -> Uploaded:
@@ -196,6 +197,16 @@ def _show(client: ServiceClient, args: argparse.Namespace, _progress: Progress) 
         return ExitCode.OK, view, _summary(view)
     diff = _download_diff(client, args.job)
     text = _summary(view) + ("\n" + diff.rstrip("\n") if diff.strip() else "\nno diff")
+    # the service's own flags are its word: the diff as downloaded is flagged here
+    from controller.changes.rules import control_lines
+
+    flags = flag_text(c.model_dump() for c in control_lines(diff))
+    hidden = hidden_characters(diff)
+    if not flags and hidden:  # a diff that does not parse: no line to name
+        shown = " ".join(hidden[:20])
+        flags = [f"warning: the diff holds control, format or bidi characters: {shown}"]
+    if flags:
+        text += "\nin the diff as downloaded:\n" + "\n".join(flags)
     return ExitCode.OK, {**view, "diff": diff}, text
 
 
@@ -468,9 +479,12 @@ def _event_text(event: Event) -> str:
     return f"{event.type} {json.dumps(data, sort_keys=True)}"
 
 
-def _job_outcome(view: RemoteJob) -> int:
-    """The exit status of a job that ended, as ``patchbox run``'s."""
+def _job_outcome(view: RemoteJob, *, no_change_ok: bool = False) -> int:
+    """The exit status of a job that ended, as ``patchbox run``'s (``no_change`` is 0 with
+    ``no_change_ok``, as ``run --no-change-ok`` says)."""
     if view.get("status") in ENDED_OK:
+        return ExitCode.OK
+    if no_change_ok and view.get("status") == "no_change":
         return ExitCode.OK
     error = view.get("error") or {}
     return exit_code_for_error(str(error.get("code", "")) if isinstance(error, dict) else "")

@@ -161,6 +161,28 @@ def _config_value(config: Path, key: str, *, as_bool: bool) -> str | None:
     return proc.stdout.decode("utf-8", "replace").strip()
 
 
+def config_value(config: Path, key: str) -> str | None:
+    """One value of the config file ``config`` itself (no includes), or None."""
+    return _config_value(config, key, as_bool=False)
+
+
+def config_includes(config: Path) -> list[str]:
+    """The files ``config`` includes (``include.path`` and every ``includeIf.*.path``, each
+    condition taken as met), as written, read as data."""
+    if not config.is_file():
+        return []
+    args = ["config", "--file", str(config), "--no-includes", "--null", "--get-regexp"]
+    proc = run_git(_outside(), *args, r"^include(if\..*)?\.path$", check=False)
+    if proc.returncode != 0:
+        return []
+    found: list[str] = []
+    for item in proc.stdout.split(b"\0"):
+        _key, sep, value = item.partition(b"\n")
+        if sep:
+            found.append(value.decode("utf-8", "surrogateescape"))
+    return found
+
+
 def read_config(layout: RepoLayout, key: str, *, as_bool: bool = False) -> str | None:
     """One value of the repository's own config, read as data (no includes, nothing
     executed), or None. As in git, ``config.worktree`` of the work tree's git dir wins when

@@ -39,6 +39,8 @@ from controller.repo.layout import (
     GITFILE_LIMIT,
     RepoLayout,
     common_dir_of,
+    config_includes,
+    config_value,
     gitfile_target,
     named_file,
     read_config,
@@ -46,6 +48,8 @@ from controller.repo.layout import (
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+MAX_INCLUDE_DEPTH = 10
+"""How deep git follows a config's includes (its own limit); a deeper chain is refused."""
 MAX_ALTERNATES_DEPTH = 5
 """How deep git follows alternates of alternates; a deeper chain is refused."""
 ALTERNATES_LIMIT = 1 << 20
@@ -259,6 +263,28 @@ class RepoPin:
             value = read_config(layout, key)
             if value:
                 self._held(os.path.realpath(named_file(layout, value)), f"its {key}")
+        for config in (Path(common) / "config", Path(git_dir) / "config.worktree"):
+            self._includes(layout, config, set())
+
+    def _includes(self, layout: RepoLayout, config: Path, seen: set[str], depth: int = 0) -> None:
+        """Every file ``config`` includes (any condition taken as met), and those files'
+        includes, inside the roots; their file settings too."""
+        for written in config_includes(config):
+            path = Path(written).expanduser()
+            if not path.is_absolute():
+                path = config.parent / path
+            target = os.path.realpath(path)
+            self._held(target, f"a file its git config includes ({written[:200]!r})")
+            if target in seen or not Path(target).is_file():
+                continue
+            if depth >= MAX_INCLUDE_DEPTH:
+                raise self._elsewhere("its git config: includes nested too deep")
+            seen.add(target)
+            for key in CONFIGURED_FILES:
+                value = config_value(Path(target), key)
+                if value:
+                    self._held(os.path.realpath(named_file(layout, value)), f"its {key}")
+            self._includes(layout, Path(target), seen, depth + 1)
 
     def _no_link_out(self, folder: str, what: str) -> None:
         """Every symbolic link under ``folder`` (none followed) resolves inside the roots."""

@@ -122,12 +122,12 @@ def test_show_diff_shows_what_the_model_hid_and_flags_it(
 
 @pytest.mark.docker
 def test_a_failed_job_says_so_in_its_failure_text(
-    docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
+    docker_client: docker.DockerClient, sandbox_image: str, runtime: str, tmp_path: Path
 ) -> None:
     del docker_client, sandbox_image
     fail = {"argv": ["python3", "-c", "import sys; print('no'); sys.exit(1)"]}
     repo = make_repo(tmp_path / "greet", FILES)
-    run, job_id = run_hiding_job(repo, tmp_path, "runc", {"fails": fail})
+    run, job_id = run_hiding_job(repo, tmp_path, runtime, {"fails": fail})
     assert run.returncode == 1, run.stderr
     text = terminal_safe(run.stdout)
     assert f"job {job_id}: failed" in text

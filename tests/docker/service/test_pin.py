@@ -157,14 +157,14 @@ def test_a_swap_while_the_job_reads_its_repository_fails_it_before_the_model(
 
 
 def test_apply_revert_and_discard_refuse_a_swapped_folder_and_write_nothing(
-    tmp_path: Path, client: docker.DockerClient
+    tmp_path: Path, client: docker.DockerClient, runtime: str
 ) -> None:
     del client
     beta = make_repo(tmp_path / "beta" / "repo", BETA_FILES)
     beta_before = snapshot(beta)
     applied = make_repo(tmp_path / "alpha" / "applied")
     dropped = make_repo(tmp_path / "alpha" / "dropped")
-    with serving(write_config(tmp_path, workers=2)) as running:
+    with serving(write_config(tmp_path, workers=2, runtime=runtime)) as running:
         alpha = running.client("alpha")
         first = submit(alpha, applied).json()["job_id"]
         second = submit(alpha, dropped).json()["job_id"]

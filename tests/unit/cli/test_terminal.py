@@ -190,6 +190,17 @@ EVENTS = [
 ]
 
 
+EVIL_DIFF = (
+    "diff --git a/greet.py b/greet.py\n--- a/greet.py\n+++ b/greet.py\n@@ -1 +1,2 @@\n"
+    " print('hi')\n"
+    f"+x = 1  {EVIL}\n"
+)
+
+
+TEXT_DIFF = EVIL_DIFF.replace(EVIL, "\x1b[2K\u202e hidden")
+"""A diff that parses: its flagged line is named."""
+
+
 class Hostile(BaseHTTPRequestHandler):
     """A service that answers every read with control sequences in every string."""
 
@@ -215,6 +226,14 @@ class Hostile(BaseHTTPRequestHandler):
             for number, (kind, data) in enumerate(EVENTS, 1):
                 block = f"id: {number}\nevent: {kind}\ndata: {json.dumps(data)}\n\n"
                 self.wfile.write(block.encode())
+        elif path in {"/v1/jobs/evil-review/diff", "/v1/jobs/evil-other/diff"}:
+            diff = EVIL_DIFF if "review" in path else TEXT_DIFF
+            body = diff.encode("utf-8", "surrogateescape")
+            self.send_response(200)
+            self.send_header("Content-Type", "text/x-diff; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
         elif path.removeprefix("/v1/jobs/") in VIEWS:
             self._json(200, VIEWS[path.removeprefix("/v1/jobs/")])
         else:
@@ -287,6 +306,24 @@ def test_remote_json_output_is_exact_ascii_json(hostile: str, command: tuple[str
         assert json.loads(proc.stdout) == JOBS
     else:
         assert json.loads(proc.stdout) == VIEWS["evil-review"]
+
+
+def test_remote_show_diff_shows_a_hostile_diff_escaped_and_flags_it_itself(hostile: str) -> None:
+    """The diff a service sends is shown with every control escaped, and flagged by this
+    side (not by the service's say-so), in text; ``--json`` keeps it exact, as ASCII."""
+    proc = remote(hostile, "show", "evil-review", "--diff")
+    assert proc.returncode == 0, proc.stderr
+    text = terminal_safe(proc.stdout)
+    assert f"+x = 1  {visible(EVIL)}" in text
+    assert "in the diff as downloaded:" in text
+    # a NUL and a lone surrogate make it no diff: the characters are named, not the line
+    assert "warning: the diff holds control, format or bidi characters: \\x1b" in text
+    named = terminal_safe(remote(hostile, "show", "evil-other", "--diff").stdout)
+    assert "in the diff as downloaded:\nwarning: 1 added line(s) hold control" in named
+    assert "  greet.py:2: \\x1b \\u202e" in named
+    exact = remote(hostile, "show", "evil-review", "--diff", "--json")
+    assert exact.stdout.isascii()
+    assert json.loads(exact.stdout)["diff"] == EVIL_DIFF
 
 
 def test_remote_submit_wait_and_a_refusal_hold_none(hostile: str, tmp_path: Path) -> None:

@@ -231,6 +231,46 @@ def test_alternates_and_links_in_the_git_dir_must_stay_inside_the_roots(
         alpha.git("config", "--unset", key)
 
 
+def test_files_the_git_config_includes_must_stay_inside_the_roots(
+    roots: tuple[Confinement, Repo, Repo], tmp_path: Path
+) -> None:
+    """git follows ``include.path`` and ``includeIf.*.path`` of the repository's config: a
+    file of the other tenant's (or one that names a file of theirs) is refused, however the
+    include is written and however deep; what stays inside the roots is the tenant's."""
+    confinement, alpha, beta = roots
+    pin = pin_repo(confinement, str(alpha.path))
+    theirs = beta.path / "x.cfg"
+    theirs.write_text(f"[core]\n\texcludesFile = {beta.path / 'secret.txt'}\n")
+    relative = os.path.relpath(theirs, alpha.path / ".git")
+    for key, value in (
+        ("include.path", str(theirs)),
+        ("include.path", relative),
+        ("includeIf.gitdir:/.path", str(theirs)),
+        ("includeIf.onbranch:main.path", relative),
+        ("include.path", str(tmp_path / "beta" / "missing.cfg")),  # git skips it; refused
+    ):
+        alpha.git("config", key, value)
+        check_refused_in_time(pin, "a file its git config includes", beta)
+        alpha.git("config", "--unset", key)
+        pin.verify()
+    # an include of its own that sets a file of theirs, or includes theirs in turn
+    own = alpha.path / ".git" / "own.cfg"
+    own.write_text(f"[core]\n\tattributesFile = {beta.path / 'secret.txt'}\n")
+    alpha.git("config", "include.path", "own.cfg")
+    check_refused_in_time(pin, "(its core.attributesFile)", beta)
+    own.write_text(f"[include]\n\tpath = {theirs}\n")
+    check_refused_in_time(pin, "a file its git config includes", beta)
+    own.write_text("[core]\n\tattributesFile = own-attributes\n")
+    pin.verify()
+    # a loop of its own is not followed forever
+    own.write_text("[include]\n\tpath = own.cfg\n")
+    pin.verify()
+    (alpha.path / ".git" / "fifo.cfg").unlink(missing_ok=True)
+    os.mkfifo(alpha.path / ".git" / "fifo.cfg")
+    own.write_text("[include]\n\tpath = fifo.cfg\n")
+    pin.verify()  # a FIFO of its own is not read
+
+
 def test_a_pinned_work_tree_writes_only_the_folder_pinned(
     roots: tuple[Confinement, Repo, Repo],
 ) -> None:
