@@ -68,3 +68,26 @@ def test_the_architecture_page_and_the_tree_agree() -> None:
     assert modules - named == set(), "modules missing from docs/architecture.md"
     missing = {n for n in named if not (root / n).exists()}
     assert missing == set(), "the module map names what is not in the tree"
+
+
+def test_no_test_module_imports_another() -> None:
+    """Shared helpers live in ``tests/support/``: a test module imports nothing from another
+    test module (each runs on its own, in any order, in any tier)."""
+    import ast
+
+    found = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        if path.parts[-2] == "support" or "support" in path.relative_to(ROOT / "tests").parts:
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            for name in names:
+                parts = name.split(".")
+                if parts[0] == "tests" and len(parts) > 1 and parts[1] != "support":
+                    found.append(f"{path.relative_to(ROOT)}: {name}")
+    assert found == []

@@ -14,7 +14,6 @@ from mcp.client.client import Client
 from controller.config.task import CheckSpec
 from controller.jobs.records import JobStore
 from controller.tools.schemas import tool_schemas
-from tests.docker.mcp.test_mcp import server_args, stdio
 from tests.support.checkargs import (
     AIMED,
     AIMED_ARGV,
@@ -27,7 +26,7 @@ from tests.support.checkargs import (
     check_transcript,
 )
 from tests.support.jobs import EDIT, make_repo
-from tests.support.mcp import code, data
+from tests.support.mcp import code, data, server_args, stdio
 
 CHECKS = {cid: CheckSpec.model_validate(spec) for cid, spec in TASK["checks"].items()}
 

@@ -16,9 +16,8 @@ import pytest
 from mcp.client.client import Client
 
 from controller.sandbox.base import Runtime
-from tests.docker.mcp.test_mcp import server_args, stdio, the_job, until
 from tests.support.jobs import containers_of, make_repo
-from tests.support.mcp import LIMITS, code, data
+from tests.support.mcp import LIMITS, code, data, server_args, stdio, the_job, until
 from tests.support.paths import REPO_ROOT
 
 pytestmark = pytest.mark.docker

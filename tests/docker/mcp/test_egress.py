@@ -12,10 +12,9 @@ import docker
 import pytest
 from mcp.client.client import Client
 
-from tests.docker.mcp.test_mcp import server_args, stdio, the_job
 from tests.support.egress import FILES, SERVER_PORT, Outside
 from tests.support.jobs import containers_of, make_repo
-from tests.support.mcp import LIMITS, code, data
+from tests.support.mcp import LIMITS, code, data, server_args, stdio, the_job
 
 pytestmark = pytest.mark.docker
 

@@ -24,7 +24,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -32,7 +31,6 @@ import anyio
 import docker
 import pytest
 from mcp.client.client import Client
-from mcp.client.stdio import StdioServerParameters
 
 from controller.config.task import CheckSpec
 from controller.jobs.records import JobRecord, JobStore
@@ -43,14 +41,22 @@ from controller.sandbox.labels import CONTROLLER, KIND, OWNER_FILTER
 from controller.tools.schemas import tool_schemas
 from tests.support.cli import patchbox
 from tests.support.jobs import APP, APP_AFTER, containers_of, make_repo
-from tests.support.mcp import LOOP_TOOLS, TASK, code, data
-from tests.support.paths import REPO_ROOT
+from tests.support.mcp import (
+    EDIT,
+    LOOP_TOOLS,
+    ROOT,
+    TASK,
+    code,
+    data,
+    server_args,
+    stdio,
+    the_job,
+    until,
+)
 
 CHECKS = {cid: CheckSpec.model_validate(spec) for cid, spec in TASK["checks"].items()}
 """The session's checks, as its tool list describes them."""
 
-ROOT = REPO_ROOT
-EDIT = {"path": "app.py", "oldText": '"hello "', "newText": '"Hello "'}
 DENIED, INVALID = "TOOL_PATH_DENIED", "TOOL_ARGUMENTS_INVALID"
 INITIALIZE = {
     "protocolVersion": "2025-11-25",
@@ -60,32 +66,6 @@ INITIALIZE = {
 
 
 # -- helpers ------------------------------------------------------------------------------
-
-
-def server_args(
-    folder: Path, repo: Path, task: dict[str, Any] | None = None, config: str = ""
-) -> list[str]:
-    """``-m controller mcp`` with a task and a config file (no spare sandboxes)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "task.json").write_text(json.dumps(task or TASK))
-    (folder / "config.toml").write_text("spare_sandboxes = 0\n" + config)
-    return [
-        *("-m", "controller", "mcp", "--repo", str(repo)),
-        *("--task", str(folder / "task.json"), "--config", str(folder / "config.toml")),
-    ]
-
-
-def stdio(args: list[str]) -> StdioServerParameters:
-    return StdioServerParameters(
-        command=sys.executable, args=args, env=dict(os.environ), cwd=str(ROOT)
-    )
-
-
-def the_job(repo: Path) -> JobRecord:
-    """The one job of ``repo`` (each test makes its own repository)."""
-    found = [r for r in JobStore().all() if r.repo == str(repo.resolve())]
-    assert len(found) == 1, [r.job_id for r in found]
-    return found[0]
 
 
 def controller_pid(record: JobRecord) -> int:
@@ -99,15 +79,6 @@ def gone(pid: int) -> bool:
     except OSError:
         return True
     return stat.rsplit(")", 1)[1].split()[0] == "Z"
-
-
-def until(condition: Callable[[], bool], seconds: float = 20.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return condition()
 
 
 class Raw:

@@ -21,11 +21,10 @@ from mcp.client.client import Client
 
 from controller.jobs.records import JobRecord, JobStore
 from controller.mcp.slot import JOB_STARTED, PROPOSE
-from tests.docker.mcp.test_mcp import EDIT, ROOT, server_args, stdio, until
 from tests.support.cli import job_files, patchbox
 from tests.support.git import init
 from tests.support.jobs import APP, APP_AFTER, FILES, containers_of
-from tests.support.mcp import LIMITS, TASK, code, data
+from tests.support.mcp import EDIT, LIMITS, ROOT, TASK, code, data, server_args, stdio, until
 
 EDIT_CALL: dict[str, Any] = {"name": "replace_text", "arguments": EDIT}
 
