@@ -196,7 +196,7 @@ def describe_validation(  # noqa: PLR0913 - the error, then keyword-only present
     parts = []
     for item in error.errors()[:max_items]:
         loc = item["loc"]
-        problem = item["msg"]
+        problem = _plain(item)
         if names is not None:
             field = str(loc[0]) if loc else ""
             where = names.get(field, field or subject)
@@ -230,7 +230,17 @@ def _problem(
             example = _EXAMPLES.get(name)
             shown = f", e.g. {example[0 if syntax == 'json' else 1]}" if example else ""
             return f"expected {form}{shown}"
-    return str(item.get("msg", ""))
+    return _plain(item)
+
+
+def _plain(item: Mapping[str, Any]) -> str:
+    """The problem's text without pydantic's ``Value error, `` (or ``Assertion failed, ``)
+    prefix: a validator's own message, as it wrote it."""
+    text = str(item.get("msg", ""))
+    if item.get("type") in {"value_error", "assertion_error"}:
+        for prefix in ("Value error, ", "Assertion failed, "):
+            text = text.removeprefix(prefix)
+    return text
 
 
 def _form(tp: object, syntax: Syntax) -> str:

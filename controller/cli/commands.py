@@ -34,6 +34,9 @@ if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable
 
+    from controller.config.host import HostConfig
+    from controller.config.task import TaskSpec
+    from controller.providers.scripted import CallsFile
     from controller.repo.baseline import Baseline
     from controller.tools.watch import CheckLine
 
@@ -95,17 +98,28 @@ def check_output_printer(
     return latest
 
 
-def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcome:
+def _run_inputs(args: argparse.Namespace) -> tuple[HostConfig, TaskSpec, CallsFile | None]:
+    """``run``'s configuration, task and calls, read, and its repository found: a wrong
+    ``--repo`` is named before the model or Docker is asked anything."""
     from controller import api
     from controller.config.host import load_config
     from controller.providers import read_calls
-    from controller.sandbox.dockerclient import connect
+    from controller.repo.layout import locate
 
     config = load_config(Path(args.config) if args.config else None)
     if getattr(args, "no_spare", False):
         config = config.model_copy(update={"spare_sandboxes": 0})
     task = api.load_task(Path(args.task))
     calls = read_calls(Path(args.calls)) if args.calls else None
+    locate(Path(args.repo))
+    return config, task, calls
+
+
+def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcome:
+    from controller import api
+    from controller.sandbox.dockerclient import connect
+
+    config, task, calls = _run_inputs(args)
     choice = api.choose_provider(config, task, calls)
     secrets = choice.secrets
     request = api.JobRequest(

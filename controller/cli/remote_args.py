@@ -50,6 +50,11 @@ def add_parser(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
         help="upload the repository's HEAD as a git bundle (the service cannot see the path)",
     )
     submit.add_argument("--wait", action="store_true", help="follow the job to its end")
+    submit.add_argument(
+        "--no-change-ok",
+        action="store_true",
+        help="with --wait: exit 0 when the job made no change (else exit 5)",
+    )
     command("jobs", "this tenant's jobs", job=False)
     show = command("show", "a job, as run --json prints it")
     show.add_argument("--diff", action="store_true", help="and its diff")

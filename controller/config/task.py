@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Literal, Self
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -90,15 +91,37 @@ class CheckSpec(BaseModel):
         return expand_argv(self.argv, self.args, values or {})
 
 
+def _allowed_path(text: str) -> str:
+    """A path or folder relative to the repository's top, as ``allowed_paths`` matches them
+    (by prefix, whole segments): a glob, an absolute path or ``..`` would match nothing."""
+    if any(c in text for c in "*?["):
+        msg = (
+            f"allowed_paths entry {text[:200]!r} is a glob; name a file or a folder "
+            "(a folder holds everything under it: 'src/')"
+        )
+        raise ValueError(msg)
+    if text.startswith("/"):
+        msg = f"allowed_paths entry {text[:200]!r}: use a path relative to the repository's top"
+        raise ValueError(msg)
+    if ".." in text.split("/") or "\x00" in text:
+        msg = f"allowed_paths entry {text[:200]!r}: '..' and NUL are not allowed"
+        raise ValueError(msg)
+    return text
+
+
+AllowedPath = Annotated[
+    str, StringConstraints(min_length=1, max_length=4096), AfterValidator(_allowed_path)
+]
+"""One ``allowed_paths`` entry: a file or a folder relative to the repository's top."""
+
+
 class TaskSpec(BaseModel):
     """A job's task. Every field but ``prompt`` is optional; unknown fields are errors."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     prompt: Annotated[str, StringConstraints(min_length=1, max_length=100_000)]
-    allowed_paths: list[Annotated[str, StringConstraints(min_length=1, max_length=4096)]] | None = (
-        None
-    )
+    allowed_paths: list[AllowedPath] | None = None
     checks: dict[CheckId, CheckSpec] = Field(default_factory=dict)
     mode: Literal["review", "auto", "trusted-auto"] = "review"
     limits: Limits = Field(default_factory=Limits)

@@ -43,3 +43,21 @@ def test_no_docker_daemon_is_not_ready(tmp_path: Path) -> None:
     socket = f"unix://{tmp_path}/no-docker.sock"
     proc = patchbox("run", "--repo", str(repo), *args, "--json", env={"DOCKER_HOST": socket})
     assert (proc.returncode, _error(proc)) == (3, "ENVIRONMENT_NOT_READY")
+
+
+def test_a_wrong_repo_is_named_before_the_model_or_docker(tmp_path: Path) -> None:
+    """No model configured and no Docker daemon to reach: a ``--repo`` that is not a
+    repository is still what ``run`` reports, first."""
+    task = tmp_path / "task.json"
+    task.write_text('{"prompt": "p"}')
+    env = {
+        "DOCKER_HOST": f"unix://{tmp_path / 'no-daemon.sock'}",
+        "PATCHBOX_MODEL": "",
+        "OPENAI_API_KEY": "",
+        "OPENAI_BASE_URL": "",
+    }
+    proc = patchbox(
+        "run", "--repo", str(tmp_path / "nowhere"), "--task", str(task), "--json", env=env
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert _error(proc) == "NOT_A_REPOSITORY"

@@ -69,3 +69,20 @@ def test_no_network_no_section_and_hostile_shapes_are_skipped() -> None:
     ]
     for checks in hostile:
         assert _network_lines(checks) == []
+
+
+def test_a_waited_job_that_made_no_change_exits_as_run_does() -> None:
+    """``remote submit --wait``: 5 for ``no_change``, 0 with ``--no-change-ok``; the flag
+    changes nothing else."""
+    from controller.cli.parser import build_parser
+    from controller.cli.remote import _job_outcome
+
+    none = cast("RemoteJob", {"status": "no_change", "error": {"code": "NO_CHANGE"}})
+    failed = cast("RemoteJob", {"status": "failed", "error": {"code": "CHECK_FAILED"}})
+    assert _job_outcome(none) == 5
+    assert _job_outcome(none, no_change_ok=True) == 0
+    assert _job_outcome(failed, no_change_ok=True) == _job_outcome(failed) != 0
+    args = build_parser().parse_args(
+        ["remote", "submit", "--repo", ".", "--task", "t.json", "--wait", "--no-change-ok"]
+    )
+    assert args.no_change_ok is True

@@ -159,3 +159,31 @@ def test_a_repository_checks_file_too(tmp_path: Path, body: dict[str, Any], expe
     with pytest.raises(UsageError) as caught:
         read_repo_checks(tmp_path)
     assert expected in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("entry", "words"),
+    [
+        ("src/**", "'src/**' is a glob; name a file or a folder"),
+        ("*.py", "'*.py' is a glob"),
+        ("src/[ab].py", "is a glob"),
+        ("/work/src/a.py", "use a path relative to the repository's top"),
+        ("src/../../etc", "'..' and NUL are not allowed"),
+    ],
+)
+def test_an_allowed_path_that_would_match_nothing_is_refused_in_plain_words(
+    entry: str, words: str
+) -> None:
+    """``allowed_paths`` matches files and folders by prefix: a glob, an absolute path or
+    ``..`` would refuse every write; each is refused when the task is read, in the
+    validator's own words (no ``Value error,`` prefix)."""
+    with pytest.raises(UsageError) as raised:
+        task_from({"prompt": "p", "allowed_paths": [entry]})
+    message = raised.value.message
+    assert message.startswith("the task is invalid: allowed_paths.0: allowed_paths entry ")
+    assert words in message
+    assert "Value error" not in message
+    assert task_from({"prompt": "p", "allowed_paths": ["src/", "a.py"]}).allowed_paths == [
+        "src/",
+        "a.py",
+    ]
