@@ -74,7 +74,7 @@ def cmd_env_build(args: argparse.Namespace, progress: Callable[[str], None]) -> 
         "seconds": round(built.seconds, 3),
         "steps": built.steps,
         "egress": [r.text() for r in rules],
-        "network": built.network,
+        "network": [c.as_dict() for c in built.network],
     }
     state = f"built in {built.seconds:.1f} s" if built.built else "up to date"
     return ExitCode.OK, data, f"{built.tag} {state} (base {built.base})"

@@ -527,10 +527,17 @@ def _summary(view: RemoteJob) -> str:
     flags = view.get("control_characters")
     lines += flag_text(f for f in flags if isinstance(f, dict)) if isinstance(flags, list) else []
     lines += [
+        f"  check {c.get('id')} before the change: {c.get('status')} "
+        f"(exit {c.get('exit_code')}, {c.get('duration_ms')} ms)"
+        + (f": {c.get('reason')}" if c.get("reason") else "")
+        for c in _dicts(view.get("baseline_checks"))
+    ]
+    lines += [
         f"  check {c.get('id')}: {c.get('status')} "
         f"(exit {c.get('exit_code')}, {c.get('duration_ms')} ms)"
         for c in view.get("checks") or []
     ]
+    lines += _table_lines(view.get("decision"))
     lines += _network_lines(view.get("checks"))
     lines += [
         f"  turn {t.get('turn')} {t.get('id')} {t.get('name')}: {t.get('error_code')}"
@@ -542,5 +549,24 @@ def _summary(view: RemoteJob) -> str:
         lines.append(f"decision: {decision.get('reason')}")
     if view.get("status") == "awaiting_review":
         job = view.get("job_id")
-        lines.append(f"review: patchbox remote show {job} --json; then patchbox remote apply {job}")
+        lines.append(f"review: patchbox remote show {job} --diff; then patchbox remote apply {job}")
     return "\n".join(lines)
+
+
+def _dicts(value: object) -> list[dict[str, object]]:
+    """The objects of a list the service sent (anything else in it skipped)."""
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def _table_lines(decision: object) -> list[str]:
+    """The before/after table of the required checks, as ``show`` prints it."""
+    from controller.jobs.summary import CHANGE_WORDS
+
+    rows = _dicts(decision.get("check_changes")) if isinstance(decision, dict) else []
+    if not rows:
+        return []
+    return ["checks before -> after the change:"] + [
+        f"  {r.get('id')}: {CHANGE_WORDS.get(str(r.get('change')), str(r.get('change')))} "
+        f"({r.get('before')} -> {r.get('after')})"
+        for r in rows
+    ]

@@ -46,13 +46,16 @@ from controller.jobs.loop import CANCELLED_MESSAGE, ToolLoop, cancelled_error
 from controller.jobs.reconcile import baseline_unchanged, reconcile
 from controller.jobs.records import (
     ACTIVE,
+    BuiltStep,
     CheckResult,
     ControlLine,
     Decision,
+    EnvironmentRecord,
     FileChange,
     JobRecord,
     JobState,
     JobStore,
+    requests_of,
     write_lock,
 )
 from controller.jobs.required import refused_by_proxy, run_required_checks
@@ -453,16 +456,16 @@ class Job:
                 built = EnvironmentBuilder(
                     self.client, self.progress, request.config.ca_bundle, egress
                 ).ensure(environment, baseline, cancel=self.cancelled)
-                record.environment = {
-                    "tag": built.tag,
-                    "key": built.key,
-                    "base": built.base,
-                    "built": built.built,
-                    "seconds": round(built.seconds, 3),
-                    "steps": built.steps,
-                    "egress": [r.text() for r in egress.rules],
-                    "network": built.network,
-                }
+                record.environment = EnvironmentRecord(
+                    tag=built.tag,
+                    key=built.key,
+                    base=built.base,
+                    built=built.built,
+                    seconds=round(built.seconds, 3),
+                    steps=[BuiltStep(name=s["name"], seconds=s["seconds"]) for s in built.steps],
+                    egress=[r.text() for r in egress.rules],
+                    network=requests_of(built.network),
+                )
                 self.store.save(record)
                 spec = spec.model_copy(update={"image": built.tag})
                 return built.tag

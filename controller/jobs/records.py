@@ -230,6 +230,30 @@ def requests_of(connections: Iterable[Connection]) -> list[NetworkRequest]:
     ]
 
 
+class BuiltStep(_Value):
+    """One step of an environment's build and the seconds it took."""
+
+    name: str
+    seconds: float
+
+
+class EnvironmentRecord(_Value):
+    """The project environment's image a job ran on: its tag and key, its base, whether
+    this job built it, how long finding or building it took, the build's steps, and what
+    its setup could reach and reached through its proxy (when this job built it)."""
+
+    tag: str
+    key: str
+    base: str
+    built: bool
+    seconds: float
+    steps: list[BuiltStep] = Field(default_factory=list)
+    egress: list[str] = Field(default_factory=list, exclude_if=lambda v: not v)
+    """The ``host:port`` pairs the setup could reach (absent: none)."""
+    network: list[NetworkRequest] = Field(default_factory=list, exclude_if=lambda v: not v)
+    """The requests the setup's proxy saw (absent: none, or the image was already there)."""
+
+
 class CheckResult(_Value):
     """One check as run in the fresh check sandbox (or skipped), bound to the diff."""
 
@@ -328,9 +352,8 @@ class JobRecord(BaseModel):
     consent: dict[str, bool] = Field(default_factory=dict)
     runtime: str = "runc"
     baseline: Baseline | None = None
-    environment: dict[str, Any] | None = Field(default=None, exclude_if=lambda v: v is None)
-    """The project environment's image (``tag``, ``key``, ``base``, ``built``, ``seconds``,
-    ``steps``), when the task has one."""
+    environment: EnvironmentRecord | None = Field(default=None, exclude_if=lambda v: v is None)
+    """The project environment's image, when the task has one."""
     error: ErrorInfo | None = None
     """``{"code", "message"}``: an error as data, the shape every error has."""
     diagnostics: dict[str, Any] = Field(default_factory=dict)

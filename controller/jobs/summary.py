@@ -52,18 +52,13 @@ def summary_text(record: JobRecord) -> str:
 
 def _setup_lines(record: JobRecord) -> list[str]:
     """What the environment's setup reached through its proxy (built by this job)."""
-    environment = record.environment or {}
-    lines = []
-    for r in environment.get("network") or []:
-        try:
-            verdict = "allowed" if r["allowed"] else f"refused ({r['reason']})"
-            lines.append(
-                f"  environment setup: {r['host']}:{r['port']} {verdict}, status {r['status']}, "
-                f"{r['bytes_out']} B out, {r['bytes_in']} B in"
-            )
-        except (KeyError, TypeError):
-            continue
-    return lines
+    requests = record.environment.network if record.environment is not None else []
+    return [
+        f"  environment setup: {r.host}:{r.port} "
+        + ("allowed" if r.allowed else f"refused ({r.reason})")
+        + f", status {r.status}, {r.bytes_out} B out, {r.bytes_in} B in"
+        for r in requests
+    ]
 
 
 def network_text(record: JobRecord) -> list[str]:

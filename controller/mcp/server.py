@@ -184,7 +184,6 @@ class _Handlers:
         self.sessions = sessions
         self.http = http
         checks = _known_checks(options)
-        self.listed = tools(checks)
         self.instructions = INSTRUCTIONS
         if checks is not None:
             self.instructions += f"\n\n{checks_text(checks)}"
@@ -214,7 +213,9 @@ class _Handlers:
     async def list_tools(
         self, _ctx: ServerRequestContext[Any, Any], _params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=self.listed)
+        """The tools with the checks as they resolve now (the repository's suggestions or
+        a configuration that could not be read at start may have changed since)."""
+        return types.ListToolsResult(tools=tools(_known_checks(self.options)))
 
     async def call_tool(
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams

@@ -224,6 +224,35 @@ def _subnets(network: Network) -> list[str]:
     return [str(c["Subnet"]) for c in configs if c.get("Subnet")]
 
 
+class _Required(TypedDict):
+    image: str
+    name: str
+    labels: dict[str, str]
+    network: str
+    environment: dict[str, str]
+    user: str
+    cap_drop: list[str]
+    security_opt: list[str]
+    read_only: bool
+    tmpfs: dict[str, str]
+    mem_limit: str
+    memswap_limit: str
+    pids_limit: int
+    nano_cpus: int
+    log_config: LogConfig
+    init: bool
+    auto_remove: bool
+    runtime: str
+    detach: bool
+
+
+class ProxyConfig(_Required, total=False):
+    """The keyword arguments of ``containers.create`` for the proxy."""
+
+    sysctls: dict[str, str]
+    extra_hosts: dict[str, str]
+
+
 def proxy_container_config(  # noqa: PLR0913 - keyword-only settings
     *,
     name: str,
@@ -232,9 +261,9 @@ def proxy_container_config(  # noqa: PLR0913 - keyword-only settings
     outside: str,
     clients: Sequence[str],
     extra_hosts: dict[str, str] | None = None,
-) -> dict[str, Any]:
+) -> ProxyConfig:
     """The keyword arguments of ``containers.create`` for the proxy (pure)."""
-    config: dict[str, Any] = {
+    config: ProxyConfig = {
         "image": image,
         "name": f"{name}-proxy",
         "labels": {**labels, KIND: "egress-proxy"},
@@ -420,7 +449,7 @@ def start_proxy(  # noqa: PLR0913 - keyword-only settings
 
 
 def _create_and_start(
-    client: docker.DockerClient, network: Network, config: dict[str, Any]
+    client: docker.DockerClient, network: Network, config: ProxyConfig
 ) -> Container:
     """Creates the proxy, attaches it to the internal network and starts it. A host
     without IPv6 (``ipv6.disable=1``) refuses the IPv6 sysctls: the proxy then starts
@@ -431,10 +460,12 @@ def _create_and_start(
     except docker.errors.APIError as exc:
         if "ipv6" not in str(exc.explanation or exc).lower() or "sysctls" not in config:
             raise
-    return _start_one(client, network, {k: v for k, v in config.items() if k != "sysctls"})
+    without = config.copy()
+    without.pop("sysctls", None)
+    return _start_one(client, network, without)
 
 
-def _start_one(client: docker.DockerClient, network: Network, config: dict[str, Any]) -> Container:
+def _start_one(client: docker.DockerClient, network: Network, config: ProxyConfig) -> Container:
     container = client.containers.create(**config)
     try:
         network.connect(container)

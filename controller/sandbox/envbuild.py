@@ -31,7 +31,6 @@ from controller.repo.baseline import Baseline
 from controller.sandbox.egress import (
     Connection,
     EgressProxy,
-    RequestView,
     default_proxy_image,
     start_proxy,
 )
@@ -76,7 +75,7 @@ class EnvironmentImage:
     seconds: float
     steps: list[StepTime] = field(default_factory=list)
     """Per build step: its name and seconds (empty when nothing was built)."""
-    network: list[RequestView] = field(default_factory=list)
+    network: list[Connection] = field(default_factory=list)
     """The requests the setup's proxy saw (empty when nothing was built or no egress)."""
 
 
@@ -254,7 +253,7 @@ class EnvironmentBuilder:
             built=True,
             seconds=seconds,
             steps=run.steps,
-            network=[c.as_dict() for c in requests],
+            network=requests,
         )
 
     def _proxy(self, image: str | None) -> EgressProxy | None:

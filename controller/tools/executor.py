@@ -41,7 +41,7 @@ from controller.tools.schemas import (
     parse_arguments,
 )
 from controller.tools.watch import CheckRunning, CheckWatch, OutputListener, Watched
-from patchbox_agent import diffs, ops
+from patchbox_agent import diffs, jail, ops
 
 OUTPUT_TAIL = 8 * 1024
 
@@ -300,6 +300,12 @@ class ToolExecutor:
         raise ToolError("this tool is not available", code=ErrorCode.TOOL_ARGUMENTS_INVALID)
 
     def _check_write(self, path: str) -> None:
+        try:  # not a repository path at all: said as the sandbox says it
+            jail.split(path)
+        except jail.PathInvalidError as exc:
+            raise ToolError(f"{path[:200]}: {exc}", code=ErrorCode.TOOL_PATH_INVALID) from exc
+        except jail.PathDeniedError:
+            pass  # the write policy names why
         reason = write_denial(path, self.allowed_paths, self.extra_protected)
         if reason is not None:
             raise ToolError(f"{path[:200]}: {reason}", code=ErrorCode.TOOL_PATH_DENIED)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from patchbox_agent import protected
+from patchbox_agent import jail, protected
 from patchbox_agent.globs import Glob
 
 # The very objects the agent's jail uses (a test asserts identity, not equality).
@@ -110,7 +110,7 @@ def write_denial(
     """Why ``path`` may not be written, or None when it may. ``extra_protected`` are the
     operator's globs, matched as the agent matches them (folded, whole path)."""
     if never_touch(path) or any(Glob(fold(g))(fold(path)) for g in extra_protected):
-        return "protected path"
+        return jail.NOT_ALLOWED  # the sandbox's own answer for a protected name
     if allowed_paths is not None and not _allowed(path, allowed_paths):
         return "outside the task's allowed_paths"
     if is_config(path) and not (allowed_paths is not None and _allowed(path, allowed_paths)):

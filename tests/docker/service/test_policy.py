@@ -219,7 +219,7 @@ def test_an_allowed_environment_is_built_and_its_checks_run_in_it(
             record = JobStore().load(job_id)
             assert record.runtime == runtime
             assert record.environment is not None
-            assert record.environment["tag"] in _env_images(client, marker)
+            assert record.environment.tag in _env_images(client, marker)
             assert containers_of(client, job_id) == []
 
 
@@ -252,7 +252,7 @@ def test_an_environment_build_holds_one_of_the_tenants_job_slots(
             assert view["status"] == "awaiting_review", view["error"]
         environment = JobStore().load(first).environment
         assert environment is not None
-        assert environment["built"] is True
+        assert environment.built is True
         states = [e["data"]["state"] for e in events(alpha, second) if e["type"] == "state"]
         assert states[:2] == ["queued", "preparing"]
 

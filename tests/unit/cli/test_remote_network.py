@@ -86,3 +86,33 @@ def test_a_waited_job_that_made_no_change_exits_as_run_does() -> None:
         ["remote", "submit", "--repo", ".", "--task", "t.json", "--wait", "--no-change-ok"]
     )
     assert args.no_change_ok is True
+
+
+def test_remote_show_prints_the_checks_before_the_change_and_the_table() -> None:
+    """As ``show`` does: each check's run before the change and the before/after table of
+    the required checks; shapes a hostile service might send are skipped."""
+    view = cast(
+        "RemoteJob",
+        {
+            "job_id": "j1",
+            "status": "awaiting_review",
+            "baseline_checks": [
+                {"id": "tests", "status": "failed", "exit_code": 1, "duration_ms": 40},
+                "not an object",
+            ],
+            "checks": [{"id": "tests", "status": "passed", "exit_code": 0, "duration_ms": 30}],
+            "decision": {
+                "reason": "review mode",
+                "check_changes": [
+                    {"id": "tests", "before": "failed", "after": "passed", "change": "fixed"},
+                    7,
+                ],
+            },
+        },
+    )
+    text = _summary(view).splitlines()
+    assert "  check tests before the change: failed (exit 1, 40 ms)" in text
+    assert text[text.index("checks before -> after the change:") + 1] == (
+        "  tests: fixed (failed -> passed)"
+    )
+    assert text[-1] == "review: patchbox remote show j1 --diff; then patchbox remote apply j1"

@@ -23,6 +23,7 @@ from controller.jobs.records import (
     CheckResult,
     ControlLine,
     Decision,
+    EnvironmentRecord,
     FileChange,
     JobRecord,
     JobStore,
@@ -58,7 +59,9 @@ def add_turn(record: JobRecord, n: int) -> None:
 def full_record() -> JobRecord:
     """A record with every field set (from a record of format 1, plus what it lacks)."""
     record = JobRecord.model_validate_json(RECORDS_V1[0].read_bytes())
-    record.environment = {"tag": "patchbox-env:1", "key": "k", "built": True, "steps": []}
+    record.environment = EnvironmentRecord(
+        tag="patchbox-env:1", key="k", base="b", built=True, seconds=1.5
+    )
     record.error = ErrorInfo(code="CHECK_FAILED", message="a check failed")
     record.tool_calls.append(
         ToolCallRecord(
@@ -135,7 +138,7 @@ def test_a_record_changed_after_each_save_reads_back_as_the_last_save_left_it(
     for state in ("preparing", "running"):
         record.move(state)
         store.save(record)
-    record.environment = {"tag": "t"}
+    record.environment = EnvironmentRecord(tag="t", key="k", base="b", built=False, seconds=0.1)
     record.diagnostics["baseline_source"] = "spare"  # changed in place
     record.timings_ms["prepare"] = 12
     add_turn(record, 1)

@@ -201,3 +201,26 @@ def test_the_listed_run_check_names_the_sessions_checks(tmp_path: Path) -> None:
     none = "This job has no configured checks, so run_check has nothing to run: do not call it."
     assert description.endswith(none)
     assert none in instructions
+
+
+def test_the_tool_list_follows_the_checks_as_they_resolve_now(tmp_path: Path) -> None:
+    """With ``--trust-repo-config``, a check the repository suggests after the server
+    started is in the next tool list's ``checkId`` enum (and one it drops is gone)."""
+    repo = make_repo(tmp_path / "repo")
+    config = HostConfig.model_validate({"spare_sandboxes": 0, "checks": {"greet": GREET}})
+    opts = Options(repo=repo, task=api.default_task(config), config=config, trust_repo_config=True)
+    suggested = repo / ".patchbox" / "checks.json"
+
+    async def scenario() -> list[list[str]]:
+        server = build_server(opts, Sessions(lambda: Slot(opts, print)))
+        seen = []
+        async with Client(server) as client:
+            for checks in (None, {"lint": {"argv": ["true"]}}, {}):
+                if checks is not None:
+                    suggested.parent.mkdir(exist_ok=True)
+                    suggested.write_text(json.dumps(checks))
+                listed = {t.name: t for t in (await client.list_tools()).tools}
+                seen.append(listed["run_check"].input_schema["properties"]["checkId"]["enum"])
+        return seen
+
+    assert anyio.run(scenario) == [["greet"], ["greet", "lint"], ["greet"]]

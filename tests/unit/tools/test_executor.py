@@ -78,23 +78,27 @@ def test_replay_in_the_same_turn_has_no_second_effect(box: LocalSandbox) -> None
 
 
 @pytest.mark.parametrize(
-    ("path", "allowed", "reason"),
+    ("path", "allowed", "code", "reason"),
     [
-        ("package.json", None, "configuration path"),
-        (".env", ["."], "protected"),
-        (".github/workflows/ci.yml", None, "configuration path"),
-        ("src/a.py", ["tests/"], "outside the task's allowed_paths"),
+        ("package.json", None, "TOOL_PATH_DENIED", "configuration path"),
+        (".env", ["."], "TOOL_PATH_DENIED", ".env: not allowed"),
+        (".github/workflows/ci.yml", None, "TOOL_PATH_DENIED", "configuration path"),
+        ("src/a.py", ["tests/"], "TOOL_PATH_DENIED", "outside the task's allowed_paths"),
+        # not a repository path at all: said as the sandbox says it, allowed_paths or not
+        ("/work/src/a.py", ["src/"], "TOOL_PATH_INVALID", "use a path relative to the"),
+        ("src//a.py", ["src/"], "TOOL_PATH_INVALID", "not a valid path"),
+        ("src\\a.py", None, "TOOL_PATH_INVALID", "backslashes"),
     ],
 )
 def test_write_policy_is_enforced_before_the_sandbox(
-    box: LocalSandbox, path: str, allowed: list[str] | None, reason: str
+    box: LocalSandbox, path: str, allowed: list[str] | None, code: str, reason: str
 ) -> None:
     ex = _executor(box, allowed_paths=allowed)
     before = (box.workspace / "package.json").read_text()
     out = ex.execute(1, "w", "replace_text", {"path": path, "oldText": "{}", "newText": "[]"})
     assert not out.ok
     assert out.error is not None
-    assert out.error["code"] == "TOOL_PATH_DENIED"
+    assert out.error["code"] == code
     assert reason in out.error["message"]
     assert (box.workspace / "package.json").read_text() == before
 

@@ -100,7 +100,7 @@ def test_host_and_agent_give_the_same_answer(path: str, expected: bool) -> None:
     if expected:
         with pytest.raises(jail.PathDeniedError):
             jail.split(path)
-        assert policy.write_denial(path, None) == "protected path"
+        assert policy.write_denial(path, None) == "not allowed"
     else:
         assert jail.split(path) == path.split("/")
 
