@@ -26,7 +26,7 @@ def _prune_args(prune: argparse.ArgumentParser) -> None:
     prune.add_argument(
         "--spares", action="store_true", help="this state directory's spare sandboxes"
     )
-    prune.add_argument("--json", action="store_true")
+    prune.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"patchbox {version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     doctor = sub.add_parser("doctor", help="is this machine (and a repository) ready?")
-    doctor.add_argument("--json", action="store_true")
+    doctor.add_argument("--json", action="store_true", help="print JSON instead of text")
     doctor.add_argument("--repo", help="also check this repository's health")
     doctor.add_argument("--max-local-files", type=int, default=None, metavar="N")
     doctor.add_argument("--max-local-bytes", type=int, default=None, metavar="N")
@@ -49,16 +49,33 @@ def build_parser() -> argparse.ArgumentParser:
     image = sub.add_parser("image", help="the sandbox image")
     image_sub = image.add_subparsers(dest="image_command", required=True, parser_class=_Parser)
     build = image_sub.add_parser("build", help="build the default sandbox image")
-    build.add_argument("--json", action="store_true")
+    build.add_argument("--json", action="store_true", help="print JSON instead of text")
     _env_parsers(sub)
     run = sub.add_parser("run", help="one job, to its decision")
     run.add_argument("--repo", help="the repository (default: the one the current folder is in)")
     run.add_argument("--task", required=True, help="the task file")
     run.add_argument("--calls", help="drive the tools from this calls file")
-    run.add_argument("--include-local-changes", action="store_true")
-    run.add_argument("--trust-repo-config", action="store_true")
-    run.add_argument("--consent-trusted-auto", action="store_true")
-    run.add_argument("--runtime", choices=["runc", "runsc"], default=None)
+    run.add_argument(
+        "--include-local-changes",
+        action="store_true",
+        help="include uncommitted changes in the baseline (else a dirty tree is refused)",
+    )
+    run.add_argument(
+        "--trust-repo-config",
+        action="store_true",
+        help="also read the checks the repository suggests in .patchbox/checks.json",
+    )
+    run.add_argument(
+        "--consent-trusted-auto",
+        action="store_true",
+        help="consent to the trusted-auto mode of the task (applies without a review)",
+    )
+    run.add_argument(
+        "--runtime",
+        choices=["runc", "runsc"],
+        default=None,
+        help="the container runtime (default: the host configuration's, else runc)",
+    )
     run.add_argument(
         "--no-spare", action="store_true", help="start no spare sandbox for the next job"
     )
@@ -73,14 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit 0 when the job made no change (else exit 5)",
     )
     run.add_argument("--config", help="host configuration (default $PATCHBOX_HOME/config.toml)")
-    run.add_argument("--json", action="store_true")
+    run.add_argument("--json", action="store_true", help="print JSON instead of text")
     jobs = sub.add_parser("jobs", help="jobs and their states")
     jobs.add_argument("--repo")
     jobs.add_argument(
         "--status", action="append", metavar="STATE", help="only jobs in these states (a,b)"
     )
     jobs.add_argument("--since", metavar="WHEN", help="only jobs created since: 2d, 2026-12-01")
-    jobs.add_argument("--json", action="store_true")
+    jobs.add_argument("--json", action="store_true", help="print JSON instead of text")
     _prune_args(sub.add_parser("prune", help=PRUNE_HELP))
     show = sub.add_parser("show", help="summary, ledger, checks, evidence path")
     show.add_argument("job", help=JOB_HELP)
@@ -88,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument(
         "--transcript", action="store_true", help="the conversation: messages, calls, results"
     )
-    show.add_argument("--json", action="store_true")
+    show.add_argument("--json", action="store_true", help="print JSON instead of text")
     for name, what in (
         ("apply", "apply a job's diff to the work tree"),
         ("revert", "undo an applied job"),
@@ -97,13 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         cmd = sub.add_parser(name, help=what)
         cmd.add_argument("job", help=JOB_HELP)
-        cmd.add_argument("--json", action="store_true")
+        cmd.add_argument("--json", action="store_true", help="print JSON instead of text")
         if name == "apply":
             cmd.add_argument("--merge", action="store_true", help="three-way merge")
     _mcp_parser(sub)
     demo = sub.add_parser("demo", help="a sandbox on the bundled example repository")
     demo.add_argument("--runtime", choices=["runc", "runsc"], default="runc")
-    demo.add_argument("--json", action="store_true")
+    demo.add_argument("--json", action="store_true", help="print JSON instead of text")
     _serve_parser(sub)
     _add_output_options(parser)
     return parser
@@ -142,7 +159,7 @@ def _serve_parser(sub: Any) -> None:
     serve.add_argument("--config", help="host configuration with a [service] table")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8765)
-    serve.add_argument("--json", action="store_true")
+    serve.add_argument("--json", action="store_true", help="print JSON instead of text")
     _remote_parser(sub)
 
 
@@ -159,9 +176,22 @@ def _mcp_parser(sub: Any) -> None:
     )
     mcp.add_argument("--repo", help="the repository (default: the one the current folder is in)")
     mcp.add_argument("--task", help="the task file (default: the configured checks and limits)")
-    mcp.add_argument("--include-local-changes", action="store_true")
-    mcp.add_argument("--trust-repo-config", action="store_true")
-    mcp.add_argument("--runtime", choices=["runc", "runsc"], default=None)
+    mcp.add_argument(
+        "--include-local-changes",
+        action="store_true",
+        help="include uncommitted changes in the baseline (else a dirty tree is refused)",
+    )
+    mcp.add_argument(
+        "--trust-repo-config",
+        action="store_true",
+        help="also read the checks the repository suggests in .patchbox/checks.json",
+    )
+    mcp.add_argument(
+        "--runtime",
+        choices=["runc", "runsc"],
+        default=None,
+        help="the container runtime (default: the host configuration's, else runc)",
+    )
     mcp.add_argument("--config", help="host configuration (default $PATCHBOX_HOME/config.toml)")
     mcp.add_argument(
         "--http", type=int, metavar="PORT", help="Streamable HTTP on 127.0.0.1:PORT, not stdio"
@@ -183,13 +213,17 @@ def _env_parsers(sub: Any) -> None:
     env_build.add_argument(
         "--repo", help="the repository its inputs come from (default: the current folder's)"
     )
-    env_build.add_argument("--include-local-changes", action="store_true")
+    env_build.add_argument(
+        "--include-local-changes",
+        action="store_true",
+        help="include uncommitted changes in the baseline (else a dirty tree is refused)",
+    )
     env_build.add_argument("--config", help="host configuration")
-    env_build.add_argument("--json", action="store_true")
+    env_build.add_argument("--json", action="store_true", help="print JSON instead of text")
     env_list = env_sub.add_parser("list", help="environment images on this Docker host")
-    env_list.add_argument("--json", action="store_true")
+    env_list.add_argument("--json", action="store_true", help="print JSON instead of text")
     env_show = env_sub.add_parser("show", help="one environment image")
     env_show.add_argument("id", help="its id, tag or key")
-    env_show.add_argument("--json", action="store_true")
+    env_show.add_argument("--json", action="store_true", help="print JSON instead of text")
     env_prune = env_sub.add_parser("prune", help="remove environment images no container uses")
-    env_prune.add_argument("--json", action="store_true")
+    env_prune.add_argument("--json", action="store_true", help="print JSON instead of text")
