@@ -32,7 +32,7 @@ from controller.errors import CancelledError, ErrorCode, PatchboxError, UsageErr
 from controller.jobs.engine import Job, JobRequest
 from controller.jobs.records import JobRecord
 from controller.providers.base import ModelTurn, ToolCall, ToolResult, check_results
-from controller.tools.executor import ToolErrorInfo
+from controller.tools.outcome import ToolErrorInfo
 from controller.tools.watch import CheckLine
 
 if TYPE_CHECKING:

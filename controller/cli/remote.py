@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import shlex
-import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 
 from controller.cli.remote_args import SERVER_VARIABLE, TOKEN_VARIABLE
+from controller.cli.remote_text import event_texts, job_outcome, summary, write_line
 from controller.errormap import describe_validation
 from controller.errors import (
     ApplyConflictError,
@@ -42,13 +42,12 @@ from controller.errors import (
     ServiceError,
     ServiceUsageError,
     UsageError,
-    exit_code_for_error,
 )
 from controller.text import flag_text, hidden_characters, visible
 
 if TYPE_CHECKING:
-    from controller.client import Event, ServiceClient
-    from controller.remoteviews import RemoteJob, Uploaded
+    from controller.client import ServiceClient
+    from controller.remoteviews import Uploaded
 
 Outcome = tuple[int, Mapping[str, object] | None, str]
 Progress = Callable[[str], None]
@@ -56,7 +55,6 @@ Progress = Callable[[str], None]
 MAX_INPUT_BYTES = 1024 * 1024
 MAX_TOKEN_FILE_BYTES = 4096
 MAX_ALLOW_PATH = 4096
-ENDED_OK = frozenset({"awaiting_review", "applied"})
 
 
 # -- the connection --------------------------------------------------------------------------
@@ -146,11 +144,11 @@ def _submit(client: ServiceClient, args: argparse.Namespace, progress: Progress)
         text = f"job {job_id}: {accepted.get('status')}\nnext: patchbox remote events {job_id}"
         return ExitCode.OK, accepted, text
     for event in client.events(job_id):
-        for text in _event_texts(event):
+        for text in event_texts(event):
             progress(text)
     view = client.job(job_id)
     no_change_ok = bool(getattr(args, "no_change_ok", False))
-    return _job_outcome(view, no_change_ok=no_change_ok), view, _summary(view)
+    return job_outcome(view, no_change_ok=no_change_ok), view, summary(view)
 
 
 def upload_head(client: ServiceClient, repo: Path, progress: Progress) -> Uploaded:
@@ -194,9 +192,9 @@ def _jobs(client: ServiceClient, _args: argparse.Namespace, _progress: Progress)
 def _show(client: ServiceClient, args: argparse.Namespace, _progress: Progress) -> Outcome:
     view = client.job(args.job)
     if not getattr(args, "diff", False):
-        return ExitCode.OK, view, _summary(view)
+        return ExitCode.OK, view, summary(view)
     diff = _download_diff(client, args.job)
-    text = _summary(view) + ("\n" + diff.rstrip("\n") if diff.strip() else "\nno diff")
+    text = summary(view) + ("\n" + diff.rstrip("\n") if diff.strip() else "\nno diff")
     # the service's own flags are its word: the diff as downloaded is flagged here
     from controller.changes.rules import control_lines
 
@@ -229,10 +227,10 @@ def _events(client: ServiceClient, args: argparse.Namespace, _progress: Progress
     for event in client.events(args.job, last_event_id=args.last_event_id):
         if args.json:  # ASCII: every control or non-ASCII character is a \u escape
             line = json.dumps({"id": event.id, "type": event.type, "data": event.data})
-            _write_line(line)
+            write_line(line)
             continue
-        for text in _event_texts(event):
-            _write_line(visible(f"{event.id} {text}"))
+        for text in event_texts(event):
+            write_line(visible(f"{event.id} {text}"))
     return ExitCode.OK, None, ""
 
 
@@ -438,135 +436,3 @@ def _apply_here(
         "\nthe service still lists the job awaiting review: patchbox remote discard " + args.job
     )
     return ExitCode.OK, data, text
-
-
-# -- text ---------------------------------------------------------------------------------
-
-
-def _write_line(line: str) -> None:
-    try:
-        sys.stdout.write(line + "\n")
-        sys.stdout.flush()
-    except OSError:
-        pass
-
-
-def _event_texts(event: Event) -> list[str]:
-    """An event in words: one line each, a ``check_output`` event one per output line."""
-    data = event.data
-    lines = data.get("lines")
-    if event.type == "check_output" and isinstance(lines, list):
-        head = f"check_output {data.get('check_id')}"
-        dropped = data.get("dropped")
-        out = [f"{head}: ({dropped} lines not kept)"] if dropped else []
-        return out + [f"{head}: {line}" for line in lines]
-    return [_event_text(event)]
-
-
-def _event_text(event: Event) -> str:
-    data = event.data
-    if event.type == "state":
-        extra = f" ({data['reason']})" if data.get("reason") else ""
-        error = data.get("error")
-        if isinstance(error, dict):
-            extra += f" {error.get('code')}: {error.get('message')}"
-        return f"state {data.get('state')}{extra}"
-    if event.type == "tool_call":
-        outcome = data.get("verdict") or ("ok" if data.get("ok") else data.get("error_code"))
-        return f"tool_call turn {data.get('turn')} {data.get('id')} {data.get('name')}: {outcome}"
-    if event.type == "check":
-        return f"check {data.get('id')}: {data.get('status')} ({data.get('duration_ms')} ms)"
-    return f"{event.type} {json.dumps(data, sort_keys=True)}"
-
-
-def _job_outcome(view: RemoteJob, *, no_change_ok: bool = False) -> int:
-    """The exit status of a job that ended, as ``patchbox run``'s (``no_change`` is 0 with
-    ``no_change_ok``, as ``run --no-change-ok`` says)."""
-    if view.get("status") in ENDED_OK:
-        return ExitCode.OK
-    if no_change_ok and view.get("status") == "no_change":
-        return ExitCode.OK
-    error = view.get("error") or {}
-    return exit_code_for_error(str(error.get("code", "")) if isinstance(error, dict) else "")
-
-
-def _network_lines(checks: object) -> list[str]:
-    """The network section of a job view: each request its checks made through the job's
-    proxy (none for a job whose checks declare no ``egress``)."""
-    lines: list[str] = []
-    for c in checks if isinstance(checks, list) else []:
-        requests = c.get("network") if isinstance(c, dict) else None
-        if not isinstance(requests, list):
-            continue
-        if not requests:
-            lines.append(f"  check {c.get('id')}: no request")
-        for r in requests:
-            if not isinstance(r, dict):
-                continue
-            verdict = "allowed" if r.get("allowed") is True else f"refused ({r.get('reason')})"
-            address = f" [{r.get('address')}]" if r.get("address") else ""
-            lines.append(
-                f"  check {c.get('id')}: {r.get('host')}:{r.get('port')}{address} {verdict}, "
-                f"status {r.get('status')}, {r.get('bytes_out')} B out, {r.get('bytes_in')} B in"
-            )
-    return ["network (through the job's proxy):", *lines] if lines else []
-
-
-def _summary(view: RemoteJob) -> str:
-    lines = [f"job {view.get('job_id')}: {view.get('status')}"]
-    error = view.get("error")
-    if isinstance(error, dict):
-        lines.append(f"error {error.get('code')}: {error.get('message')}")
-    bundle = view.get("bundle")
-    if isinstance(bundle, dict):
-        lines.append(f"  on bundle {bundle.get('id')} (HEAD {bundle.get('head')})")
-    lines += [
-        f"  {f.get('change', ''):<7} {f.get('path')} (+{f.get('added')} -{f.get('removed')})"
-        for f in view.get("files") or []
-    ]
-    flags = view.get("control_characters")
-    lines += flag_text(f for f in flags if isinstance(f, dict)) if isinstance(flags, list) else []
-    lines += [
-        f"  check {c.get('id')} before the change: {c.get('status')} "
-        f"(exit {c.get('exit_code')}, {c.get('duration_ms')} ms)"
-        + (f": {c.get('reason')}" if c.get("reason") else "")
-        for c in _dicts(view.get("baseline_checks"))
-    ]
-    lines += [
-        f"  check {c.get('id')}: {c.get('status')} "
-        f"(exit {c.get('exit_code')}, {c.get('duration_ms')} ms)"
-        for c in view.get("checks") or []
-    ]
-    lines += _table_lines(view.get("decision"))
-    lines += _network_lines(view.get("checks"))
-    lines += [
-        f"  turn {t.get('turn')} {t.get('id')} {t.get('name')}: {t.get('error_code')}"
-        for t in view.get("tool_calls") or []
-        if not t.get("ok")
-    ]
-    decision = view.get("decision")
-    if isinstance(decision, dict) and decision.get("reason") and view.get("status") in ENDED_OK:
-        lines.append(f"decision: {decision.get('reason')}")
-    if view.get("status") == "awaiting_review":
-        job = view.get("job_id")
-        lines.append(f"review: patchbox remote show {job} --diff; then patchbox remote apply {job}")
-    return "\n".join(lines)
-
-
-def _dicts(value: object) -> list[dict[str, object]]:
-    """The objects of a list the service sent (anything else in it skipped)."""
-    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
-
-
-def _table_lines(decision: object) -> list[str]:
-    """The before/after table of the required checks, as ``show`` prints it."""
-    from controller.jobs.summary import CHANGE_WORDS
-
-    rows = _dicts(decision.get("check_changes")) if isinstance(decision, dict) else []
-    if not rows:
-        return []
-    return ["checks before -> after the change:"] + [
-        f"  {r.get('id')}: {CHANGE_WORDS.get(str(r.get('change')), str(r.get('change')))} "
-        f"({r.get('before')} -> {r.get('after')})"
-        for r in rows
-    ]

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
     from controller.config.limits import Limits
     from controller.providers.base import ModelTurn, Provider, ToolCall
-    from controller.tools.executor import ResultFields, ToolOutcome
+    from controller.tools.outcome import ResultFields, ToolOutcome
 
 MAX_RESULT_BYTES = 64 * 1024 * 1024
 """Tool-result bytes sent back to the model over a whole job."""

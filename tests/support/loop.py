@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.errors import SandboxError
-from controller.tools.executor import ToolOutcome
+from controller.tools.outcome import ToolOutcome
 
 
 @dataclass

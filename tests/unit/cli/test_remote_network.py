@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import cast
 
-from controller.cli.remote import _network_lines, _summary
+from controller.cli.remote_text import job_outcome, network_lines, summary
 from controller.remoteviews import RemoteJob
 
 ALLOWED = {
@@ -47,7 +47,7 @@ def test_each_request_of_a_check_is_shown() -> None:
         _check("quiet", network=[]),
         _check("offline"),
     ]
-    lines = _summary(_view(checks)).splitlines()
+    lines = summary(_view(checks)).splitlines()
     start = lines.index("network (through the job's proxy):")
     first = "  check tests: files.example.com:443 [203.0.113.7] allowed, status 200, "
     second = "  check tests: other.example.com:443 refused (not_allowed), status 403, "
@@ -59,7 +59,7 @@ def test_each_request_of_a_check_is_shown() -> None:
 
 
 def test_no_network_no_section_and_hostile_shapes_are_skipped() -> None:
-    assert "network" not in _summary(_view([_check("t")]))
+    assert "network" not in summary(_view([_check("t")]))
     hostile: list[object] = [
         [_check("t", network="nope")],
         [_check("t", network=[1, None, "x"])],
@@ -68,20 +68,19 @@ def test_no_network_no_section_and_hostile_shapes_are_skipped() -> None:
         None,
     ]
     for checks in hostile:
-        assert _network_lines(checks) == []
+        assert network_lines(checks) == []
 
 
 def test_a_waited_job_that_made_no_change_exits_as_run_does() -> None:
     """``remote submit --wait``: 5 for ``no_change``, 0 with ``--no-change-ok``; the flag
     changes nothing else."""
     from controller.cli.parser import build_parser
-    from controller.cli.remote import _job_outcome
 
     none = cast("RemoteJob", {"status": "no_change", "error": {"code": "NO_CHANGE"}})
     failed = cast("RemoteJob", {"status": "failed", "error": {"code": "CHECK_FAILED"}})
-    assert _job_outcome(none) == 5
-    assert _job_outcome(none, no_change_ok=True) == 0
-    assert _job_outcome(failed, no_change_ok=True) == _job_outcome(failed) != 0
+    assert job_outcome(none) == 5
+    assert job_outcome(none, no_change_ok=True) == 0
+    assert job_outcome(failed, no_change_ok=True) == job_outcome(failed) != 0
     args = build_parser().parse_args(
         ["remote", "submit", "--repo", ".", "--task", "t.json", "--wait", "--no-change-ok"]
     )
@@ -110,7 +109,7 @@ def test_remote_show_prints_the_checks_before_the_change_and_the_table() -> None
             },
         },
     )
-    text = _summary(view).splitlines()
+    text = summary(view).splitlines()
     assert "  check tests before the change: failed (exit 1, 40 ms)" in text
     assert text[text.index("checks before -> after the change:") + 1] == (
         "  tests: fixed (failed -> passed)"
