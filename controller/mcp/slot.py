@@ -19,24 +19,23 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 
 import mcp_types as types
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 
 from controller import api
-from controller.api.views import CheckView, FileView, error_view
+from controller.api.views import error_view
 from controller.errorinfo import ErrorInfo
 from controller.errormap import describe_validation
 from controller.errors import ErrorCode, PatchboxError, UsageError
 from controller.jobs.loop import FINAL_MESSAGE_CHARS
-from controller.jobs.records import Decision
 from controller.logs import Scrubber, write_line
 from controller.mcp.hints import hint_data
+from controller.mcp.proposal import ProposalView
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     import docker
 
-    from controller.api.session import Proposal
     from controller.config.host import HostConfig
     from controller.config.task import TaskSpec
     from controller.sandbox.base import Runtime
@@ -477,42 +476,3 @@ class Sessions:
             return 0
         failures = [s.failure for s in slots if s.failure is not None]
         return int(exit_code_for_error(str(failures[-1].code))) if failures else 0
-
-
-class ProposalView(BaseModel):
-    """What ``propose`` answers: the job's view (its id, status, diff, files, checks, error
-    and decision), the commands that look at it and apply it on the host, and why an auto
-    mode stopped for review."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    job_id: str
-    status: str
-    diff: str
-    files: list[FileView]
-    checks: list[CheckView]
-    error: ErrorInfo | None
-    decision: Decision | None
-    apply: str | None
-    show: str
-    review_fallback: str | None = Field(default=None, exclude_if=lambda v: v is None)
-    note: str | None = Field(default=None, exclude_if=lambda v: v is None)
-    """Set when the idle timeout had proposed the job before ``propose`` was called."""
-    next: str = "the next tool call starts a new job on the repository's current state"
-
-    @classmethod
-    def of(cls, proposal: Proposal, note: str | None = None) -> ProposalView:
-        view, job_id = proposal.view, proposal.job_id
-        return cls(
-            job_id=view.job_id,
-            status=view.status,
-            diff=view.diff,
-            files=view.files,
-            checks=view.checks,
-            error=view.error,
-            decision=view.decision,
-            apply=f"patchbox apply {job_id}" if proposal.status == "awaiting_review" else None,
-            show=f"patchbox show {job_id} --diff",
-            review_fallback=view.review_fallback,
-            note=note,
-        )

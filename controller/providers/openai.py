@@ -31,11 +31,7 @@ code token; never a response body or the API key.
 
 from __future__ import annotations
 
-import functools
 import json
-import os
-import socket
-import ssl
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -61,6 +57,7 @@ from controller.providers.base import (
 )
 from controller.providers.config import ProviderConfig
 from controller.providers.replies import Reply, ends_early, error_code, retry_after_seconds
+from controller.providers.transport import AbortedError, Request, tls_context
 from controller.text import strip_control
 from controller.tools.schemas import ToolSchema, checks_text, tool_schemas
 from controller.version import version
@@ -87,65 +84,6 @@ SYSTEM_PROMPT = (
 TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 MAX_ERROR_BODY_BYTES = 64 * 1024
 """How much of a refusal is read, to find the server's error code."""
-
-
-class _AbortedError(Exception):
-    """Raised in the worker after the waiting side gave up on the request."""
-
-
-class _Request:
-    """One HTTP request in flight: its sockets, its outcome, and who is waiting for it."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._sockets: list[socket.socket] = []
-        self.aborted = False
-        self.wake = threading.Event()
-        self.reply: tuple[int, httpx.Headers, bytes] | None = None
-        self.error: BaseException | None = None
-
-    def trace(self, name: str, info: Mapping[str, object]) -> None:
-        if name not in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
-            return
-        stream = info.get("return_value")
-        sock = getattr(stream, "get_extra_info", lambda _: None)("socket")
-        if not isinstance(sock, socket.socket):
-            return
-        with self._lock:
-            self._sockets.append(sock)
-            aborted = self.aborted
-        if aborted:
-            _shut(sock)
-
-    def abort(self) -> None:
-        """Shuts every socket of the request down; a blocked read in the worker returns."""
-        with self._lock:
-            self.aborted = True
-            sockets = list(self._sockets)
-        for sock in sockets:
-            _shut(sock)
-        self.wake.set()
-
-    def finish(self) -> None:
-        self.wake.set()
-
-
-def _shut(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-
-
-@functools.cache
-def _tls_context(trust_env: bool, _cafile: str | None, _capath: str | None) -> ssl.SSLContext:
-    # Keyed on the variables httpx reads, so a changed environment gets a new context.
-    return httpx.create_ssl_context(trust_env=trust_env)
-
-
-def tls_context(trust_env: bool) -> ssl.SSLContext:
-    """httpx's default verifying context, made once per CA setting (loading CAs is slow)."""
-    return _tls_context(trust_env, os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
 
 
 class OpenAIProvider(ABC, Generic[Item]):
@@ -182,7 +120,7 @@ class OpenAIProvider(ABC, Generic[Item]):
         )
         self._lock = threading.Lock()
         self._cancelled = threading.Event()
-        self._inflight: _Request | None = None
+        self._inflight: Request | None = None
         self._closed = False
         self._ended = False
         self._last: ModelTurn | None = None
@@ -397,7 +335,7 @@ class OpenAIProvider(ABC, Generic[Item]):
 
     def _exchange(self, payload: bytes) -> tuple[int, httpx.Headers, bytes]:
         """Runs one request on a worker thread and waits for it, for cancel or the deadline."""
-        request = _Request()
+        request = Request()
         with self._lock:
             if self._cancelled.is_set():
                 raise CancelledError("the model request was cancelled")
@@ -440,7 +378,7 @@ class OpenAIProvider(ABC, Generic[Item]):
             return self._fail(mapped.message)
         return self._fail(f"request failed ({type(error).__name__})")
 
-    def _run(self, request: _Request, payload: bytes) -> None:
+    def _run(self, request: Request, payload: bytes) -> None:
         try:
             outgoing = self._client.build_request(
                 "POST",
@@ -460,7 +398,7 @@ class OpenAIProvider(ABC, Generic[Item]):
         finally:
             request.finish()
 
-    def _read(self, request: _Request, response: httpx.Response) -> bytes:
+    def _read(self, request: Request, response: httpx.Response) -> bytes:
         ok = response.status_code == 200
         limit = self._config.max_response_bytes if ok else MAX_ERROR_BODY_BYTES
         encoding = response.headers.get("content-encoding", "identity").strip().lower()
@@ -477,7 +415,7 @@ class OpenAIProvider(ABC, Generic[Item]):
         except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
             # The connection closed (or was reset) before the announced end of the body.
             if request.aborted:
-                raise _AbortedError from exc
+                raise AbortedError from exc
             if not ok:
                 return b"".join(chunks)  # a refusal's status says enough; its code may be lost
             media = response.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -489,14 +427,14 @@ class OpenAIProvider(ABC, Generic[Item]):
         return b"".join(chunks)
 
     def _read_into(
-        self, chunks: list[bytes], request: _Request, response: httpx.Response, limit: int
+        self, chunks: list[bytes], request: Request, response: httpx.Response, limit: int
     ) -> None:
         """Appends the body's chunks to ``chunks``, up to ``limit`` bytes (more is an error
         for an answer; a refusal's body is cut there)."""
         size = 0
         for chunk in response.iter_raw():
             if request.aborted:
-                raise _AbortedError
+                raise AbortedError
             size += len(chunk)
             if size > limit:
                 if response.status_code == 200:
