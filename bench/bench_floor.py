@@ -90,7 +90,7 @@ def measure_floor(args: argparse.Namespace, scratch: Path) -> dict[str, list[flo
     from controller.config.host import HostConfig
     from controller.config.limits import Limits
     from controller.config.task import TaskSpec
-    from controller.jobs.records import JobStore
+    from controller.jobs.store import JobStore
     from controller.sandbox.base import SandboxSpec
     from controller.sandbox.docker import DockerSandbox
     from controller.sandbox.dockerclient import connect

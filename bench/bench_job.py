@@ -32,7 +32,7 @@ from controller.cli.demo.run import CALLS, TASK, make_demo_repo
 from controller.config.host import HostConfig
 from controller.config.task import TaskSpec
 from controller.jobs.engine import Job, JobRequest
-from controller.jobs.records import JobStore
+from controller.jobs.store import JobStore
 from controller.providers import ScriptedProvider, parse_calls
 from controller.sandbox.base import Runtime
 from controller.sandbox.dockerclient import connect

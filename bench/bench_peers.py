@@ -535,7 +535,7 @@ class Bench:
         """``read_file`` on both sides, and for context the same read on a bare sandbox
         (no engine turn) and the channel's floor (``cancel`` of nothing), rotating."""
         from controller.config.limits import Limits
-        from controller.jobs.records import JobStore
+        from controller.jobs.store import JobStore
         from controller.sandbox.base import SandboxSpec
         from controller.sandbox.docker import DockerSandbox
         from controller.sandbox.labels import JOB, current_identity

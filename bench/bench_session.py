@@ -101,7 +101,7 @@ class Meter:
 
     def __init__(self, run: Run, measured: str, unsaved: str) -> None:
         from controller.jobs.log import RecordLog
-        from controller.jobs.records import JobStore
+        from controller.jobs.store import JobStore
 
         self.run, self.measured, self.unsaved = run, measured, unsaved
         self.turn: Callable[..., Any] = JobStore.save_turn
@@ -109,7 +109,8 @@ class Meter:
 
     def __enter__(self) -> Meter:
         from controller.jobs.log import RecordLog, Saved
-        from controller.jobs.records import JobRecord, JobStore
+        from controller.jobs.records import JobRecord
+        from controller.jobs.store import JobStore
 
         turn, write, run = self.turn, self.write, self.run
 
@@ -134,7 +135,7 @@ class Meter:
 
     def __exit__(self, *_exc: object) -> None:
         from controller.jobs.log import RecordLog
-        from controller.jobs.records import JobStore
+        from controller.jobs.store import JobStore
 
         setattr(JobStore, "save_turn", self.turn)  # noqa: B010
         setattr(RecordLog, "write", self.write)  # noqa: B010
@@ -181,7 +182,8 @@ def measure(args: argparse.Namespace, scratch: Path) -> Run:
     from controller.config.host import HostConfig
     from controller.config.task import TaskSpec
     from controller.jobs.log import LOG_FILE
-    from controller.jobs.records import JobStore, TranscriptTurn
+    from controller.jobs.records import TranscriptTurn
+    from controller.jobs.store import JobStore
     from controller.sandbox.docker import DockerSandbox
     from controller.sandbox.dockerclient import connect
     from controller.sandbox.labels import current_identity

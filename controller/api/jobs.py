@@ -28,17 +28,9 @@ from controller.config.task import TaskSpec
 from controller.errors import ApplyConflictError, NotReadyError, PatchboxError, UsageError
 from controller.jobs.engine import Job, JobRequest
 from controller.jobs.evidence import write_evidence
-from controller.jobs.records import (
-    ACTIVE,
-    Decision,
-    FileChange,
-    JobRecord,
-    JobStore,
-    is_orphaned,
-    mark_interrupted,
-    write_lock,
-)
+from controller.jobs.records import ACTIVE, Decision, FileChange, JobRecord
 from controller.jobs.settle import held, settled
+from controller.jobs.store import JobStore, is_orphaned, mark_interrupted, write_lock
 from controller.paths import patchbox_home
 from controller.providers import ScriptedProvider, configured_provider, open_provider
 from controller.repo.baseline import commit_baseline

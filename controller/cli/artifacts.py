@@ -34,7 +34,8 @@ from controller.text import HIDDEN
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from controller.jobs.records import JobRecord, JobStore
+    from controller.jobs.records import JobRecord
+    from controller.jobs.store import JobStore
 
 AUTHOR = "patchbox <patchbox@localhost>"
 SUBJECT_CHARS = 72

@@ -20,12 +20,8 @@ from controller.errors import (
     exit_code_for_error,
 )
 from controller.jobs.evidence import relative_to_home
-from controller.jobs.records import (
-    FINAL,
-    JobRecord,
-    JobState,
-    JobStore,
-)
+from controller.jobs.records import FINAL, JobRecord, JobState
+from controller.jobs.store import JobStore
 from controller.jobs.summary import summary_text, transcript_text
 from controller.logs import Scrubber
 from controller.signals import cancel_on_signals

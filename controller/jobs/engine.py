@@ -54,11 +54,10 @@ from controller.jobs.records import (
     FileChange,
     JobRecord,
     JobState,
-    JobStore,
     requests_of,
-    write_lock,
 )
 from controller.jobs.required import refused_by_proxy, run_required_checks
+from controller.jobs.store import JobStore, write_lock
 from controller.providers.base import ChecksAware, Provider
 from controller.repo.baseline import Baseline
 from controller.repo.layout import locate

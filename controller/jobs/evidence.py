@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from controller.jobs.log import write_atomic
-from controller.jobs.records import CheckChange, JobRecord, JobStore
+from controller.jobs.records import CheckChange, JobRecord
 from controller.jobs.report import report
+from controller.jobs.store import JobStore
 from controller.logs import Scrubber
 from controller.paths import patchbox_home
 

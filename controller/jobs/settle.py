@@ -32,15 +32,8 @@ import structlog
 from controller.changes.journal import Journal, Phase, check_job_id
 from controller.changes.recovery import recover_job
 from controller.errors import PatchboxError
-from controller.jobs.records import (
-    ACTIVE,
-    TRANSITIONS,
-    Decision,
-    JobRecord,
-    JobState,
-    JobStore,
-    is_orphaned,
-)
+from controller.jobs.records import ACTIVE, TRANSITIONS, Decision, JobRecord, JobState
+from controller.jobs.store import JobStore, is_orphaned
 
 if TYPE_CHECKING:
     from controller.changes.journal import Recorded

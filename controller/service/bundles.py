@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from controller.errors import ErrorCode, GitError, PatchboxError
-from controller.jobs.records import repo_key
+from controller.jobs.store import repo_key
 from controller.repo.git import GitContext, git_argv, run_git
 from controller.repo.private import NEUTRAL_ATTRIBUTES
 from controller.service.store import PENDING_STATES, ServiceStore

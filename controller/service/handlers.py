@@ -25,7 +25,7 @@ from controller.api.views import ApplyView, BundleRef, DiscardView, RevertView, 
 from controller.config.host import HostConfig
 from controller.config.task import TaskSpec
 from controller.errors import ErrorCode, PatchboxError
-from controller.jobs.records import JobStore
+from controller.jobs.store import JobStore
 from controller.providers.base import MAX_JSON_DEPTH
 from controller.providers.scripted import CallsFile, parse_calls
 from controller.repo.pin import RepoPin

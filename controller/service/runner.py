@@ -26,7 +26,8 @@ import structlog
 
 from controller import api
 from controller.errors import ErrorCode
-from controller.jobs.records import CheckResult, JobRecord, JobStore, ToolCallRecord
+from controller.jobs.records import CheckResult, JobRecord, ToolCallRecord
+from controller.jobs.store import JobStore
 from controller.logs import Scrubber
 from controller.repo.pin import Confinement, RepoPin, pin_repo
 from controller.service.bundles import checkout, remove_clone, sweep

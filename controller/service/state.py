@@ -15,8 +15,8 @@ from controller.api.views import BundleRef, JobView, job_diff, job_view
 from controller.errorinfo import ErrorInfo
 from controller.errors import ErrorCode, PatchboxError, ServiceError
 from controller.jobs.evidence import relative_to_home
-from controller.jobs.records import JobStore
 from controller.jobs.settle import settled
+from controller.jobs.store import JobStore
 from controller.logs import Scrubber
 from controller.repo.pin import RepoPin, pin_repo
 from controller.service.bundles import BUNDLE_ID, clone_path

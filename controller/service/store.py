@@ -1,6 +1,6 @@
 """The service's state: its jobs and their events, behind :class:`ServiceStore`.
 
-The job's own record stays in the engine's :class:`controller.jobs.records.JobStore`; the
+The job's own record stays in the engine's :class:`controller.jobs.store.JobStore`; the
 service keeps who asked for it (the tenant), its request and its state as the service sees
 it (``queued``, then the engine's states), the events a client streams, and the git bundles
 tenants uploaded. The service's job id is the engine's.

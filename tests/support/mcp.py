@@ -13,7 +13,8 @@ from typing import Any
 
 from mcp.client.stdio import StdioServerParameters
 
-from controller.jobs.records import JobRecord, JobStore
+from controller.jobs.records import JobRecord
+from controller.jobs.store import JobStore
 from controller.tools.schemas import tool_schemas
 from tests.support.jobs import GREET
 from tests.support.paths import REPO_ROOT

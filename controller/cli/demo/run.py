@@ -18,7 +18,7 @@ from typing import TypedDict
 from controller import api
 from controller.config.host import HostConfig
 from controller.jobs.evidence import relative_to_home
-from controller.jobs.records import JobStore
+from controller.jobs.store import JobStore
 from controller.paths import patchbox_home
 from controller.providers import parse_calls
 from controller.repo.git import GitContext, run_git

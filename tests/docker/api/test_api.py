@@ -20,7 +20,7 @@ from controller.api.session import SESSION_PROMPT
 from controller.config.host import HostConfig
 from controller.config.task import TaskSpec
 from controller.errors import ErrorCode, PatchboxError, UsageError
-from controller.jobs.records import JobStore, write_lock
+from controller.jobs.store import JobStore, write_lock
 from tests.support.jobs import APP, APP_AFTER, GREET, containers_of, make_repo
 from tests.support.paths import REPO_ROOT
 

@@ -13,7 +13,7 @@ from controller import api
 from controller.config.host import HostConfig
 from controller.config.task import TaskSpec
 from controller.errors import ErrorCode, PatchboxError
-from controller.jobs.records import JobStore
+from controller.jobs.store import JobStore
 from tests.support.jobs import GREET, containers_of, make_repo
 
 pytestmark = pytest.mark.docker

@@ -36,7 +36,7 @@ import httpx
 import pytest
 
 from controller.changes.journal import FAULT_ENV
-from controller.jobs.records import JobStore
+from controller.jobs.store import JobStore
 from tests.support.cli import ROOT, job_files, patchbox
 from tests.support.jobs import APP, APP_AFTER, EDIT, GREET, call, make_repo
 from tests.support.service import CALLS, TASK, TOKENS, serving, wait_status, write_config

@@ -17,7 +17,7 @@ from typing import Any
 import docker
 import pytest
 
-from controller.jobs.records import JobStore
+from controller.jobs.store import JobStore
 from controller.sandbox.base import Runtime
 from tests.support.cli import job_files
 from tests.support.jobs import check_call, containers_of, make_repo

@@ -18,7 +18,8 @@ from typing import Any
 import docker
 import pytest
 
-from controller.jobs.records import JobRecord, JobStore
+from controller.jobs.records import JobRecord
+from controller.jobs.store import JobStore
 from tests.support.cli import job_files
 from tests.support.jobs import EDIT, GREET, call, check_call, containers_of, make_repo
 from tests.support.paths import REPO_ROOT

@@ -11,7 +11,7 @@ import docker
 import pytest
 
 from controller.cli import main as cli
-from controller.jobs.records import JobStore
+from controller.jobs.store import JobStore
 from controller.sandbox.labels import JOB
 from tests.support.cli import job_files
 from tests.support.faults import SECRET, boom, crash_report

@@ -11,7 +11,7 @@ from typing import Any
 import docker
 import pytest
 
-from controller.jobs.records import JobStore
+from controller.jobs.store import JobStore
 from controller.paths import patchbox_home
 from tests.support.cli import patchbox
 from tests.support.git import git

@@ -18,7 +18,7 @@ from controller.errors import (
     ExitCode,
     ServiceError,
 )
-from controller.jobs.records import repo_key
+from controller.jobs.store import repo_key
 from controller.paths import patchbox_home
 from tests.support.cli import patchbox
 from tests.support.git import init

@@ -17,7 +17,7 @@ from typing import Any
 import docker
 import pytest
 
-from controller.jobs.records import JobStore
+from controller.jobs.store import JobStore
 from tests.support.jobs import FILES, README, call, make_repo
 from tests.support.terminal import (
     ATTACKS,

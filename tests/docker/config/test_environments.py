@@ -18,7 +18,7 @@ import docker.errors
 import pytest
 
 from controller.config.environment import MAX_INPUT_FILES
-from controller.jobs.records import JobStore
+from controller.jobs.store import JobStore
 from controller.sandbox import environment as envmod
 from controller.sandbox.environment import (
     LABEL_KEY,

@@ -13,7 +13,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from controller.jobs.records import JobStore
+from controller.jobs.store import JobStore
 from tests.support.bidi import no_bidi
 from tests.support.cli import patchbox
 from tests.support.jobs import EDIT, GREET, call, check_call, make_repo

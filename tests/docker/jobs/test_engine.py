@@ -23,7 +23,8 @@ from controller.config.task import TaskSpec
 from controller.errors import ErrorCode, InternalError, PatchboxError
 from controller.jobs.decision import GATE_HINTS
 from controller.jobs.engine import Job, JobRequest
-from controller.jobs.records import JobRecord, JobStore, LedgerEntry
+from controller.jobs.records import JobRecord, LedgerEntry
+from controller.jobs.store import JobStore
 from controller.jobs.summary import transcript_text
 from controller.providers import (
     ModelTurn,

@@ -12,7 +12,8 @@ import docker
 import pytest
 
 from controller.jobs.evidence import junit
-from controller.jobs.records import CheckResult, JobRecord, JobStore
+from controller.jobs.records import CheckResult, JobRecord
+from controller.jobs.store import JobStore
 from controller.logs import REDACTED, Scrubber
 from controller.paths import patchbox_home
 from tests.support.cli import patchbox

@@ -21,7 +21,7 @@ import docker
 import docker.errors
 import pytest
 
-from controller.jobs.records import JobStore
+from controller.jobs.store import JobStore
 from controller.sandbox.labels import HOME, JOB, KIND, home_id
 from tests.support.cli import job_files
 from tests.support.jobs import EDIT, GREET, call, check_call, make_repo

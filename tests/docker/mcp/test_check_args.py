@@ -12,7 +12,7 @@ import docker
 from mcp.client.client import Client
 
 from controller.config.task import CheckSpec
-from controller.jobs.records import JobStore
+from controller.jobs.store import JobStore
 from controller.tools.schemas import tool_schemas
 from tests.support.checkargs import (
     AIMED,

@@ -33,7 +33,8 @@ import pytest
 from mcp.client.client import Client
 
 from controller.config.task import CheckSpec
-from controller.jobs.records import JobRecord, JobStore
+from controller.jobs.records import JobRecord
+from controller.jobs.store import JobStore
 from controller.mcp.slot import JOB_STARTED, PROPOSE
 from controller.sandbox.base import Runtime
 from controller.sandbox.docker import ORPHAN_STOP_SECONDS

@@ -12,7 +12,7 @@ import anyio
 import docker
 from mcp.client.client import Client
 
-from controller.jobs.records import JobStore
+from controller.jobs.store import JobStore
 from controller.mcp.slot import PROPOSE
 from tests.support.jobs import containers_of, make_repo
 from tests.support.mcp import TASK, code, data, server_args, stdio

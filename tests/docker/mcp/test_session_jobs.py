@@ -19,7 +19,8 @@ import anyio
 import docker
 from mcp.client.client import Client
 
-from controller.jobs.records import JobRecord, JobStore
+from controller.jobs.records import JobRecord
+from controller.jobs.store import JobStore
 from controller.mcp.slot import JOB_STARTED, PROPOSE
 from tests.support.cli import job_files, patchbox
 from tests.support.git import init

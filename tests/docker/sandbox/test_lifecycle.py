@@ -31,7 +31,8 @@ import docker.errors
 import pytest
 
 from controller.config.limits import Limits
-from controller.jobs.records import JobRecord, JobStore
+from controller.jobs.records import JobRecord
+from controller.jobs.store import JobStore
 from controller.paths import MOUNT_PREFIX, mount_staging_root, owned_temp_dir, patchbox_home
 from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.cache import BaselineCache

@@ -17,7 +17,7 @@ import docker
 import docker.errors
 import pytest
 
-from controller.jobs.records import JobStore
+from controller.jobs.store import JobStore
 from controller.sandbox.environment import LABEL_KEY, LABEL_SPEC
 from controller.sandbox.image import ImageBuilder
 from tests.support.git import Repo, git_env

@@ -12,7 +12,7 @@ from typing import Any
 import docker
 import pytest
 
-from controller.jobs.records import JobStore
+from controller.jobs.store import JobStore
 from tests.support.jobs import APP, APP_AFTER, containers_of, make_repo
 from tests.support.service import (
     CALLS,

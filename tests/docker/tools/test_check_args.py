@@ -13,7 +13,7 @@ import docker
 from controller import api
 from controller.config.host import HostConfig
 from controller.config.task import CheckSpec, TaskSpec
-from controller.jobs.records import JobStore
+from controller.jobs.store import JobStore
 from controller.sandbox.base import Runtime
 from controller.tools.executor import ToolExecutor
 from tests.support.harness import AgentWorkspace

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from controller import api
-from controller.jobs.records import JobStore
+from controller.jobs.store import JobStore
 
 
 def test_a_stored_diff_is_read_back_byte_for_byte(tmp_path: Path) -> None:

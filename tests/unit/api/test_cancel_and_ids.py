@@ -12,7 +12,8 @@ import pytest
 
 from controller import api
 from controller.errors import NotARepositoryError, UsageError
-from controller.jobs.records import JobRecord, JobStore
+from controller.jobs.records import JobRecord
+from controller.jobs.store import JobStore
 from controller.repo.layout import enclosing_top
 from controller.sandbox.labels import current_identity
 from tests.support.jobs import make_repo

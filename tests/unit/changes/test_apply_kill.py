@@ -40,7 +40,8 @@ import pytest
 
 from controller import api
 from controller.changes.journal import FAULT_ENV, Journal
-from controller.jobs.records import JobRecord, JobStore
+from controller.jobs.records import JobRecord
+from controller.jobs.store import JobStore
 from controller.repo.baseline import build_baseline
 from tests.support.cli import ROOT, patchbox
 from tests.support.git import Written, init, make_diff

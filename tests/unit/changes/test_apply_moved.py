@@ -18,7 +18,8 @@ from controller.changes.conflicts import NAMED_LIMIT
 from controller.changes.journal import Journal
 from controller.errorinfo import Hint
 from controller.errors import ApplyConflictError, ErrorCode, RevertConflictError
-from controller.jobs.records import JobRecord, JobStore
+from controller.jobs.records import JobRecord
+from controller.jobs.store import JobStore
 from controller.repo.baseline import Baseline, build_baseline
 from tests.support.cli import patchbox
 from tests.support.git import Repo, init, make_diff

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from controller.errorinfo import ErrorInfo
-from controller.jobs.records import JobRecord, JobStore, TranscriptCall, TranscriptTurn
+from controller.jobs.records import JobRecord, TranscriptCall, TranscriptTurn
+from controller.jobs.store import JobStore
 from tests.support.cli import ROOT, patchbox
 
 DAY = 86400.0

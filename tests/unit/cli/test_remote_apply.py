@@ -32,7 +32,7 @@ from controller.errors import (
     ExitCode,
     ServiceError,
 )
-from controller.jobs.records import JobStore
+from controller.jobs.store import JobStore
 from controller.repo.baseline import build_baseline
 from tests.support.cli import ROOT, patchbox
 from tests.support.git import Repo, init

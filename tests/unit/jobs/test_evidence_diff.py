@@ -9,7 +9,8 @@ from pathlib import Path
 from controller.api.views import job_diff as api_job_diff
 from controller.jobs import settle
 from controller.jobs.evidence import job_diff
-from controller.jobs.records import JobRecord, JobStore
+from controller.jobs.records import JobRecord
+from controller.jobs.store import JobStore
 
 DIFF = (
     b"diff --git a/w.bat b/w.bat\n--- a/w.bat\n+++ b/w.bat\n@@ -1,2 +1,2 @@\n"

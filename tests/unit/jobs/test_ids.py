@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from controller.errors import ErrorCode, PatchboxError, UsageError
-from controller.jobs.records import JobRecord, JobStore, write_lock
+from controller.jobs.records import JobRecord
+from controller.jobs.store import JobStore, write_lock
 
 IDS = [
     "20261201-080000-aaaa1111",

@@ -9,14 +9,8 @@ from pathlib import Path
 import pytest
 
 from controller.errors import ErrorCode, InvalidTransitionError, PatchboxError, UsageError
-from controller.jobs.records import (
-    FINAL,
-    TRANSITIONS,
-    JobRecord,
-    JobStore,
-    check_transition,
-    write_lock,
-)
+from controller.jobs.records import FINAL, TRANSITIONS, JobRecord, check_transition
+from controller.jobs.store import JobStore, write_lock
 
 STATES = list(TRANSITIONS)
 ALLOWED = {

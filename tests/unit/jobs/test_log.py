@@ -17,7 +17,6 @@ from controller.errors import UsageError
 from controller.jobs.junit import TestCase
 from controller.jobs.log import LOG_FILE, RecordLogError
 from controller.jobs.records import (
-    LEGACY_FILE,
     BaselineCheck,
     CheckChange,
     CheckResult,
@@ -26,14 +25,13 @@ from controller.jobs.records import (
     EnvironmentRecord,
     FileChange,
     JobRecord,
-    JobStore,
     LedgerEntry,
     LedgerFile,
     ToolCallRecord,
     TranscriptCall,
     TranscriptTurn,
-    mark_interrupted,
 )
+from controller.jobs.store import LEGACY_FILE, JobStore, mark_interrupted
 from tests.support.paths import DATA
 
 RECORDS_V1 = sorted((DATA / "records_v1").glob("*.json"))

@@ -26,7 +26,7 @@ from controller import api
 from controller.api.session import SESSION_PROMPT
 from controller.config.host import HostConfig
 from controller.config.task import TaskSpec
-from controller.jobs.records import JobStore
+from controller.jobs.store import JobStore
 from controller.mcp.server import PROMPT_URI, SESSIONLESS, build_server, tools
 from controller.mcp.slot import CHECKS_URI, PROPOSE, Options, Sessions, Slot
 from controller.tools.schemas import tool_schemas
