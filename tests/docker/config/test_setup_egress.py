@@ -66,13 +66,15 @@ def _build(
 
 
 def _left(client: docker.DockerClient) -> list[str]:
-    """Proxies, build steps and egress networks of this process's builds still there."""
+    """Setup proxies and their networks still there (a setup's are named
+    ``patchbox-setup-*``; a check's, of other tests, ``patchbox-egress-*``)."""
     containers = client.containers.list(all=True, filters={"label": OWNER_FILTER}, sparse=True)
-    found = [
-        f"container {c.id}" for c in containers if "egress" in str(c.attrs.get("Labels") or {})
-    ]
+    names = [str(c.attrs.get("Names") or c.name or "") for c in containers]
+    found = [f"container {n}" for n in names if "patchbox-setup-" in n]
     networks = client.networks.list(filters={"label": OWNER_FILTER})
-    return found + [f"network {n.name}" for n in networks]
+    return found + [
+        f"network {n.name}" for n in networks if (n.name or "").startswith("patchbox-setup-")
+    ]
 
 
 def _read(client: docker.DockerClient, tag: str, path: str) -> str:
