@@ -31,9 +31,10 @@ from controller.config.network import EgressRule
 from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.docker import DockerSandbox
 from controller.sandbox.dockerclient import connect
-from controller.sandbox.egress import EgressProxy, proxy_image
+from controller.sandbox.egress import EgressProxy
 from controller.sandbox.image import ImageBuilder
 from controller.sandbox.labels import JOB, current_identity, new_job_id
+from controller.sandbox.proxyimage import proxy_image
 
 HOST = "files.bench.test"
 PORT = 8000

@@ -10,20 +10,18 @@ metadata, multicast, unspecified), and logs each request. The allow list is repl
 check through an external ACL helper that re-reads it on change, so squid is never
 reconfigured (a reconfigure closes the listening port while it reloads).
 
-The recipe is ``sandbox-image/proxy``; :func:`proxy_image` builds it once per (base image,
-recipe) and :class:`EgressProxy` runs it.
+The recipe is ``sandbox-image/proxy``; :mod:`controller.sandbox.proxyimage` builds it once
+per (base image, recipe) and :class:`EgressProxy` runs it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
 import docker
 import docker.errors
@@ -32,12 +30,10 @@ from docker.models.networks import Network
 from docker.types import LogConfig
 
 from controller.config.network import EgressRule
-from controller.errors import PatchboxError, SandboxError
-from controller.paths import sandbox_image_dir
-from controller.sandbox.image import ImageBuilder, build_lock
-from controller.sandbox.labels import KIND, OWNER, OWNER_VALUE
+from controller.errors import SandboxError
+from controller.sandbox.labels import KIND
+from controller.sandbox.proxyimage import default_proxy_image
 
-PROXY_REPO = "patchbox-proxy"
 PROXY_PORT = 3128
 PROXY_UID = 13
 """Debian's ``proxy`` user, which squid runs as."""
@@ -149,73 +145,6 @@ def parse_log_line(line: str) -> Connection | None:
         start=start,
         end=start + _number(took_ms) / 1000.0,
     )
-
-
-def recipe_digest(folder: Path) -> str:
-    """Hash of every file of the proxy's recipe folder."""
-    h = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        rel = path.relative_to(folder).as_posix()
-        if "__pycache__" in rel or rel.endswith(".pyc"):
-            continue
-        h.update(rel.encode() + b"\0")
-        h.update(path.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
-def _has_image(client: docker.DockerClient, ref: str) -> bool:
-    try:
-        client.images.get(ref)
-    except docker.errors.ImageNotFound:
-        return False
-    return True
-
-
-def proxy_image(
-    client: docker.DockerClient, base_ref: str, progress: Callable[[str], None] | None = None
-) -> str:
-    """The proxy image's tag, built (once) from ``base_ref`` if missing."""
-    folder = sandbox_image_dir() / "proxy"
-    try:
-        base_id = client.images.get(base_ref).id or ""
-    except docker.errors.ImageNotFound as exc:
-        raise PatchboxError(f"the proxy's base image {base_ref} is missing") from exc
-    digest = hashlib.sha256((base_id + recipe_digest(folder)).encode()).hexdigest()
-    tag = f"{PROXY_REPO}:{digest[:16]}"
-    if _has_image(client, tag):
-        return tag
-    with build_lock():
-        if _has_image(client, tag):
-            return tag
-        if progress is not None:
-            progress(f"building {tag} from {base_ref}")
-        try:
-            client.images.build(
-                path=str(folder),
-                buildargs={"BASE_IMAGE": base_ref},
-                tag=tag,
-                rm=True,
-                forcerm=True,
-                pull=False,
-                labels={OWNER: OWNER_VALUE, KIND: "proxy-image"},
-            )
-        except docker.errors.BuildError as exc:
-            tail = _build_tail(exc.build_log)
-            raise PatchboxError(f"egress proxy image build failed: {exc.msg}{tail}") from exc
-        except docker.errors.APIError as exc:
-            raise PatchboxError(f"egress proxy image build failed: {exc.explanation}") from exc
-    return tag
-
-
-def _build_tail(log: Any) -> str:
-    """The last lines a failed build printed (its reason is usually there)."""
-    lines: list[str] = []
-    with contextlib.suppress(TypeError):
-        for item in log:
-            if isinstance(item, dict) and isinstance(item.get("stream"), str):
-                lines += item["stream"].splitlines()
-    kept = [line for line in lines if line.strip()][-8:]
-    return "\n" + "\n".join(kept) if kept else ""
 
 
 def _subnets(network: Network) -> list[str]:
@@ -416,13 +345,6 @@ class EgressProxy:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def default_proxy_image(client: docker.DockerClient, progress: Callable[[str], None]) -> str:
-    """The proxy image of the default base, built if missing (under the build lock: not to
-    be called while holding it)."""
-    base = ImageBuilder(client, progress).resolve_base(None)[0]
-    return proxy_image(client, base, progress)
 
 
 def start_proxy(  # noqa: PLR0913 - keyword-only settings

@@ -31,7 +31,6 @@ from controller.repo.baseline import Baseline
 from controller.sandbox.egress import (
     Connection,
     EgressProxy,
-    default_proxy_image,
     start_proxy,
 )
 from controller.sandbox.environment import (
@@ -52,6 +51,7 @@ from controller.sandbox.environment import (
 )
 from controller.sandbox.image import ImageBuilder, Progress, build_lock, context_digest
 from controller.sandbox.labels import KIND, OWNER, OWNER_VALUE
+from controller.sandbox.proxyimage import default_proxy_image
 
 PROGRESS_SECONDS = 10.0
 """How often a running build step is named with its elapsed time."""

@@ -13,8 +13,8 @@ from docker.models.containers import Container
 from docker.models.networks import Network
 from docker.types import EndpointConfig, IPAMConfig, IPAMPool
 
-from controller.sandbox.egress import proxy_image
 from controller.sandbox.image import ImageBuilder
+from controller.sandbox.proxyimage import proxy_image
 from tests.support.egress import (
     FILES,
     SERVER,
