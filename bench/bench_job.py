@@ -31,7 +31,8 @@ from common import loadavg, print_table
 from controller.cli.demo.run import CALLS, TASK, make_demo_repo
 from controller.config.host import HostConfig
 from controller.config.task import TaskSpec
-from controller.jobs.engine import Job, JobRequest
+from controller.jobs.engine import Job
+from controller.jobs.request import JobRequest
 from controller.jobs.store import JobStore
 from controller.providers import ScriptedProvider, parse_calls
 from controller.sandbox.base import Runtime

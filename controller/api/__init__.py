@@ -83,10 +83,8 @@ if TYPE_CHECKING:
         load_task,
         task_from,
     )
-    from controller.jobs.engine import (
-        Job,
-        JobRequest,
-    )
+    from controller.jobs.engine import Job
+    from controller.jobs.request import JobRequest
     from controller.tools.watch import CheckLine
 
 _WHERE = {
@@ -129,7 +127,7 @@ _WHERE = {
     "load_task": "controller.config.task",
     "task_from": "controller.config.task",
     "Job": "controller.jobs.engine",
-    "JobRequest": "controller.jobs.engine",
+    "JobRequest": "controller.jobs.request",
     "CheckLine": "controller.tools.watch",
 }
 

@@ -26,9 +26,10 @@ from controller.changes.journal import Journal, fault_point
 from controller.config.host import HostConfig, load_config
 from controller.config.task import TaskSpec
 from controller.errors import ApplyConflictError, NotReadyError, PatchboxError, UsageError
-from controller.jobs.engine import Job, JobRequest
+from controller.jobs.engine import Job
 from controller.jobs.evidence import write_evidence
 from controller.jobs.records import ACTIVE, Decision, FileChange, JobRecord
+from controller.jobs.request import JobRequest
 from controller.jobs.settle import held, settled
 from controller.jobs.store import JobStore, is_orphaned, mark_interrupted, write_lock
 from controller.paths import patchbox_home

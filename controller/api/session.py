@@ -29,8 +29,9 @@ from controller.config.host import HostConfig, load_config
 from controller.config.task import TaskSpec
 from controller.errorinfo import ErrorInfo
 from controller.errors import CancelledError, ErrorCode, PatchboxError, UsageError
-from controller.jobs.engine import Job, JobRequest
+from controller.jobs.engine import Job
 from controller.jobs.records import JobRecord
+from controller.jobs.request import JobRequest
 from controller.providers.base import ModelTurn, ToolCall, ToolResult, check_results
 from controller.tools.outcome import ToolErrorInfo
 from controller.tools.watch import CheckLine

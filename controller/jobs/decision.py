@@ -25,7 +25,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from controller.jobs.baselinechecks import check_changes
-from controller.jobs.records import BaselineCheck, CheckResult, Decision, FileChange
+from controller.jobs.records import BaselineCheck, CheckResult, Decision, FileChange, JobRecord
 from controller.tools.policy import write_denial
 
 
@@ -57,6 +57,32 @@ class DecisionInputs(BaseModel):
     baseline: list[BaselineCheck] = []
     """The required checks as run on the baseline before the model's first turn (empty when
     they were not)."""
+
+    @classmethod
+    def of(  # noqa: PLR0913 - the record, then keyword-only settings
+        cls,
+        record: JobRecord,
+        *,
+        allow_auto: bool,
+        allow_trusted_auto: bool,
+        consent_trusted_auto: bool,
+        baseline_unchanged: bool,
+        apply_denied: str | None,
+    ) -> DecisionInputs:
+        """The inputs of ``record``'s decision (its mode, checks, files, flagged lines and
+        checks before the change) with the operator's and the caller's settings."""
+        return cls(
+            mode=record.mode,
+            allow_auto=allow_auto,
+            allow_trusted_auto=allow_trusted_auto,
+            consent_trusted_auto=consent_trusted_auto,
+            checks=record.checks,
+            files=record.files,
+            baseline_unchanged=baseline_unchanged,
+            apply_denied=apply_denied,
+            control_lines=len(record.control_characters),
+            baseline=record.baseline_checks,
+        )
 
 
 def skips_checks(

@@ -14,61 +14,45 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import docker
 import structlog
 
 from controller.changes.changeset import ChangeSet
 from controller.changes.collect import Collected, collect
-from controller.changes.rules import control_lines
-from controller.changes.validate import validate_changeset
 from controller.config.checks import check_egress, job_checks
-from controller.config.environment import EnvironmentSpec
-from controller.config.host import HostConfig
-from controller.config.network import EgressRule, setup_rules
 from controller.config.task import CheckSpec, TaskSpec
 from controller.crash import internal_error
 from controller.errorinfo import ErrorInfo
 from controller.errors import (
-    ApplyConflictError,
-    EgressUnavailableError,
     ErrorCode,
     InternalError,
     PatchboxError,
 )
 from controller.jobs.baselinechecks import cannot_run_error, run_baseline_checks
-from controller.jobs.decision import DecisionInputs, decide, skips_checks, with_conflict
+from controller.jobs.decision import DecisionInputs, decide, skips_checks
+from controller.jobs.diffstage import apply_decided, record_changeset
 from controller.jobs.evidence import write_evidence
 from controller.jobs.loop import CANCELLED_MESSAGE, ToolLoop, cancelled_error
-from controller.jobs.reconcile import baseline_unchanged, reconcile
+from controller.jobs.periodic import periodically
+from controller.jobs.reconcile import baseline_unchanged
 from controller.jobs.records import (
     ACTIVE,
-    BuiltStep,
-    CheckResult,
-    ControlLine,
-    Decision,
-    EnvironmentRecord,
-    FileChange,
     JobRecord,
     JobState,
-    requests_of,
 )
-from controller.jobs.required import refused_by_proxy, run_required_checks
+from controller.jobs.request import JobRequest, Refusals, new_record, refused
+from controller.jobs.required import check_failed, run_required_checks, skipped_checks
+from controller.jobs.sandboxes import JobSandboxes
 from controller.jobs.store import JobStore, write_lock
-from controller.providers.base import ChecksAware, Provider
+from controller.providers.base import ChecksAware
 from controller.repo.baseline import Baseline
 from controller.repo.layout import locate
-from controller.repo.pin import RepoPin
-from controller.sandbox.base import Runtime, Sandbox, SandboxSpec, WorkClock
+from controller.sandbox.base import Sandbox, SandboxSpec, WorkClock
 from controller.sandbox.cache import BaselineCache
 from controller.sandbox.docker import DockerSandbox
-from controller.sandbox.egress import start_proxy
-from controller.sandbox.envbuild import EnvironmentBuilder, SetupEgress
-from controller.sandbox.image import ImageBuilder
-from controller.sandbox.labels import ControllerIdentity, current_identity, new_job_id
+from controller.sandbox.labels import ControllerIdentity, current_identity
 from controller.sandbox.netgate import NetworkGate
 from controller.sandbox.prepare import Prepared, prepare
 from controller.sandbox.spares import SparePool
@@ -81,48 +65,6 @@ HEARTBEAT_SECONDS = 15.0
 """How long one step may last before a progress line says it still runs."""
 CANCEL_POLL_SECONDS = 0.25
 """How often a running job looks for a cancel asked for from another process."""
-
-Refusals = Literal["record", "raise"]
-"""What :meth:`Job.run` does with a job refused before it started: a failed record, or
-the error raised and no record."""
-REFUSALS = frozenset(
-    {
-        ErrorCode.NOT_A_REPOSITORY,
-        ErrorCode.REPO_BLOCKED,
-        ErrorCode.CONSENT_REQUIRED,
-        ErrorCode.JOB_ALREADY_RUNNING,
-    }
-)
-"""The refusals of a job that are the requester's to fix, before anything of it ran."""
-
-
-@dataclass
-class JobRequest:
-    """What the operator asked for; all of it trusted."""
-
-    repo: Path
-    task: TaskSpec
-    provider: Provider
-    config: HostConfig = field(default_factory=HostConfig)
-    include_local_changes: bool = False
-    trust_repo_config: bool = False
-    consent_trusted_auto: bool = False
-    runtime: Runtime | None = None
-    secrets: tuple[str, ...] = ()
-    """Values that must appear nowhere (the provider key): scrubbed from the evidence."""
-    pin: RepoPin | None = None
-    """A service job's repository, held to the folder its tenant submitted: verified before
-    anything of it is read and again once the baseline is frozen (or its build failed),
-    and an ``auto`` apply writes only that folder."""
-    job_id: str | None = None
-    """The job's id (a new one when None; the service gives its own)."""
-    apply_denied: str | None = None
-    """Why the requester may not apply this job (a service tenant without ``allow_apply``, a
-    job on an uploaded bundle): ``auto`` and ``trusted-auto`` then stop for review. None
-    when it may."""
-    caller_driven: bool = False
-    """The provider is a caller (``api.open_session``): the time it takes between its calls
-    is idle, not counted by the wall clock."""
 
 
 class Job:
@@ -150,28 +92,13 @@ class Job:
         self._late_denial: str | None = None
         self.failure: PatchboxError | None = None
         """The error the job failed with (its record keeps it as data)."""
-        self.record = JobRecord(
-            job_id=request.job_id or new_job_id(),
-            repo=request.pin.path if request.pin is not None else str(request.repo.resolve()),
-            task=request.task.model_dump(mode="json"),
-            mode=request.task.mode,
-            consent={
-                "include_local_changes": request.include_local_changes,
-                "trust_repo_config": request.trust_repo_config,
-                "trusted_auto": request.consent_trusted_auto,
-            },
-            runtime=request.runtime or request.config.runtime,
-            controller=self.identity.token,
-            controller_host=self.identity.host,
-        )
+        self.record = new_record(request, self.identity)
         self._box: DockerSandbox | None = None
         self._gate: NetworkGate | None = None
         self._diff: str | None = None
         self._prepared: Prepared | None = None
         self._activity = ""
         self._activity_since = time.monotonic()
-
-    # -- public ---------------------------------------------------------------------------
 
     @property
     def diff(self) -> str | None:
@@ -204,27 +131,21 @@ class Job:
         """What the job is doing now (told by the stages, the loop and the checks)."""
         self._activity, self._activity_since = what, time.monotonic()
 
-    @contextlib.contextmanager
-    def _heartbeat(self, every: float = HEARTBEAT_SECONDS) -> Iterator[None]:
+    def _heartbeat(
+        self, every: float = HEARTBEAT_SECONDS
+    ) -> contextlib.AbstractContextManager[None]:
         """While the job runs: a progress line every ``every`` seconds that one step has
         lasted, so a long check, build or model turn shows that it is alive."""
-        done = threading.Event()
 
-        def beat() -> None:
-            while not done.wait(every):
-                since = time.monotonic() - self._activity_since
-                if since >= every:
-                    what = self._activity or self.record.state.replace("_", " ")
-                    with contextlib.suppress(Exception):
-                        self.progress(f"still {what} ({since:.0f} s)")
+        def beat() -> bool:
+            since = time.monotonic() - self._activity_since
+            if since >= every:
+                what = self._activity or self.record.state.replace("_", " ")
+                with contextlib.suppress(Exception):
+                    self.progress(f"still {what} ({since:.0f} s)")
+            return False
 
-        thread = threading.Thread(target=beat, name="job-heartbeat", daemon=True)
-        thread.start()
-        try:
-            yield
-        finally:
-            done.set()
-            thread.join()
+        return periodically(every, beat, "job-heartbeat")
 
     def run(self, *, refusals: Refusals = "record") -> JobRecord:
         """Runs the job to its end state.
@@ -234,10 +155,10 @@ class Job:
         and is raised as :class:`InternalError` naming the crash report.
 
         ``refusals="raise"``: a job refused before it started for what the requester can
-        fix (:data:`REFUSALS`: a path that is not a work tree's top, the repository locked
-        by another job, local changes without consent, a blocked repository) raises that
-        error and leaves no job record; the path and the lock are checked before the record
-        is written. By default such a job ends ``failed`` with it."""
+        fix (:data:`~controller.jobs.request.REFUSALS`: a path that is not a work tree's
+        top, the repository locked by another job, local changes without consent, a blocked
+        repository) raises that error and leaves no job record; the path and the lock are
+        checked before the record is written. By default such a job ends ``failed`` with it."""
         record = self.record
         raising = refusals == "raise"
         with self._claim() if raising else contextlib.nullcontext():
@@ -249,9 +170,9 @@ class Job:
                 else write_lock(record.repo, holder=record.job_id)
             )
             unexpected = self._run_stages(lock)
-            if raising and unexpected is None and self._refused():
+            if raising and unexpected is None and refused(self.failure, record, self.cancelled):
                 shutil.rmtree(self.store.folder(record.job_id), ignore_errors=True)
-                assert self.failure is not None  # noqa: S101 - _refused says so
+                assert self.failure is not None  # noqa: S101 - refused says so
                 raise self.failure
         record.timings_ms["total"] = round((time.perf_counter() - started) * 1000)
         try:
@@ -299,39 +220,22 @@ class Job:
             self._fail(exc)
         return unexpected
 
-    def _refused(self) -> bool:
-        """Whether the job failed with one of :data:`REFUSALS` before it had a baseline."""
-        failure = self.failure
-        return (
-            failure is not None
-            and failure.code in REFUSALS
-            and self.record.state == "failed"
-            and self.record.baseline is None
-            and not self.cancelled.is_set()
-        )
-
-    @contextlib.contextmanager
-    def _cancel_requests(self, every: float = CANCEL_POLL_SECONDS) -> Iterator[None]:
+    def _cancel_requests(
+        self, every: float = CANCEL_POLL_SECONDS
+    ) -> contextlib.AbstractContextManager[None]:
         """While the job runs: a cancel asked for from another process (a file in the job's
         folder, :meth:`JobStore.request_cancel`) cancels it as :meth:`cancel` does."""
-        done = threading.Event()
         job_id = self.record.job_id
 
-        def watch() -> None:
-            while not done.wait(every):
-                with contextlib.suppress(OSError, PatchboxError):
-                    if self.store.cancel_requested(job_id):
-                        self.progress("cancelling (requested from another process)")
-                        self.cancel()
-                        return
+        def watch() -> bool:
+            with contextlib.suppress(OSError, PatchboxError):
+                if self.store.cancel_requested(job_id):
+                    self.progress("cancelling (requested from another process)")
+                    self.cancel()
+                    return True
+            return False
 
-        thread = threading.Thread(target=watch, name="job-cancel-requests", daemon=True)
-        thread.start()
-        try:
-            yield
-        finally:
-            done.set()
-            thread.join()
+        return periodically(every, watch, "job-cancel-requests")
 
     def _internal(self, exc: Exception) -> InternalError:
         """Records an unexpected exception: a crash report, and the job ``failed`` with
@@ -345,8 +249,6 @@ class Job:
         if self.record.state in ACTIVE:
             self._fail(error)
         return error
-
-    # -- stages ---------------------------------------------------------------------------
 
     def _move(self, state: JobState) -> None:
         if self.cancelled.is_set() and state not in {"failed", "cancelled"}:
@@ -373,68 +275,6 @@ class Job:
             self.record.move("cancelled" if cancelled else "failed")
         self.store.save(self.record)
 
-    def _spec(self, limits_from: TaskSpec, *, default_image: bool = True) -> SandboxSpec:
-        image = ImageBuilder(self.client, self.progress).ensure().tag if default_image else ""
-        runtime = self.record.runtime
-        return SandboxSpec(
-            image=image,
-            job_id=self.record.job_id,
-            runtime="runsc" if runtime == "runsc" else "runc",
-            limits=limits_from.limits,
-            protected=tuple(self.request.config.protected),
-        )
-
-    def _egress(self, spec: SandboxSpec, rules: dict[str, tuple[EgressRule, ...]]) -> SandboxSpec:
-        """With checks that declare ``egress``: the job's proxy, started, and ``spec`` on its
-        network (the proxy allows nothing until a check runs). Without: ``spec`` as it is,
-        no network at all."""
-        if not rules:
-            return spec
-        network = self.request.config.network
-        docker_runtime = None
-        if spec.runtime == "runsc":
-            docker_runtime = network.runsc_runtime
-            runtimes = self.client.info().get("Runtimes") or {}
-            if docker_runtime not in runtimes:
-                msg = (
-                    f"a check declares egress and the job runs under gVisor, but the Docker "
-                    f"runtime {docker_runtime!r} (gVisor with a network, network.runsc_runtime) "
-                    "is not registered with the daemon"
-                )
-                raise EgressUnavailableError(msg)
-        self.progress("starting the egress proxy")
-        job_id = self.record.job_id
-        proxy = start_proxy(
-            self.client,
-            self.progress,
-            name=f"patchbox-egress-{job_id}",
-            labels=self.identity.labels(job_id, "egress"),
-            outside=network.outside,
-        )
-        self._gate = NetworkGate(proxy, rules)
-        self.record.diagnostics["egress"] = {
-            cid: [r.text() for r in checked] for cid, checked in rules.items()
-        }
-        return spec.model_copy(
-            update={
-                "network": proxy.network,
-                "docker_runtime": docker_runtime,
-                "run_env": proxy.environment(),
-            }
-        )
-
-    def _setup_egress(self, environment: EnvironmentSpec) -> SetupEgress:
-        """What the environment's setup steps may reach (its ``egress``, else the host
-        configuration's ``network.setup_default``) and the name and labels of their proxy."""
-        network = self.request.config.network
-        job_id = self.record.job_id
-        return SetupEgress(
-            setup_rules(environment.egress, network),
-            name=f"patchbox-setup-{job_id}",
-            labels=self.identity.labels(job_id, "egress"),
-            outside=network.outside,
-        )
-
     def _stages(self) -> None:
         request, record = self.request, self.record
         task = request.task
@@ -444,27 +284,19 @@ class Job:
         checks, environment = job_checks(
             task, request.config, Path(record.repo), trust_repo_config=request.trust_repo_config
         )
-        spec = self._spec(task, default_image=environment is None)
-        spec = self._egress(spec, check_egress(checks, request.config.network))
+        sandboxes = JobSandboxes(self.client, request, record, self.identity, self.progress)
+        spec = sandboxes.with_egress(
+            sandboxes.spec(task, default_image=environment is None),
+            check_egress(checks, request.config.network),
+        )
+        self._gate = sandboxes.gate
         image_for = None
         if environment is not None:
 
             def image_for(baseline: Baseline) -> str:
                 nonlocal spec
-                egress = self._setup_egress(environment)
-                built = EnvironmentBuilder(
-                    self.client, self.progress, request.config.ca_bundle, egress
-                ).ensure(environment, baseline, cancel=self.cancelled)
-                record.environment = EnvironmentRecord(
-                    tag=built.tag,
-                    key=built.key,
-                    base=built.base,
-                    built=built.built,
-                    seconds=round(built.seconds, 3),
-                    steps=[BuiltStep(name=s["name"], seconds=s["seconds"]) for s in built.steps],
-                    egress=[r.text() for r in egress.rules],
-                    network=requests_of(built.network),
-                )
+                built = sandboxes.environment(environment, baseline, self.cancelled)
+                record.environment = built
                 self.store.save(record)
                 spec = spec.model_copy(update={"image": built.tag})
                 return built.tag
@@ -558,16 +390,13 @@ class Job:
         self, sandbox: Sandbox, checks: dict[str, CheckSpec], clock: WorkClock
     ) -> None:
         """The required checks once on the baseline, in the job's sandbox, before the first
-        model turn (:mod:`controller.jobs.baselinechecks`); stops the job
-        ``CHECK_CANNOT_RUN`` when one cannot start or collect. Nothing runs for a task
-        without a required check. Not counted by the job's wall clock."""
+        model turn (:mod:`controller.jobs.baselinechecks`): ``CHECK_CANNOT_RUN`` when one
+        cannot start or collect; nothing without a required check."""
         if not any(c.required and not c.mutates for c in checks.values()):
             return
         self.progress("checks before the change")
         t = time.perf_counter()
-        # the run on the baseline is bounded by the checks' own timeouts; the wall clock
-        # (the model's or the caller's working time) starts after it
-        clock.pause()
+        clock.pause()  # bounded by the checks' own timeouts, not the wall clock
         try:
             results = run_baseline_checks(
                 sandbox,
@@ -591,53 +420,15 @@ class Job:
         self, baseline: Baseline, collected: Collected, task: TaskSpec
     ) -> ChangeSet | None:
         """The validated change set, recorded; None when the job made no change."""
-        record = self.record
-        self._diff = collected.diff
-        record.diff_sha256 = collected.diff_sha256
-        try:
-            changeset = self._changeset(baseline, collected, task)
-        except PatchboxError:  # refused, yet shown by show --diff: flagged all the same
-            flagged = control_lines(collected.diff)
-            record.control_characters = [ControlLine(**c.model_dump()) for c in flagged]
-            raise
-        if changeset is None:
-            return None
-        record.control_characters = [
-            ControlLine(**c.model_dump()) for c in changeset.control_characters
-        ]
-        record.files = [
-            FileChange(
-                path=f.path,
-                old_path=f.old_path,
-                kind=f.kind,
-                added=f.added,
-                removed=f.removed,
-                sha256_before=f.sha256_before,
-                sha256_after=f.sha256_after,
-                calls=[e.id for e in record.ledger if any(x.path == f.path for x in e.files)],
-            )
-            for f in changeset.files
-        ]
-        return changeset
-
-    def _changeset(
-        self, baseline: Baseline, collected: Collected, task: TaskSpec
-    ) -> ChangeSet | None:
-        self._reconcile(collected)  # first: a reported file hidden from the changes is named
-        if not collected.diff:
-            return None
-        return validate_changeset(
+        self._diff, prepared = collected.diff, self._prepared
+        return record_changeset(
+            self.record,
             baseline,
-            collected.diff,
-            allowed_paths=task.allowed_paths,
-            extra_protected=tuple(self.request.config.protected),
+            collected,
+            task,
+            protected=tuple(self.request.config.protected),
+            prepared=prepared.baseline if prepared is not None else None,
         )
-
-    def _reconcile(self, collected: Collected) -> None:
-        """:func:`controller.jobs.reconcile.reconcile` of the changes with the job's ledger,
-        against the baseline it prepared."""
-        prepared = self._prepared
-        reconcile(collected, self.record, prepared.baseline if prepared is not None else None)
 
     def _checks(
         self,
@@ -653,20 +444,7 @@ class Job:
             consent_trusted_auto=request.consent_trusted_auto,
             apply_denied=self._apply_denied,
         ):
-            record.checks = [
-                CheckResult(
-                    id=cid,
-                    status="skipped",
-                    exit_code=None,
-                    duration_ms=0,
-                    output_tail="",
-                    diff_sha256=changeset.diff_sha256,
-                    required=c.required,
-                    reason="trusted-auto: project checks skipped",
-                    source="none",
-                )
-                for cid, c in checks.items()
-            ]
+            record.checks = skipped_checks(checks, changeset.diff_sha256)
             return
         if not checks:
             return
@@ -693,50 +471,28 @@ class Job:
         record, request = self.record, self.request
         auto = record.mode == "auto"  # only auto's gates look at the repository
         decision = decide(
-            DecisionInputs(
-                mode=record.mode,
+            DecisionInputs.of(
+                record,
                 allow_auto=request.config.allow_auto,
                 allow_trusted_auto=request.config.allow_trusted_auto,
                 consent_trusted_auto=request.consent_trusted_auto,
-                checks=record.checks,
-                files=record.files,
                 baseline_unchanged=auto and baseline_unchanged(baseline, changeset),
                 apply_denied=self._apply_denied,
-                control_lines=len(record.control_characters),
-                baseline=record.baseline_checks,
             )
         )
         if decision.applied:
-            decision = self._apply(baseline, decision)
+            decision = apply_decided(
+                baseline,
+                self._diff or "",
+                decision,
+                job_id=record.job_id,
+                allowed_paths=request.task.allowed_paths,
+                protected=request.config.protected,
+                pin=request.pin,
+            )
         record.decision = decision
         if decision.failed_checks:
-            record.error = ErrorInfo(
-                code=str(ErrorCode.CHECK_FAILED),
-                message="required check(s) did not pass: "
-                + ", ".join(decision.failed_checks)
-                + (
-                    " (failing before the change too: " + ", ".join(decision.still_failing) + ")"
-                    if decision.still_failing
-                    else ""
-                )
-                + refused_by_proxy(record.checks, decision.failed_checks),
-            )
+            record.error = check_failed(decision, record.checks)
             self._move("failed")
             return
         self._move("applied" if decision.applied else "awaiting_review")
-
-    def _apply(self, baseline: Baseline, decision: Decision) -> Decision:
-        from controller.changes.apply import apply_changeset  # auto mode only: kept off start
-
-        try:
-            apply_changeset(
-                baseline,
-                self._diff or "",
-                job_id=self.record.job_id,
-                allowed_paths=self.request.task.allowed_paths,
-                extra_protected=tuple(self.request.config.protected),
-                pin=self.request.pin,
-            )
-        except ApplyConflictError as exc:
-            return with_conflict(decision, exc.message)
-        return decision

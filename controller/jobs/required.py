@@ -19,9 +19,10 @@ import docker
 import docker.errors
 
 from controller.config.task import CheckSpec
+from controller.errorinfo import ErrorInfo
 from controller.errors import ErrorCode, PatchboxError, SandboxError, ToolError
 from controller.jobs.junit import MAX_JUNIT_BYTES, JunitError, parse_cases
-from controller.jobs.records import CheckResult, requests_of
+from controller.jobs.records import CheckResult, Decision, requests_of
 from controller.repo.baseline import Baseline
 from controller.sandbox.base import SandboxSpec
 from controller.sandbox.cache import BaselineCache
@@ -207,6 +208,37 @@ def _closed_on_stop(box: DockerSandbox, stop: threading.Event) -> Iterator[None]
 def _raise_if_stopped(stop: threading.Event) -> None:
     if stop.is_set():
         raise PatchboxError("cancelled during the checks", code=ErrorCode.CANCELLED)
+
+
+def skipped_checks(checks: Mapping[str, CheckSpec], diff_sha256: str) -> list[CheckResult]:
+    """The checks as the trusted-auto mode records them: skipped, none run."""
+    return [
+        CheckResult(
+            id=cid,
+            status="skipped",
+            exit_code=None,
+            duration_ms=0,
+            output_tail="",
+            diff_sha256=diff_sha256,
+            required=c.required,
+            reason="trusted-auto: project checks skipped",
+            source="none",
+        )
+        for cid, c in checks.items()
+    ]
+
+
+def check_failed(decision: Decision, checks: Sequence[CheckResult]) -> ErrorInfo:
+    """``CHECK_FAILED`` naming the required checks that did not pass (and those failing
+    before the change too, and what the proxy refused them)."""
+    failed, still = decision.failed_checks or [], decision.still_failing or []
+    return ErrorInfo(
+        code=str(ErrorCode.CHECK_FAILED),
+        message="required check(s) did not pass: "
+        + ", ".join(failed)
+        + (f" (failing before the change too: {', '.join(still)})" if still else "")
+        + refused_by_proxy(checks, failed),
+    )
 
 
 def refused_by_proxy(checks: Sequence[CheckResult], failed: Sequence[str]) -> str:

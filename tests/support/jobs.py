@@ -15,8 +15,9 @@ import docker
 
 from controller.config.host import HostConfig
 from controller.config.task import TaskSpec
-from controller.jobs.engine import Job, JobRequest
+from controller.jobs.engine import Job
 from controller.jobs.records import JobRecord
+from controller.jobs.request import JobRequest
 from controller.jobs.store import JobStore
 from controller.providers import ScriptedProvider, parse_calls
 from controller.providers.base import Provider

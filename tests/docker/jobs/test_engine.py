@@ -22,8 +22,10 @@ from controller.config.host import HostConfig
 from controller.config.task import TaskSpec
 from controller.errors import ErrorCode, InternalError, PatchboxError
 from controller.jobs.decision import GATE_HINTS
-from controller.jobs.engine import Job, JobRequest
+from controller.jobs.engine import Job
+from controller.jobs.reconcile import reconcile
 from controller.jobs.records import JobRecord, LedgerEntry
+from controller.jobs.request import JobRequest
 from controller.jobs.store import JobStore
 from controller.jobs.summary import transcript_text
 from controller.providers import (
@@ -936,11 +938,13 @@ def test_reconcile_accepts_only_changes_a_completed_call_accounts_for() -> None:
         ledger_entry("c2", "a.txt", "2" * 64),
         ledger_entry("c3", "gen.txt", None),
     ]
-    job._reconcile(
+    reconcile(
         collected(
             ChangedFile("a.txt", "modified", "100644", "2" * 64),
             ChangedFile("gen.txt", "added", "100644", "3" * 64),
-        )
+        ),
+        job.record,
+        None,
     )
     assert "unaccounted" not in job.record.diagnostics
 
@@ -960,7 +964,7 @@ def test_reconcile_refuses_an_unaccounted_change(
     job = bare_job()
     job.record.ledger = ledger
     with pytest.raises(PatchboxError) as info:
-        job._reconcile(collected(ChangedFile("b.txt", "added", "100644", "2" * 64)))
+        reconcile(collected(ChangedFile("b.txt", "added", "100644", "2" * 64)), job.record, None)
     assert info.value.code is ErrorCode.CHANGESET_INVALID
     assert "b.txt" in info.value.message
     assert job.record.diagnostics[key] == paths

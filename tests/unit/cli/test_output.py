@@ -16,7 +16,8 @@ import pytest
 import structlog
 
 from controller.config.task import TaskSpec
-from controller.jobs.engine import Job, JobRequest
+from controller.jobs.engine import Job
+from controller.jobs.request import JobRequest
 from controller.logs import configure, write_line
 from controller.providers import ScriptedProvider, parse_calls
 from tests.support.cli import patchbox
