@@ -107,3 +107,16 @@ def test_untyped_dicts_stay_within_their_budget() -> None:
         if "dict[str, Any]" in line
     ]
     assert len(lines) <= MAX_UNTYPED_DICTS, lines
+
+
+MAX_MODULE_LINES = 500
+
+
+def test_controller_modules_stay_under_500_lines() -> None:
+    """A module over 500 lines has more than one concept in it: split along its seams."""
+    long = {
+        str(path.relative_to(ROOT)): count
+        for path in sorted((ROOT / "controller").rglob("*.py"))
+        if (count := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}
