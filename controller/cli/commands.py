@@ -107,7 +107,7 @@ def _run_inputs(args: argparse.Namespace) -> tuple[HostConfig, TaskSpec, CallsFi
         config = config.model_copy(update={"spare_sandboxes": 0})
     task = api.load_task(Path(args.task))
     calls = read_calls(Path(args.calls)) if args.calls else None
-    locate(Path(args.repo))
+    locate(Path(args.repo).resolve())  # named as the job names it: its real path
     return config, task, calls
 
 

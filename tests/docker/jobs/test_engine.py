@@ -295,7 +295,7 @@ def test_limits_end_the_job_with_diagnostics_kept(
 
 HOLD = """
 import sys
-from controller.jobs.records import write_lock
+from controller.jobs.store import write_lock
 with write_lock(sys.argv[1]):
     print("locked", flush=True)
     sys.stdin.read()
