@@ -127,7 +127,10 @@ class ToolExecutor:
         except ToolError as exc:
             if not _retryable(exc):
                 raise
-            return self._refuse(turn, call_id, tool, exc.code, exc.message)
+            message = exc.message
+            if tool == "run_check" and "checkId" in message and "configured:" not in message:
+                message += f"; configured: {', '.join(sorted(self.checks)) or 'none'}"
+            return self._refuse(turn, call_id, tool, exc.code, message)
         data = result.model_dump()
         if isinstance(args, ReadFileArgs) and args.line_numbers:
             data["content"] = numbered(data["content"], data["startLine"])

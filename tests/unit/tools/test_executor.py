@@ -171,6 +171,12 @@ def test_checks_report_status_and_clean_output(box: LocalSandbox) -> None:
     assert unknown.error is not None
     assert unknown.error["code"] == "TOOL_ARGUMENTS_INVALID"
     assert "configured: env, fail, fmt, ok, slow, sneaky" in unknown.error["message"]
+    # not an id at all: the form is named, and the ids that exist with it
+    malformed = ex.execute(1, "k5", "run_check", {"checkId": "rm -rf /"})
+    assert malformed.error is not None
+    assert malformed.error["code"] == "TOOL_ARGUMENTS_INVALID"
+    assert malformed.error["message"].startswith("run_check: checkId: ")
+    assert malformed.error["message"].endswith("; configured: env, fail, fmt, ok, slow, sneaky")
 
 
 def test_check_environment_is_the_allowlist(
