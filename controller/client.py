@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -140,6 +141,10 @@ class _Answer:
 
 TooLarge = Callable[[int], PatchboxError]
 """The error for an answer over its bound (given the bound)."""
+
+
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""A job id as a URL path segment: no slash, no dot segment, no query or fragment."""
 
 
 class ServiceClient:
@@ -264,7 +269,7 @@ class ServiceClient:
 
     @staticmethod
     def _job_path(job_id: str, tail: str = "") -> str:
-        if not job_id or "/" in job_id or len(job_id) > 128 or not job_id.isprintable():
+        if not _JOB_ID.fullmatch(job_id):  # a path segment of its own, nothing else
             raise UsageError(f"not a job id: {job_id[:64]!r}")
         return f"v1/jobs/{job_id}{tail}"
 

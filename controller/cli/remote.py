@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import tempfile
 from collections.abc import Callable, Mapping
@@ -98,7 +99,34 @@ def run(args: argparse.Namespace, progress: Progress) -> Outcome:
         "cancel": _action,
     }
     with connect(args) as client:
+        if isinstance(getattr(args, "job", None), str):
+            args.job = resolve_job(client, args.job)
         return handlers[args.remote_command](client, args, progress)
+
+
+_FULL_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{8}")
+AMBIGUOUS_SHOWN = 10
+
+
+def resolve_job(client: ServiceClient, ref: str) -> str:
+    """The job ``ref`` names: a full id as it is; ``last``, the tenant's newest job; a
+    prefix of exactly one of the tenant's jobs, that job (several: ``USAGE_ERROR`` naming
+    them); anything else as it is (the service answers for an id it does not know)."""
+    if _FULL_ID.fullmatch(ref):
+        return ref
+    rows = client.jobs()
+    ids = [j["job_id"] for j in rows if isinstance(j, dict) and isinstance(j.get("job_id"), str)]
+    if ref == "last":
+        if not ids:
+            raise UsageError("the tenant has no job on the service: there is no last one")
+        return ids[-1]
+    found = [i for i in ids if ref and i.startswith(ref)]
+    if ref in found or not found:
+        return ref
+    if len(found) == 1:
+        return found[0]
+    shown = ", ".join(found[:AMBIGUOUS_SHOWN]) + (", ..." if len(found) > AMBIGUOUS_SHOWN else "")
+    raise UsageError(f"{ref[:80]!r} names {len(found)} jobs ({shown}): give more of the id")
 
 
 # -- the commands ---------------------------------------------------------------------------

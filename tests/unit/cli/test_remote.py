@@ -347,3 +347,38 @@ def test_events_resume_after_a_dropped_connection(idle: Any, tmp_path: Path) -> 
         assert seen == [(1, "queued"), (2, "cancelled")]
     finally:
         proxy.close()
+
+
+def test_remote_commands_take_a_unique_prefix_or_last(idle: Any, tmp_path: Path) -> None:
+    """As ``show`` takes a local job: the full id, ``last`` (the tenant's newest), or a
+    prefix naming one of the tenant's jobs; several is ``USAGE_ERROR`` naming them, none
+    the service's ``NOT_FOUND``; a reference that is no path segment is refused; another
+    tenant's jobs are not looked at."""
+    repo = make_repo(tmp_path / "alpha" / "greet")
+    with service_client(idle) as alpha:
+        first = alpha.submit(TASK, repo=repo, calls=CALLS)["job_id"]
+        second = alpha.submit(TASK, repo=repo, calls=CALLS)["job_id"]
+
+    def shown(ref: str, token: str | None = None) -> tuple[int, dict[str, Any]]:
+        proc = remote(idle, "show", ref, "--json", token=token)
+        return proc.returncode, json.loads(proc.stdout)
+
+    assert shown("last")[1]["job_id"] == second
+    assert shown(first)[1]["job_id"] == first
+    common = next(
+        (first[:i] for i in range(len(first)) if first[i] != second[i]), first
+    )  # the longest prefix both share
+    for job_id in (first, second):
+        unique = job_id[: len(common) + 1]
+        assert shown(unique)[1]["job_id"] == job_id
+    code, data = shown(common)
+    assert (code, data["error"]["code"]) == (2, "USAGE_ERROR")
+    assert f"names 2 jobs ({first}, {second})" in data["error"]["message"]
+    code, data = shown("zzz")  # no job starts with it: the service's own answer
+    assert data["error"]["code"] == "NOT_FOUND"
+    for bad in ("..", "a/b", "x?y"):
+        code, data = shown(bad)
+        assert data["error"]["code"] == "USAGE_ERROR", bad
+    code, data = shown("last", token=TOKENS["beta"])
+    assert (code, data["error"]["code"]) == (2, "USAGE_ERROR")
+    assert "has no job on the service" in data["error"]["message"]
