@@ -148,7 +148,7 @@ def _read_object(path: str, what: str) -> dict[str, Any]:
 def _submit(client: ServiceClient, args: argparse.Namespace, progress: Progress) -> Outcome:
     task = _read_object(args.task, "task file")
     calls = _read_object(args.calls, "calls file") if args.calls else None
-    repo = Path(args.repo).resolve()
+    repo = _local_repo(args)
     if args.bundle:
         if args.include_local_changes:
             msg = "--bundle sends HEAD's commits only: commit the changes, or drop one option"
@@ -336,8 +336,8 @@ def _apply(client: ServiceClient, args: argparse.Namespace, progress: Progress) 
 
 
 def _local_repo(args: argparse.Namespace) -> Path:
-    """The local repository of a bundle job's apply or revert: ``--repo``, else the work
-    tree the current folder is in (as ``patchbox run`` finds it)."""
+    """The local repository of a submit, or of a bundle job's apply or revert: ``--repo``,
+    else the work tree the current folder is in (as ``patchbox run`` finds it)."""
     if args.repo:
         return Path(args.repo).resolve()
     from controller.repo.layout import enclosing_top

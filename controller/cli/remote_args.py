@@ -40,7 +40,7 @@ def add_parser(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
         return cmd
 
     submit = command("submit", "send a job", job=False)
-    submit.add_argument("--repo", required=True, help="the repository (its top folder)")
+    submit.add_argument("--repo", help="the repository (default: the one the current folder is in)")
     submit.add_argument("--task", required=True, help="the task file")
     submit.add_argument("--calls", help="drive the tools from this calls file")
     submit.add_argument("--include-local-changes", action="store_true")

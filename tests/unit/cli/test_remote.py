@@ -382,3 +382,19 @@ def test_remote_commands_take_a_unique_prefix_or_last(idle: Any, tmp_path: Path)
     code, data = shown("last", token=TOKENS["beta"])
     assert (code, data["error"]["code"]) == (2, "USAGE_ERROR")
     assert "has no job on the service" in data["error"]["message"]
+
+
+def test_remote_submit_takes_the_repository_the_current_folder_is_in(
+    idle: Any, tmp_path: Path
+) -> None:
+    repo = make_repo(tmp_path / "alpha" / "greet")
+    (repo / "pkg").mkdir()
+    proc = patchbox(
+        "remote", "submit", *files_for(tmp_path / "files"), "--server", idle.url, "--json",
+        env={"PATCHBOX_TOKEN": TOKENS["alpha"]}, cwd=repo / "pkg",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    job_id = json.loads(proc.stdout)["job_id"]
+    with service_client(idle) as alpha:
+        assert alpha.job(job_id)["status"] == "queued"
+        assert [j["repo"] for j in alpha.jobs()] == [str(repo.resolve())]
