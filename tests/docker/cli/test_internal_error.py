@@ -21,7 +21,7 @@ STAGES = {
     "preparing": "controller.jobs.engine.prepare",
     "running": "controller.jobs.engine.ToolExecutor.execute",
     "collecting": "controller.jobs.engine.collect",
-    "validating": "controller.jobs.engine.validate_changeset",
+    "validating": "controller.jobs.diffstage.validate_changeset",
     "checking": "controller.jobs.engine.run_required_checks",
     "deciding": "controller.jobs.engine.Job._decide",
 }
