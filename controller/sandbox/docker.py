@@ -33,6 +33,7 @@ from controller.sandbox.base import (
     WorkClock,
 )
 from controller.sandbox.calls import ARCHIVE_TIMEOUT, DEFAULT_CALL_TIMEOUT, AgentCalls
+from controller.sandbox.dockerargs import ContainerConfig
 from controller.sandbox.dockerclient import removal_in_progress
 from controller.sandbox.labels import ControllerIdentity
 from controller.sandbox.protocol import MAX_RESPONSE_FRAME, CallArgs
@@ -72,14 +73,14 @@ def pids_limit(spec: SandboxSpec) -> int:
     return spec.limits.pids
 
 
-def container_config(spec: SandboxSpec, labels: dict[str, str]) -> dict[str, Any]:
+def container_config(spec: SandboxSpec, labels: dict[str, str]) -> ContainerConfig:
     """The keyword arguments of ``containers.create`` for a sandbox (pure)."""
     lim = spec.limits
     # exec: Docker mounts a tmpfs noexec unless told otherwise, which stops nothing that
     # ``sh file`` or ``python3 file`` does not already do and breaks ``./gradlew``, ``bin/test``,
     # ``node_modules/.bin/*`` and every binary a test build makes.
     tmpfs_opts = f"rw,exec,nosuid,nodev,uid={SANDBOX_UID},gid={SANDBOX_UID}"
-    config: dict[str, Any] = {
+    config: ContainerConfig = {
         "image": spec.image,
         "entrypoint": list(spec.agent_argv),
         "command": [],

@@ -278,12 +278,10 @@ def _run_without_no_new_privileges(client: docker.DockerClient, spec: SandboxSpe
     directly (with a log driver, to read its output)."""
     config = container_config(spec, current_identity().labels(spec.job_id, "test"))
     assert config["security_opt"] == ["no-new-privileges:true"]
-    config.update(
-        security_opt=[],
-        entrypoint=[SETUID_PY, "-c", textwrap.dedent(EUID_PROBE)],
-        stdin_open=False,
-        log_config=LogConfig(type=LogConfig.types.JSON),
-    )
+    config["security_opt"] = []
+    config["entrypoint"] = [SETUID_PY, "-c", textwrap.dedent(EUID_PROBE)]
+    config["stdin_open"] = False
+    config["log_config"] = LogConfig(type=LogConfig.types.JSON)
     container = client.containers.create(**config)
     try:
         container.start()
