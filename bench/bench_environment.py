@@ -2,9 +2,10 @@
 
 1. **First build.** ``EnvironmentBuilder.ensure`` of an environment nothing has built yet
    (plan, generated Dockerfile and context, the daemon's classic build, the image found),
-   against the docker CLI's ``docker build`` of the very same Dockerfile and context. The
-   reference's Dockerfile and context are what the builder itself hands the daemon: a second
-   client records its ``api.build`` call instead of running it. Each round gives each side
+   and the agent layer put on in one container and one commit, against the docker CLI's
+   ``docker build`` of the whole recipe: what the builder itself hands the daemon (a second
+   client records its ``api.build`` call instead of running it) with the sandbox
+   Dockerfile's agent layer appended and the agent's files added. Each round gives each side
    a spec of its own with a round-unique variable (``BENCH_ROUND``), so that every layer
    after the base misses the build cache on both sides; the images of a round (and their
    intermediate layers) are removed at its end, so later rounds are cold too. The order of
@@ -55,12 +56,13 @@ from controller.config.host import load_config
 from controller.config.limits import Limits
 from controller.config.network import setup_rules
 from controller.errors import EnvironmentBuildError
+from controller.paths import sandbox_image_dir
 from controller.repo.baseline import Baseline, build_baseline
 from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.cache import BaselineCache
 from controller.sandbox.dockerclient import connect
 from controller.sandbox.envbuild import EnvironmentBuilder, EnvironmentImage, SetupEgress
-from controller.sandbox.environment import LABEL_KEY, step_names
+from controller.sandbox.environment import LABEL_KEY, agent_layer, step_names
 from controller.sandbox.image import ImageBuilder
 from controller.sandbox.labels import JOB, current_identity, new_job_id
 from controller.sandbox.prepare import start_with_baseline
@@ -197,7 +199,37 @@ def capture_build(spec: EnvironmentSpec, baseline: Baseline) -> Captured:
     if len(seen) != 1:
         msg = "the builder did not call api.build exactly once"
         raise RuntimeError(msg)
-    return seen[0]
+    return Captured(with_agent_layer(seen[0].context), seen[0].kwargs)
+
+
+def with_agent_layer(context: bytes) -> bytes:
+    """The captured context made whole for ``docker build``: the sandbox Dockerfile's agent
+    layer appended to the Dockerfile and the agent's files added (patchbox puts that layer
+    on in one container and one commit after the builder's steps)."""
+    folder = sandbox_image_dir()
+    out = io.BytesIO()
+    with (
+        tarfile.open(fileobj=io.BytesIO(context)) as src,
+        tarfile.open(fileobj=out, mode="w") as tar,
+    ):
+        for member in src.getmembers():
+            data = src.extractfile(member)
+            body = data.read() if data is not None else b""
+            if member.name == "Dockerfile":
+                body += agent_layer().encode()
+                member.size = len(body)
+            tar.addfile(member, io.BytesIO(body) if member.isfile() else None)
+        extra = [("agent.py", folder / "agent.py")]
+        extra += [
+            (f"patchbox_agent/{p.name}", p)
+            for p in sorted((folder / "patchbox_agent").glob("*.py"))
+        ]
+        for name, path in extra:
+            info = tarfile.TarInfo(name)
+            raw = path.read_bytes()
+            info.size, info.mode = len(raw), 0o644
+            tar.addfile(info, io.BytesIO(raw))
+    return out.getvalue()
 
 
 def docker_build(captured: Captured, tag: str, names: dict[int, str]) -> tuple[float, Steps]:

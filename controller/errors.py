@@ -35,6 +35,8 @@
      |                                operator (or the tenant's policy) does not allow: exit 2
      +-- EgressUnavailableError       EGRESS_UNAVAILABLE: a declared egress cannot be given
                                       here (no runtime for it, the proxy cannot start): exit 3
+     +-- ServiceNotReadyError         SERVICE_NOT_READY: a check's service (a database, a
+                                      cache) did not start or become ready
      +-- ServiceError                 an error answer of a patchbox service: its code and status
      |    +-- ServiceUsageError       the request was wrong (token, job id, body): also a
      |                                UsageError, exit 2
@@ -110,6 +112,7 @@ class ErrorCode(StrEnum):
     ENVIRONMENT_INPUT_INVALID = "ENVIRONMENT_INPUT_INVALID"
     EGRESS_NOT_ALLOWED = "EGRESS_NOT_ALLOWED"
     EGRESS_UNAVAILABLE = "EGRESS_UNAVAILABLE"
+    SERVICE_NOT_READY = "SERVICE_NOT_READY"
     USAGE_ERROR = "USAGE_ERROR"
     # The service's own codes (docs/service.md), as its clients raise them.
     UNAUTHORIZED = "UNAUTHORIZED"
@@ -190,6 +193,13 @@ class EgressUnavailableError(PatchboxError):
     network is not registered, or the job's proxy could not start."""
 
     code = ErrorCode.EGRESS_UNAVAILABLE
+
+
+class ServiceNotReadyError(PatchboxError):
+    """A check's service did not become ready: its image could not be had, it exited, or
+    its ``ready`` command did not succeed in time; the message ends with its log's tail."""
+
+    code = ErrorCode.SERVICE_NOT_READY
 
 
 class SandboxError(PatchboxError):

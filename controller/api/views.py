@@ -62,6 +62,22 @@ class CheckView(_View):
         return cls.model_validate(check.model_dump(include=set(cls.model_fields)))
 
 
+class ServiceView(_View):
+    """One service container of the job (an environment's database, cache)."""
+
+    name: str
+    image: str
+    image_id: str
+    sandbox: str
+    """``loop`` (the model's sandbox) or ``checks`` (the required run's fresh one)."""
+    ready_seconds: float | None
+    """None: it never became ready."""
+    exit: str
+    """``running`` (removed while it ran), ``exited N``, ``oom`` or ``not ready``."""
+    log_tail: str = Field(default="", exclude_if=lambda v: not v)
+    """Its log's last lines, when it failed or exited."""
+
+
 class BundleRef(_View):
     """The uploaded git bundle a service job ran on."""
 
@@ -82,6 +98,8 @@ class JobView(_View):
     ``passed``, ``failed``, ``timed_out`` or ``cannot_run``); absent when none ran. The
     before/after table is the decision's ``check_changes``."""
     checks: list[CheckView]
+    services: list[ServiceView] = Field(default_factory=list, exclude_if=lambda v: not v)
+    """Each service container the job's checks used; absent without services."""
     tool_calls: list[ToolCallRecord]
     evidence: str
     """The evidence bundle's path relative to the state directory (empty before it exists)."""
@@ -139,6 +157,7 @@ def job_view(
             CheckView.of(c).model_dump(mode="json") for c in record.baseline_checks
         ],
         "checks": [CheckView.of(c).model_dump(mode="json") for c in record.checks],
+        "services": [s.model_dump(mode="json") for s in record.services],
         "tool_calls": [c.model_dump(mode="json") for c in record.tool_calls],
         "evidence": evidence,
         "decision": record.decision.model_dump(mode="json") if record.decision else None,

@@ -10,7 +10,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from controller.errors import ExitCode, exit_code_for_error
-from controller.text import flag_text
+from controller.text import flag_text, visible
 
 if TYPE_CHECKING:
     from controller.client import Event
@@ -88,6 +88,27 @@ def network_lines(checks: object) -> list[str]:
     return ["network (through the job's proxy):", *lines] if lines else []
 
 
+def services_lines(services: object) -> list[str]:
+    """The services section of a job view: each service container, and the log's tail of
+    one that failed or exited (escaped: it is the service's own text)."""
+    lines: list[str] = []
+    for s in _dicts(services):
+        ready = s.get("ready_seconds")
+        when = f"ready in {ready:.1f} s" if isinstance(ready, (int, float)) else "never ready"
+        lines.append(
+            visible(
+                f"  {s.get('name')} ({s.get('sandbox')} sandbox): {s.get('image')}, {when}, "
+                f"{s.get('exit')}"
+            )
+        )
+        tail = s.get("log_tail")
+        if isinstance(tail, str) and tail.strip():
+            shown = tail.rstrip("\n").splitlines()[-20:]
+            lines.append(f"  log of service {visible(str(s.get('name')))}:")
+            lines += [f"    | {visible(line)}" for line in shown]
+    return ["services:", *lines] if lines else []
+
+
 def summary(view: RemoteJob) -> str:
     lines = [f"job {view.get('job_id')}: {view.get('status')}"]
     error = view.get("error")
@@ -115,6 +136,7 @@ def summary(view: RemoteJob) -> str:
     ]
     lines += _table_lines(view.get("decision"))
     lines += network_lines(view.get("checks"))
+    lines += services_lines(view.get("services"))
     lines += [
         f"  turn {t.get('turn')} {t.get('id')} {t.get('name')}: {t.get('error_code')}"
         for t in view.get("tool_calls") or []

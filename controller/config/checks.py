@@ -102,8 +102,47 @@ def job_checks(
     if environment is not None:
         checks = with_environment(checks, environment)
         setup_rules(environment.egress, config.network)
+    check_services(checks, environment, config.service_capabilities)
     check_egress(checks, config.network)
     return checks, environment
+
+
+def needed_services(check: CheckSpec, environment: EnvironmentSpec | None) -> tuple[str, ...]:
+    """The services ``check`` needs, in the environment's order: those it names, or (it
+    names none) every one the environment declares."""
+    declared = environment.services if environment is not None else {}
+    if check.services is None:
+        return tuple(declared)
+    return tuple(name for name in declared if name in check.services)
+
+
+def check_services(
+    checks: Mapping[str, CheckSpec],
+    environment: EnvironmentSpec | None,
+    capabilities: Sequence[str] = (),
+) -> None:
+    """``USAGE_ERROR`` for a check naming a service the environment does not declare, and for
+    a service keeping a capability the host configuration's ``service_capabilities`` does
+    not allow."""
+    declared = environment.services if environment is not None else {}
+    problems: list[str] = []
+    for check_id, check in checks.items():
+        unknown = [n for n in check.services or () if n not in declared]
+        if unknown:
+            known = ", ".join(sorted(declared)) or "none"
+            problems.append(
+                f"check {check_id} names service(s) {', '.join(unknown)}, which the "
+                f"environment does not declare (declared: {known})"
+            )
+    for name, service in declared.items():
+        refused = [c for c in service.cap_add if c not in capabilities]
+        if refused:
+            problems.append(
+                f"service {name} keeps capabilities {', '.join(refused)}, which the host "
+                "configuration's service_capabilities does not allow"
+            )
+    if problems:
+        raise UsageError("; ".join(problems)[:2000])
 
 
 def check_egress(

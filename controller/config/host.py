@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from controller.config.environment import EnvironmentName, EnvironmentSpec
 from controller.config.limits import Limits
 from controller.config.network import NetworkConfig
+from controller.config.services import Capability
 from controller.config.task import CheckId, CheckSpec
 from controller.errormap import describe_validation
 from controller.errors import UsageError
@@ -69,6 +70,9 @@ class HostConfig(BaseModel):
     ignored by every other command."""
     network: NetworkConfig = Field(default_factory=NetworkConfig)
     """What declared egress may reach (:mod:`controller.config.network`)."""
+    service_capabilities: list[Capability] = Field(default_factory=list, max_length=64)
+    """Capabilities a service container may keep (its ``cap_add``); empty (the default): a
+    service keeps none."""
     ca_bundle: str | None = Field(default=None, max_length=4096)
     """PEM file of the CAs environment builds trust; by default the one the host's own
     TLS clients use (``PIP_CERT``, ``REQUESTS_CA_BUNDLE``, ``SSL_CERT_FILE``, ...); ``""``

@@ -17,13 +17,15 @@ from pydantic import (
 )
 
 from controller.config.checkargs import ArgSlot, SlotName, check_declaration, expand_argv
-from controller.config.environment import EnvironmentRef, check_env_names
+from controller.config.environment import EnvironmentRef
+from controller.config.fields import check_env_names
 from controller.config.inputfile import read_input_file
 from controller.config.limits import Limits
 from controller.config.network import EgressList
+from controller.config.services import MAX_SERVICES, ServiceName
 from controller.errormap import describe_validation
 from controller.errors import UsageError
-from patchbox_agent import ops
+from patchbox_agent import bounds
 
 CheckId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 
@@ -46,7 +48,7 @@ class CheckSpec(BaseModel):
     argv: list[Annotated[str, StringConstraints(min_length=1, max_length=4096)]] = Field(
         min_length=1, max_length=256
     )
-    timeout_seconds: float = Field(default=300.0, gt=0, le=ops.MAX_RUN_SECONDS)
+    timeout_seconds: float = Field(default=300.0, gt=0, le=bounds.MAX_RUN_SECONDS)
     required: bool = True
     description: Annotated[str, StringConstraints(min_length=1, max_length=300)] | None = None
     """What the check checks, in a few words, for the model (``run_check`` lists it); its
@@ -56,7 +58,7 @@ class CheckSpec(BaseModel):
     Any other check that changes a file fails the job."""
     env: dict[str, Annotated[str, StringConstraints(max_length=4096)]] = Field(default_factory=dict)
     """Extra variables; names must not look like secrets or proxies."""
-    output_limit: int = Field(default=ops.DEFAULT_RUN_OUTPUT, ge=1024, le=ops.MAX_RUN_OUTPUT)
+    output_limit: int = Field(default=bounds.DEFAULT_RUN_OUTPUT, ge=1024, le=bounds.MAX_RUN_OUTPUT)
     """Bytes of output kept (the agent's bounds: its default, at most its maximum)."""
     junit: Annotated[str, StringConstraints(min_length=1, max_length=1024)] | None = None
     """Where the check writes its own JUnit XML (``pytest --junitxml=/tmp/junit.xml``): an
@@ -65,6 +67,9 @@ class CheckSpec(BaseModel):
     egress: EgressList = Field(default_factory=list)
     """``host:port`` pairs (or ``preset:NAME``) the check may reach through the job's proxy
     (:mod:`controller.config.network`); none (the default): no network at all."""
+    services: list[ServiceName] | None = Field(default=None, max_length=MAX_SERVICES)
+    """The environment's services the check needs, started (and ready) before it runs;
+    unset: every service of the environment; empty: none."""
     args: dict[SlotName, ArgSlot] = Field(default_factory=dict, max_length=16)
     """Argument slots a model may fill (:mod:`controller.config.checkargs`): each named in
     ``argv`` as one whole element, ``{name}``. The required checks that decide the job

@@ -142,7 +142,7 @@ def run_baseline_checks(
             )
             raise CheckChangedFilesError(msg)
         result = baseline_result(check_id, spec, run)
-        if gate is not None:
+        if gate is not None and gate.records():
             result = result.model_copy(update={"network": requests_of(seen)})
         results.append(result)
     return results

@@ -21,7 +21,7 @@ import structlog
 
 from controller.changes.changeset import ChangeSet
 from controller.changes.collect import Collected, collect
-from controller.config.checks import check_egress, job_checks
+from controller.config.checks import job_checks
 from controller.config.task import CheckSpec, TaskSpec
 from controller.crash import internal_error
 from controller.errorinfo import ErrorInfo
@@ -214,7 +214,7 @@ class Job:
                     if self._prepared is not None:
                         self._prepared.finish()
                     if self._gate is not None:
-                        self._gate.proxy.close()
+                        self._gate.shutdown()
                         self._gate = None
         except PatchboxError as exc:  # the lock itself: JOB_ALREADY_RUNNING
             self._fail(exc)
@@ -285,11 +285,10 @@ class Job:
             task, request.config, Path(record.repo), trust_repo_config=request.trust_repo_config
         )
         sandboxes = JobSandboxes(self.client, request, record, self.identity, self.progress)
-        spec = sandboxes.with_egress(
-            sandboxes.spec(task, default_image=environment is None),
-            check_egress(checks, request.config.network),
-        )
-        self._gate = sandboxes.gate
+        try:  # the gate holds what was started: removed after the stages, whatever happens
+            spec = sandboxes.networked(task, checks, environment, self.cancelled)
+        finally:
+            self._gate = sandboxes.gate
         image_for = None
         if environment is not None:
 
@@ -322,14 +321,8 @@ class Job:
             image_for=image_for,
             confirm=request.pin.confirm if request.pin is not None else None,
         )
-        self._box = prepared.sandbox
-        self._prepared = prepared
-        baseline = prepared.baseline
-        record.baseline = baseline
-        record.timings_ms["prepare"] = round((time.perf_counter() - t) * 1000)
-        if "environment" in prepared.timings_ms:
-            record.timings_ms["environment"] = prepared.timings_ms["environment"]
-        record.diagnostics["baseline_source"] = prepared.source
+        self._box, self._prepared, baseline = prepared.sandbox, prepared, prepared.baseline
+        self._record_prepared(prepared, time.perf_counter() - t)
         if self.cancelled.is_set():
             raise cancelled_error()
         if task.baseline_checks:
@@ -355,6 +348,14 @@ class Job:
         self._move("checking")
         self._checks(baseline, changeset, checks, spec)
         self._decide(baseline, changeset)
+
+    def _record_prepared(self, prepared: Prepared, seconds: float) -> None:
+        record = self.record
+        record.baseline = prepared.baseline
+        record.timings_ms["prepare"] = round(seconds * 1000)
+        if "environment" in prepared.timings_ms:
+            record.timings_ms["environment"] = prepared.timings_ms["environment"]
+        record.diagnostics["baseline_source"] = prepared.source
 
     def _tool_loop(
         self, sandbox: DockerSandbox, checks: dict[str, CheckSpec], task: TaskSpec

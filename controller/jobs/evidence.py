@@ -62,6 +62,7 @@ def bundle(record: JobRecord, diff: str | None) -> dict[str, Any]:
         "environment": stored.get("environment"),
         "baseline_checks": stored.get("baseline_checks", []),
         "checks": stored["checks"],
+        "services": stored.get("services", []),
         "check_changes": [c.model_dump(mode="json") for c in changes_of(record)],
         "decision": stored["decision"],
         "timings_ms": stored["timings_ms"],

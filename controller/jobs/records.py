@@ -243,6 +243,23 @@ class EnvironmentRecord(_Value):
     """The requests the setup's proxy saw (absent: none, or the image was already there)."""
 
 
+class ServiceRecord(_Value):
+    """One service container of a job (a check's database, cache): its image, for which
+    sandbox it ran (the tools' ``loop``, or the fresh ``checks`` one), how long it took to
+    be ready, and how it was when it was removed."""
+
+    name: str
+    image: str
+    image_id: str
+    sandbox: Literal["loop", "checks"]
+    ready_seconds: float | None
+    """None: it never became ready."""
+    exit: str
+    """``running`` (removed while it ran), ``exited N``, ``oom`` or ``not ready``."""
+    log_tail: str = Field(default="", exclude_if=lambda v: not v)
+    """Its log's last lines, when it failed or exited."""
+
+
 class CheckResult(_Value):
     """One check as run in the fresh check sandbox (or skipped), bound to the diff."""
 
@@ -361,6 +378,8 @@ class JobRecord(BaseModel):
     """The required checks as run on the baseline before the model's first turn (none when
     the task has no required check or sets ``baseline_checks`` false)."""
     checks: list[CheckResult] = Field(default_factory=list)
+    services: list[ServiceRecord] = Field(default_factory=list, exclude_if=lambda v: not v)
+    """The services the job's checks used, each container once (none without services)."""
     decision: Decision | None = None
     """None until the job is decided (stored as ``{}``)."""
     timings_ms: dict[str, int] = Field(default_factory=dict)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
 import docker
@@ -22,6 +22,7 @@ from controller.config.task import CheckSpec
 from controller.errorinfo import ErrorInfo
 from controller.errors import ErrorCode, PatchboxError, SandboxError, ToolError
 from controller.jobs.junit import MAX_JUNIT_BYTES, JunitError, parse_cases
+from controller.jobs.periodic import periodically
 from controller.jobs.records import CheckResult, Decision, requests_of
 from controller.repo.baseline import Baseline
 from controller.sandbox.base import SandboxSpec
@@ -92,6 +93,8 @@ def run_required_checks(  # noqa: PLR0913 - the inputs of one check stage, all k
     ``gate`` (``spec`` on the job's egress network) each check reaches its own ``egress``
     while it runs, and its requests are in its result."""
     stop = stop or threading.Event()
+    if gate is not None:
+        gate.renew()  # the fresh sandbox's services are fresh too
     box = start_with_baseline(client, baseline, spec, identity, cache or BaselineCache())
     try:
         with _closed_on_stop(box, stop):
@@ -107,7 +110,7 @@ def run_required_checks(  # noqa: PLR0913 - the inputs of one check stage, all k
                     on_check(item[0])
                 with checked(gate, item[0]) as seen:
                     result = _run_one(client, box, item, diff_sha256, stop)
-                if gate is not None:
+                if gate is not None and gate.records():
                     result = result.model_copy(update={"network": requests_of(seen)})
                 results.append(result)
             return results
@@ -184,25 +187,19 @@ def _read_junit(client: docker.DockerClient, container_id: str, path: str) -> by
     return bytes(data or b"")
 
 
-@contextlib.contextmanager
-def _closed_on_stop(box: DockerSandbox, stop: threading.Event) -> Iterator[None]:
+def _closed_on_stop(
+    box: DockerSandbox, stop: threading.Event
+) -> contextlib.AbstractContextManager[None]:
     """A check blocks on its output stream; killing the container on cancel ends it (the
     caller's ``finally`` removes it)."""
-    done = threading.Event()
 
-    def watch() -> None:
-        while not done.wait(0.1):
-            if stop.is_set():
-                box.interrupt()
-                return
+    def watch() -> bool:
+        if stop.is_set():
+            box.interrupt()
+            return True
+        return False
 
-    watcher = threading.Thread(target=watch, name="check-cancel", daemon=True)
-    watcher.start()
-    try:
-        yield
-    finally:
-        done.set()
-        watcher.join()
+    return periodically(0.1, watch, "check-cancel")
 
 
 def _raise_if_stopped(stop: threading.Event) -> None:

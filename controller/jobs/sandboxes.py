@@ -5,17 +5,19 @@ the project environment's image with what its setup may reach."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import docker
 
+from controller.config.checks import check_egress
 from controller.config.environment import EnvironmentSpec
 from controller.config.network import EgressRule, setup_rules
-from controller.config.task import TaskSpec
+from controller.config.task import CheckSpec, TaskSpec
 from controller.errors import EgressUnavailableError
 from controller.jobs.records import BuiltStep, EnvironmentRecord, JobRecord, requests_of
 from controller.jobs.request import JobRequest
+from controller.jobs.services import JobServices
 from controller.repo.baseline import Baseline
 from controller.sandbox.base import SandboxSpec
 from controller.sandbox.egress import start_proxy
@@ -47,6 +49,22 @@ class JobSandboxes:
             protected=tuple(self.request.config.protected),
         )
 
+    def networked(
+        self,
+        task: TaskSpec,
+        checks: Mapping[str, CheckSpec],
+        environment: EnvironmentSpec | None,
+        stop: threading.Event,
+    ) -> SandboxSpec:
+        """The job's sandbox spec on its network: the proxy's (checks with ``egress``), the
+        services' (an environment with services), or none. What is started is in
+        :attr:`gate`, also when this raises."""
+        spec = self.with_egress(
+            self.spec(task, default_image=environment is None),
+            check_egress(checks, self.request.config.network),
+        )
+        return self.with_services(spec, environment, checks, stop)
+
     def with_egress(
         self, spec: SandboxSpec, rules: dict[str, tuple[EgressRule, ...]]
     ) -> SandboxSpec:
@@ -56,17 +74,7 @@ class JobSandboxes:
         if not rules:
             return spec
         network = self.request.config.network
-        docker_runtime = None
-        if spec.runtime == "runsc":
-            docker_runtime = network.runsc_runtime
-            runtimes = self.client.info().get("Runtimes") or {}
-            if docker_runtime not in runtimes:
-                msg = (
-                    f"a check declares egress and the job runs under gVisor, but the Docker "
-                    f"runtime {docker_runtime!r} (gVisor with a network, network.runsc_runtime) "
-                    "is not registered with the daemon"
-                )
-                raise EgressUnavailableError(msg)
+        docker_runtime = self._networked_runtime(spec, "a check declares egress")
         self.progress("starting the egress proxy")
         job_id = self.record.job_id
         proxy = start_proxy(
@@ -87,6 +95,62 @@ class JobSandboxes:
                 "run_env": proxy.environment(),
             }
         )
+
+    def _networked_runtime(self, spec: SandboxSpec, why: str) -> str | None:
+        """The Docker runtime of a sandbox on a network: None (its own) under runc; under
+        gVisor the host configuration's ``network.runsc_runtime``, which must be
+        registered (``EGRESS_UNAVAILABLE``)."""
+        if spec.runtime != "runsc":
+            return None
+        docker_runtime = self.request.config.network.runsc_runtime
+        runtimes = self.client.info().get("Runtimes") or {}
+        if docker_runtime not in runtimes:
+            msg = (
+                f"{why} and the job runs under gVisor, but the Docker runtime "
+                f"{docker_runtime!r} (gVisor with a network, network.runsc_runtime) is not "
+                "registered with the daemon"
+            )
+            raise EgressUnavailableError(msg)
+        return docker_runtime
+
+    def with_services(
+        self,
+        spec: SandboxSpec,
+        environment: EnvironmentSpec | None,
+        checks: Mapping[str, CheckSpec],
+        stop: threading.Event,
+    ) -> SandboxSpec:
+        """With an environment that declares services: the job's services network, made,
+        and ``spec`` on it too (the services start when a check needs them). Without:
+        ``spec`` as it is."""
+        if environment is None or not environment.services:
+            return spec
+        docker_runtime = self._networked_runtime(spec, "the environment declares services")
+        services = JobServices(
+            self.client,
+            record=self.record,
+            environment=environment,
+            checks=checks,
+            labels=self.identity.labels(self.record.job_id, "service"),
+            runtime=spec.runtime,
+            docker_runtime=docker_runtime or spec.runtime,
+            builder=lambda: EnvironmentBuilder(
+                self.client,
+                self.progress,
+                self.request.config.ca_bundle,
+                self.setup_egress(environment),
+            ),
+            progress=self.progress,
+            stop=stop,
+        )
+        if self.gate is None:
+            self.gate = NetworkGate(None, {}, services)
+        else:
+            self.gate.services = services
+        network = services.create_network()
+        if spec.network is None:
+            return spec.model_copy(update={"network": network, "docker_runtime": docker_runtime})
+        return spec.model_copy(update={"networks": (network,)})
 
     def setup_egress(self, environment: EnvironmentSpec) -> SetupEgress:
         """What the environment's setup steps may reach (its ``egress``, else the host

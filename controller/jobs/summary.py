@@ -4,7 +4,7 @@ conversation with the model."""
 from __future__ import annotations
 
 from controller.jobs.records import JobRecord
-from controller.text import flag_text
+from controller.text import flag_text, visible
 
 FAILED_STATES = frozenset({"failed", "cancelled", "no_change"})
 """States whose account says why: the failing checks' output and the refused tool calls."""
@@ -32,6 +32,7 @@ def summary_text(record: JobRecord) -> str:
     ]
     lines += table_text(record)
     lines += network_text(record)
+    lines += services_text(record)
     if record.state in FAILED_STATES:
         lines += _cannot_run_output(record)
         for c in record.checks:
@@ -82,6 +83,24 @@ def network_text(record: JobRecord) -> list[str]:
                 f"  {label}: {r.host}:{r.port}{address} {verdict}, status {r.status}, "
                 f"{r.bytes_out} B out, {r.bytes_in} B in, {r.end - r.start:.2f} s"
             )
+    return lines
+
+
+def services_text(record: JobRecord) -> list[str]:
+    """Each service container of the job: its image, the sandbox it served, its time to
+    ready, how it ended, and its log's tail when it failed (empty without services)."""
+    if not record.services:
+        return []
+    lines = ["services:"]
+    for s in record.services:
+        ready = "never ready" if s.ready_seconds is None else f"ready in {s.ready_seconds:.1f} s"
+        lines.append(
+            f"  {s.name} ({s.sandbox} sandbox): {s.image} [{s.image_id[:19]}], {ready}, {s.exit}"
+        )
+        if s.log_tail.strip() and s.exit != "running":
+            tail = s.log_tail.rstrip("\n").splitlines()[-TAIL_LINES:]
+            lines.append(f"  log of service {s.name} (last {len(tail)} lines):")
+            lines += [f"    | {visible(line)}" for line in tail]
     return lines
 
 

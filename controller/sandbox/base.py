@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from controller.config.limits import Limits
-from patchbox_agent import diffs, jail, ops, search
+from patchbox_agent import bounds, diffs, jail, search
 
 Runtime = Literal["runc", "runsc"]
 
@@ -43,6 +43,9 @@ class SandboxSpec(BaseModel):
     network: str | None = None
     """The Docker network the sandbox is on: the job's internal egress network, which
     reaches only the job's proxy; None (the default): no network at all."""
+    networks: tuple[str, ...] = ()
+    """Further networks the sandbox joins before it starts (the job's services network,
+    when it is on the job's egress network too)."""
     docker_runtime: str | None = None
     """The Docker runtime's name when it is not ``runtime`` itself (a gVisor sandbox on an
     egress network runs under the runtime that gives gVisor a network)."""
@@ -101,7 +104,7 @@ class WorkClock:
                 self._since = time.monotonic()
 
 
-DEFAULT_OUTPUT_LIMIT = ops.DEFAULT_RUN_OUTPUT
+DEFAULT_OUTPUT_LIMIT = bounds.DEFAULT_RUN_OUTPUT
 """Bytes of a process's output kept by ``run`` unless the caller says otherwise."""
 
 _MAX_PATH = jail.MAX_PATH_BYTES
@@ -141,7 +144,7 @@ class HelloResult(_Result):
 
 
 class ListFilesResult(_Result):
-    files: list[str] = Field(max_length=ops.MAX_LIST_RESULTS)
+    files: list[str] = Field(max_length=bounds.MAX_LIST_RESULTS)
     truncated: bool
     version: int = Field(ge=0)
     """The workspace version the listing belongs to."""
@@ -154,7 +157,7 @@ class SearchHit(_Result):
 
 
 class SearchTextResult(_Result):
-    hits: list[SearchHit] = Field(max_length=ops.MAX_SEARCH_RESULTS)
+    hits: list[SearchHit] = Field(max_length=bounds.MAX_SEARCH_RESULTS)
     truncated: bool
     files_scanned: int = Field(ge=0)
     version: int = Field(ge=0)
@@ -205,18 +208,18 @@ class PutArchiveResult(_Result):
 class FileChanges(_Result):
     """Visible files a process changed, as the agent observed them (bounded lists)."""
 
-    added: list[str] = Field(max_length=ops.MAX_CHANGE_PATHS)
-    removed: list[str] = Field(max_length=ops.MAX_CHANGE_PATHS)
-    modified: list[str] = Field(max_length=ops.MAX_CHANGE_PATHS)
+    added: list[str] = Field(max_length=bounds.MAX_CHANGE_PATHS)
+    removed: list[str] = Field(max_length=bounds.MAX_CHANGE_PATHS)
+    modified: list[str] = Field(max_length=bounds.MAX_CHANGE_PATHS)
     count: int = Field(ge=0)
 
 
 class ChangesResult(_Result):
     """Visible files changed since the baseline, as the agent observed them."""
 
-    added: list[str] = Field(max_length=ops.MAX_EXPORT_PATHS)
-    removed: list[str] = Field(max_length=ops.MAX_EXPORT_PATHS)
-    modified: list[str] = Field(max_length=ops.MAX_EXPORT_PATHS)
+    added: list[str] = Field(max_length=bounds.MAX_EXPORT_PATHS)
+    removed: list[str] = Field(max_length=bounds.MAX_EXPORT_PATHS)
+    modified: list[str] = Field(max_length=bounds.MAX_EXPORT_PATHS)
     count: int = Field(ge=0)
     truncated: bool
 
@@ -243,7 +246,7 @@ class PathKind(_Result):
 class CheckPathsResult(_Result):
     """The answer of ``check_paths``: one :class:`PathKind` per path asked, in order."""
 
-    paths: list[PathKind] = Field(max_length=ops.MAX_CHECK_PATHS)
+    paths: list[PathKind] = Field(max_length=bounds.MAX_CHECK_PATHS)
 
 
 class RunResult(_Result):

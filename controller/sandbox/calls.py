@@ -28,13 +28,13 @@ from controller.sandbox.base import (
     SearchTextResult,
 )
 from controller.sandbox.protocol import ArgValue, CallArgs
-from patchbox_agent import ops
+from patchbox_agent import bounds
 
 M = TypeVar("M", bound=BaseModel)
 
 DEFAULT_CALL_TIMEOUT = 60.0
 ARCHIVE_TIMEOUT = 600.0
-RAW_CHUNK = ops.RAW_CHUNK
+RAW_CHUNK = bounds.RAW_CHUNK
 POLL_GRACE = 10.0
 """Seconds the controller waits beyond a poll's own wait for the agent's answer."""
 MAX_POLL_WAIT = 60.0
@@ -143,7 +143,7 @@ class AgentCalls:
 
     def check_paths(self, paths: list[str]) -> CheckPathsResult:
         """What each path names in the workspace (a file, a folder), or why the tools may not
-        use it, under the jail's rules (at most ``ops.MAX_CHECK_PATHS``)."""
+        use it, under the jail's rules (at most ``bounds.MAX_CHECK_PATHS``)."""
         result = self._validate(CheckPathsResult, self._call("check_paths", {"paths": paths}))
         if len(result.paths) != len(paths):
             raise self._protocol_violation(ProtocolError("check_paths answered another count"))

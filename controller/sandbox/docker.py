@@ -33,7 +33,7 @@ from controller.sandbox.base import (
     WorkClock,
 )
 from controller.sandbox.calls import ARCHIVE_TIMEOUT, DEFAULT_CALL_TIMEOUT, AgentCalls
-from controller.sandbox.dockerargs import ContainerConfig
+from controller.sandbox.dockerargs import NO_DNS, NO_DNS_OPTIONS, ContainerConfig
 from controller.sandbox.dockerclient import removal_in_progress
 from controller.sandbox.labels import ControllerIdentity
 from controller.sandbox.protocol import MAX_RESPONSE_FRAME, CallArgs
@@ -123,6 +123,10 @@ def container_config(spec: SandboxSpec, labels: dict[str, str]) -> ContainerConf
         config["runtime"] = spec.runtime
     if spec.network is not None:
         config["network_mode"] = spec.network
+        # Docker's resolver answers the network's names (a service's); no other name
+        # resolves, so no query leaves the host
+        config["dns"] = list(NO_DNS)
+        config["dns_opt"] = list(NO_DNS_OPTIONS)
         if spec.docker_runtime is not None:
             config["runtime"] = spec.docker_runtime
     if spec.preload is not None:
@@ -288,6 +292,11 @@ class DockerSandbox(AgentCalls):
             raise map_error(exc, "cannot create the sandbox") from exc
         sandbox = cls(client, spec, container)
         try:
+            for network in spec.networks:
+                try:
+                    client.networks.get(network).connect(container)
+                except docker.errors.APIError as exc:
+                    raise map_error(exc, f"cannot join the sandbox to {network}") from exc
             sandbox._boot()
         except BaseException:
             sandbox.close()

@@ -7,6 +7,12 @@ from typing import TypedDict
 
 from docker.types import LogConfig, Mount, Ulimit
 
+NO_DNS = ("127.0.0.1",)
+"""The name servers of a container on a job's network: Docker's own resolver answers the
+network's names (a service's) and passes every other query to this address, where nothing
+answers, so no name outside the network resolves and no query leaves the host."""
+NO_DNS_OPTIONS = ("timeout:1", "attempts:1")
+
 
 class _Required(TypedDict):
     image: str
@@ -41,5 +47,7 @@ class ContainerConfig(_Required, total=False):
     """The keyword arguments of ``containers.create`` for a sandbox."""
 
     runtime: str
+    dns: list[str]
+    dns_opt: list[str]
     mounts: list[Mount]
     auto_remove: bool

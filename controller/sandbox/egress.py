@@ -153,6 +153,36 @@ def _subnets(network: Network) -> list[str]:
     return [str(c["Subnet"]) for c in configs if c.get("Subnet")]
 
 
+def internal_network(client: docker.DockerClient, name: str, labels: dict[str, str]) -> Network:
+    """A new internal bridge network: no route out, and no address of the host on it."""
+    return client.networks.create(
+        name,
+        driver="bridge",
+        internal=True,
+        # Without it the host's address on the bridge (the gateway) answers a container of
+        # an internal network; with it the bridge has no address.
+        options={"com.docker.network.bridge.inhibit_ipv4": "true"},
+        labels=labels,
+        check_duplicate=True,
+    )
+
+
+def remove_network(network: Network) -> None:
+    """Removes ``network``, waiting briefly for endpoints still detaching; never raises for
+    one that is already gone."""
+    for _ in range(20):
+        try:
+            network.remove()
+        except docker.errors.NotFound:
+            return
+        except docker.errors.APIError:
+            time.sleep(0.1)  # an endpoint still detaching
+            continue
+        return
+    with contextlib.suppress(docker.errors.NotFound):
+        network.remove()
+
+
 class _Required(TypedDict):
     image: str
     name: str
@@ -255,16 +285,7 @@ class EgressProxy:
         network: Network | None = None
         container: Container | None = None
         try:
-            network = client.networks.create(
-                name,
-                driver="bridge",
-                internal=True,
-                # Without it the host's address on the bridge (the gateway) answers a
-                # container of an internal network; with it the bridge has no address.
-                options={"com.docker.network.bridge.inhibit_ipv4": "true"},
-                labels={**labels, KIND: "egress-network"},
-                check_duplicate=True,
-            )
+            network = internal_network(client, name, {**labels, KIND: "egress-network"})
             config = proxy_container_config(
                 name=name,
                 labels=labels,
@@ -413,14 +434,4 @@ def _remove(container: Container | None, network: Network | None) -> None:
         with contextlib.suppress(docker.errors.NotFound):
             container.remove(force=True, v=True)
     if network is not None:
-        for _ in range(20):
-            try:
-                network.remove()
-            except docker.errors.NotFound:
-                return
-            except docker.errors.APIError:
-                time.sleep(0.1)  # an endpoint still detaching
-                continue
-            return
-        with contextlib.suppress(docker.errors.NotFound):
-            network.remove()
+        remove_network(network)

@@ -28,6 +28,8 @@ from controller.config.network import EgressRule
 from controller.errors import EnvironmentBuildError, ErrorCode, PatchboxError
 from controller.paths import sandbox_image_dir
 from controller.repo.baseline import Baseline
+from controller.sandbox import agentlayer
+from controller.sandbox.buildwatch import Ticker, Watchdog
 from controller.sandbox.egress import (
     Connection,
     EgressProxy,
@@ -39,7 +41,9 @@ from controller.sandbox.environment import (
     LABEL_KEY,
     LABEL_SPEC,
     NO_PYTHON_EXIT,
+    STAGED_MTIME,
     InputFile,
+    agent_layer,
     build_context,
     dockerfile,
     environment_key,
@@ -197,17 +201,16 @@ class EnvironmentBuilder:
         context = build_context(text, list(read_blobs(baseline, files)), ca)
         steps = step_names(spec, as_root=as_root)
         self._progress(f"environment: building {tag} from {base_ref} ({len(files)} input files)")
-        watchdog = _Watchdog(self._client, key, spec.setup_timeout_seconds, cancel)
+        watchdog = Watchdog(self._client, key, spec.setup_timeout_seconds, cancel)
         run = _BuildRun(steps, self._progress)
         memory = spec.setup_memory_mb * 1024 * 1024
         proxy = self._proxy(proxy_tag)
         try:
-            with watchdog, _Ticker(run):
+            with watchdog, Ticker(run.tick):
                 try:
                     stream = self._client.api.build(
                         fileobj=io.BytesIO(context),
                         custom_context=True,
-                        tag=tag,
                         rm=True,
                         forcerm=True,
                         pull=False,
@@ -218,11 +221,14 @@ class EnvironmentBuilder:
                     )
                     for chunk in stream:
                         run.feed(chunk)
+                    if run.error is None and not watchdog.fired:
+                        self._finish(run, tag, memory)
                 except docker.errors.APIError as exc:
                     run.error = run.error or (exc.explanation or str(exc))
                 except (OSError, ValueError) as exc:  # the connection, closed by a cancel
                     run.error = run.error or str(exc)
             run.finish()
+            _remove_image(self._client, run.staged)
             if watchdog.fired or run.error is not None:
                 watchdog.remove_steps()  # the builder removes them too; nothing may be left
             requests = _requests(proxy)
@@ -255,6 +261,27 @@ class EnvironmentBuilder:
             steps=run.steps,
             network=requests,
         )
+
+    def _finish(self, run: _BuildRun, tag: str, memory: int) -> None:
+        """The agent layer on the built steps, in one container and one commit."""
+        if run.staged is None:
+            run.error = "the builder named no image"
+            return
+        run.begin("agent layer")
+        repository, _, name = tag.partition(":")
+        image, code, log = agentlayer.finish(
+            self._client,
+            run.staged,
+            repository=repository,
+            tag=name,
+            layer_text=agent_layer(),
+            mtime=STAGED_MTIME,
+            memory=memory,
+        )
+        if image is None:
+            run.tail = [line for line in log.splitlines() if line.strip()][-80:]
+            run.exit_code = code
+            run.error = "the step failed"
 
     def _proxy(self, image: str | None) -> EgressProxy | None:
         """The setup's proxy, allowing the environment's egress; None without egress."""
@@ -309,12 +336,17 @@ class _BuildRun:
         self.error: str | None = None
         self.exit_code: int | None = None
         self.steps: list[StepTime] = []
+        self.staged: str | None = None
+        """The image the builder made (the steps before the agent layer)."""
         self.refused = ""
         """The pairs the setup's proxy refused, in words (:func:`refused_words`)."""
         self._last_note = time.monotonic()
         self._lock = threading.Lock()
 
     def feed(self, chunk: dict[str, Any]) -> None:
+        aux = chunk.get("aux")
+        if isinstance(aux, dict) and isinstance(aux.get("ID"), str):
+            self.staged = str(aux["ID"])
         if "error" in chunk or "errorDetail" in chunk:
             detail = chunk.get("errorDetail") or {}
             self.error = str(detail.get("message") or chunk.get("error") or "build failed")
@@ -344,9 +376,13 @@ class _BuildRun:
             elapsed = now - self.step_started
         self._progress(f"environment: {step.name} ({elapsed:.0f} s)")
 
-    def _start(self, number: int) -> None:
+    def begin(self, name: str) -> None:
+        """A step after the builder's (the agent layer)."""
+        self._start(len(self._names) + 1, name)
+
+    def _start(self, number: int, name: str | None = None) -> None:
         self._close_step()
-        name = self._names.get(number, "agent layer")
+        name = name or self._names.get(number, "agent layer")
         with self._lock:
             self.step = _Step(number, name)
             self.step_started = time.monotonic()
@@ -393,84 +429,11 @@ class _BuildRun:
         return EnvironmentBuildError(msg, code=code)
 
 
-class _Ticker:
-    """Calls the run's :meth:`_BuildRun.tick` twice a second while the build runs."""
-
-    def __init__(self, run: _BuildRun) -> None:
-        self._run = run
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._tick, name="env-build-progress", daemon=True)
-
-    def __enter__(self) -> _Ticker:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self._done.set()
-        self._thread.join()
-
-    def _tick(self) -> None:
-        while not self._done.wait(0.5):
-            self._run.tick()
-
-
-class _Watchdog:
-    """Kills the build's running step when the setup's time is up or the job is cancelled
-    (the step's container carries the environment's key as a label)."""
-
-    def __init__(
-        self,
-        client: docker.DockerClient,
-        key: str,
-        seconds: float,
-        cancel: threading.Event | None,
-    ) -> None:
-        self._client = client
-        self._key = key
-        self._deadline = time.monotonic() + seconds
-        self._cancel = cancel or threading.Event()
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="env-build-watchdog", daemon=True)
-        self.fired = False
-        self.cancelled = False
-
-    def __enter__(self) -> _Watchdog:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self._done.set()
-        self._thread.join()
-
-    def _watch(self) -> None:
-        while not self._done.is_set():
-            if self._cancel.is_set():
-                self.cancelled = True
-            elif time.monotonic() < self._deadline:
-                self._done.wait(0.2)
-                continue
-            self.fired = True
-            # Until the build returns: a later step must not start after the kill.
-            while not self._done.is_set():
-                self._kill_steps()
-                self._done.wait(0.5)
-            return
-
-    def remove_steps(self) -> None:
+def _remove_image(client: docker.DockerClient, image: str | None) -> None:
+    """The builder's image, untagged: gone unless the finished image stands on it."""
+    if image is not None:
         with contextlib.suppress(docker.errors.APIError):
-            for container in self._client.containers.list(
-                all=True, filters={"label": f"{LABEL_KEY}={self._key}"}, sparse=True
-            ):
-                with contextlib.suppress(docker.errors.APIError):
-                    container.remove(force=True)
-
-    def _kill_steps(self) -> None:
-        with contextlib.suppress(docker.errors.APIError):
-            for container in self._client.containers.list(
-                filters={"label": f"{LABEL_KEY}={self._key}"}, sparse=True
-            ):
-                with contextlib.suppress(docker.errors.APIError):
-                    container.kill()
+            client.images.remove(image, noprune=False)
 
 
 def _image_id(client: docker.DockerClient, ref: str) -> str | None:

@@ -1,9 +1,9 @@
 """A project environment's recipe: its base, python3 for the agent where the base lacks it,
 the selected repository files, the setup steps (as root, reaching only the hosts of the
 environment's egress through a proxy, no host mount, no secret, bounded in time and memory,
-trusting the host's CAs), then the agent layer of the
-sandbox image. The image is tagged by the hash of everything that goes into it
-(:func:`environment_key`), so a job whose environment exists starts without a build
+trusting the host's CAs), then the agent layer of the sandbox image
+(:mod:`controller.sandbox.agentlayer`). The image is tagged by the hash of everything that
+goes into it (:func:`environment_key`), so a job whose environment exists starts without a build
 (:mod:`controller.sandbox.envbuild` builds it; :mod:`controller.sandbox.envimages` lists and
 prunes what was built).
 
@@ -35,7 +35,7 @@ ENV_REPO = "patchbox-env"
 LABEL_KEY = "io.patchbox.env.key"
 LABEL_SPEC = "io.patchbox.env.spec"
 LABEL_BASE = "io.patchbox.env.base"
-RECIPE_VERSION = 3
+RECIPE_VERSION = 4
 AGENT_LAYER_MARKER = "# -- agent layer:"
 BUILD_DIR = "/opt/patchbox-build"
 CA_PATH = f"{BUILD_DIR}/ca.pem"
@@ -264,7 +264,7 @@ def label_spec(spec: EnvironmentSpec) -> SpecLabel:
     """The environment's block as its image's label holds it: ``env`` is its variables'
     names only (a label is shown to anyone who lists the images; the key, a digest, covers
     the values)."""
-    shown = spec.model_dump(mode="json")
+    shown = spec.model_dump(mode="json", exclude={"services"})
     shown["env"] = sorted(spec.env)
     return cast("SpecLabel", shown)
 
@@ -277,9 +277,10 @@ def dockerfile(
     ca: bool,
     as_root: bool,
 ) -> str:
-    """The generated Dockerfile (see the module docstring). Few steps: each costs a commit.
-    The labels (the environment's key among them, which the watchdog finds the running
-    step by) come first; setup steps run in /workspace through ``sh`` and ``env``."""
+    """The generated Dockerfile (see the module docstring), up to the agent layer
+    (:mod:`controller.sandbox.agentlayer` puts that on in one commit). Few steps: each costs
+    a commit. The labels (the environment's key among them, which the watchdog finds the
+    running step by) come first; setup steps run in /workspace through ``sh`` and ``env``."""
     env_args = [f"{name}={CA_PATH}" for name in CA_VARIABLES] if ca else []
     env_args += [f"{k}={v}" for k, v in sorted(spec.env.items())]
     prefix = ["/bin/sh", "-c", 'cd /workspace && exec /usr/bin/env "$@"', "setup", *env_args]
@@ -296,7 +297,7 @@ def dockerfile(
     lines += ["RUN " + json.dumps([*prefix, *step]) for step in spec.setup]
     if spec.setup:
         lines.append("RUN " + json.dumps(["/bin/sh", "-c", SEED_SCRIPT]))
-    return "\n".join(lines) + "\n" + agent_layer()
+    return "\n".join(lines) + "\n"
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
@@ -320,9 +321,8 @@ def build_context(
     files: list[tuple[InputFile, bytes]],
     ca_bundle: Path | None,
 ) -> bytes:
-    """The build context: the Dockerfile, the build helpers, the inputs, the agent."""
+    """The build context: the Dockerfile, the build helpers, the inputs."""
     buf = io.BytesIO()
-    folder = sandbox_image_dir()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         _add(tar, "Dockerfile", text.encode())
         _add(tar, f"stage{BUILD_DIR}/ensure-python.sh", ENSURE_PYTHON.encode())
@@ -333,9 +333,6 @@ def build_context(
         _add(tar, f"stage{BUILD_DIR}/inputs.txt", "".join(t + "\n" for t in tops).encode())
         for f, data in files:
             _add(tar, f"stage/workspace/{f.path}", data, 0o755 if f.mode == "100755" else 0o644)
-        _add(tar, "agent.py", (folder / "agent.py").read_bytes())
-        for path in sorted((folder / "patchbox_agent").glob("*.py")):
-            _add(tar, f"patchbox_agent/{path.name}", path.read_bytes())
     return buf.getvalue()
 
 

@@ -18,21 +18,44 @@ from controller.config.network import EgressRule
 from controller.sandbox.egress import Connection, EgressProxy
 
 
-class NetworkGate:
-    """One job's proxy, opened for one check at a time."""
+class CheckServices(Protocol):
+    """A job's services (:class:`controller.jobs.services.JobServices`) as its checks see
+    them."""
 
-    def __init__(self, proxy: EgressProxy, rules: Mapping[str, tuple[EgressRule, ...]]) -> None:
+    def ensure(self, check_id: str) -> None:
+        """``check_id``'s services, started and ready (``SERVICE_NOT_READY``)."""
+
+    def renew(self) -> None:
+        """Fresh services for the fresh check sandbox."""
+
+    def close(self) -> None:
+        """Every service and their network removed."""
+
+
+class NetworkGate:
+    """One job's network as its checks see it: its proxy (if a check declares ``egress``),
+    opened for one check at a time, and its services (if its environment has any), ready
+    before a check that needs them runs."""
+
+    def __init__(
+        self,
+        proxy: EgressProxy | None,
+        rules: Mapping[str, tuple[EgressRule, ...]],
+        services: CheckServices | None = None,
+    ) -> None:
         self.proxy = proxy
         self.rules = dict(rules)
+        self.services = services
         self._lock = threading.Lock()
         self._open: str | None = None
 
-    def environment(self) -> dict[str, str]:
-        """The proxy variables every process in the job's sandboxes gets."""
-        return self.proxy.environment()
-
     def open(self, check_id: str) -> None:
-        """Lets ``check_id``'s pairs through (and nothing else) until :meth:`close`."""
+        """Makes ``check_id``'s services ready, then lets its pairs through (and nothing
+        else) until :meth:`close`."""
+        if self.services is not None:
+            self.services.ensure(check_id)
+        if self.proxy is None:
+            return
         with self._lock:
             self.proxy.connections()  # what came before is no check's: dropped
             self.proxy.allow(self.rules.get(check_id, ()))
@@ -41,11 +64,29 @@ class NetworkGate:
     def close(self) -> list[Connection]:
         """Allows nothing again; the requests made since :meth:`open`."""
         with self._lock:
-            if self._open is None:
+            if self._open is None or self.proxy is None:
                 return []
             self._open = None
             self.proxy.allow(())
             return self.proxy.connections()
+
+    def renew(self) -> None:
+        """Before the fresh check sandbox: fresh services."""
+        if self.services is not None:
+            self.services.renew()
+
+    def shutdown(self) -> None:
+        """Removes the services, their network, the proxy and its network."""
+        try:
+            if self.services is not None:
+                self.services.close()
+        finally:
+            if self.proxy is not None:
+                self.proxy.close()
+
+    def records(self) -> bool:
+        """Whether a check's requests are recorded (the job has a proxy)."""
+        return self.proxy is not None
 
     @contextlib.contextmanager
     def during(self, check_id: str) -> Iterator[list[Connection]]:

@@ -43,7 +43,8 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from controller.config.environment import EnvironmentName, ImageRef
+from controller.config.environment import EnvironmentName
+from controller.config.fields import ImageRef
 from controller.config.host import HostConfig
 from controller.config.network import EgressPattern
 from controller.errormap import describe_validation

@@ -34,7 +34,7 @@ from controller.service.bundles import TreeLimits, bundle_path, sweep, verify_bu
 from controller.service.config import TenantConfig
 from controller.service.metrics import metrics_text
 from controller.service.openapi import OPENAPI
-from controller.service.policy import check_egress_of, check_task
+from controller.service.policy import check_containers, check_egress_of, check_task
 from controller.service.state import Service, bundle_of, refused, repo_of
 from controller.service.store import (
     PENDING_STATES,
@@ -196,6 +196,7 @@ def _validate_task(
         raise refused(400, str(exc.code), exc.message) from exc
     try:
         check_task(spec, tenant)
+        check_containers(spec, host, tenant)
         check_egress_of(spec, host.network, tenant)
     except PatchboxError as exc:
         raise refused(403, str(exc.code), exc.message) from exc

@@ -154,6 +154,13 @@ OPENAPI: dict[str, Any] = {
                         "items": {"type": "object"},
                     },
                     "checks": {"type": "array", "items": {"type": "object"}},
+                    "services": {
+                        "type": "array",
+                        "description": "each service container the checks used (name, "
+                        "image, image_id, sandbox, ready_seconds, exit, log_tail); absent "
+                        "without services",
+                        "items": {"type": "object"},
+                    },
                     "tool_calls": {"type": "array", "items": {"type": "object"}},
                     "evidence": {"type": "string"},
                     "decision": {"type": ["object", "null"]},

@@ -21,6 +21,7 @@ import json
 
 from controller.config.checks import check_egress
 from controller.config.environment import EnvironmentSpec
+from controller.config.host import HostConfig
 from controller.config.network import NetworkConfig, setup_rules
 from controller.config.task import TaskSpec
 from controller.errors import ErrorCode, PatchboxError
@@ -60,6 +61,7 @@ def _environment(task: TaskSpec, tenant: TenantConfig) -> list[str]:
             f"{_listed('inline_environment_bases', tenant.inline_environment_bases)} "
             "(without a base the default sandbox base is used)"
         )
+    problems += _service_images(chosen, tenant)
     caps = tenant.max_limits
     asked = chosen.model_fields_set
     for field in ("setup_memory_mb", "setup_timeout_seconds"):
@@ -68,6 +70,22 @@ def _environment(task: TaskSpec, tenant: TenantConfig) -> list[str]:
             problems.append(
                 _over(f"environment.{field}", value, field, cap, default=field not in asked)
             )
+    return problems
+
+
+def _service_images(environment: EnvironmentSpec, tenant: TenantConfig) -> list[str]:
+    """An inline environment's services run images the operator listed, as its base: each
+    ``image`` and each ``build.base`` one of the tenant's ``inline_environment_bases``."""
+    allowed = tenant.inline_environment_bases
+    problems = []
+    for name, service in environment.services.items():
+        build_base = service.build.base if service.build is not None else None
+        for field, ref in (("image", service.image), ("build.base", build_base)):
+            if ref is not None and ref not in allowed:
+                problems.append(
+                    f"environment.services.{name}.{field} {ref!r} is not one of "
+                    f"{_listed('inline_environment_bases', allowed)}"
+                )
     return problems
 
 
@@ -113,6 +131,28 @@ def check_egress_of(task: TaskSpec, network: NetworkConfig, tenant: TenantConfig
     check_egress(task.checks, network, allow=tenant.egress_allow)
     if isinstance(task.environment, EnvironmentSpec) and task.environment.egress is not None:
         setup_rules(task.environment.egress, network, allow=tenant.egress_allow)
+
+
+def containers_of(task: TaskSpec, host: HostConfig) -> int:
+    """The most containers a job of ``task`` holds at once: its sandbox and each service of
+    its environment (one it names that the host does not define counts none)."""
+    chosen = task.environment
+    if isinstance(chosen, str):
+        chosen = host.environments.get(chosen)
+    return 1 + (len(chosen.services) if chosen is not None else 0)
+
+
+def check_containers(task: TaskSpec, host: HostConfig, tenant: TenantConfig) -> None:
+    """``TASK_NOT_ALLOWED`` for a job that needs more containers at once (its sandbox and
+    its services) than the tenant's ``max_sandboxes``: it could never run."""
+    cap = tenant.max_sandboxes
+    needed = containers_of(task, host)
+    if cap is not None and needed > cap:
+        msg = (
+            f"tenant {tenant.name!r} may not run this task: it needs {needed} containers at "
+            f"once (its sandbox and {needed - 1} services), over max_sandboxes = {cap}"
+        )
+        raise PatchboxError(msg, code=ErrorCode.TASK_NOT_ALLOWED)
 
 
 def check_task(task: TaskSpec, tenant: TenantConfig) -> None:

@@ -26,12 +26,13 @@ import structlog
 
 from controller import api
 from controller.errors import ErrorCode
+from controller.jobs.periodic import periodically
 from controller.jobs.records import CheckResult, JobRecord, ToolCallRecord
 from controller.jobs.store import JobStore
 from controller.logs import Scrubber
 from controller.repo.pin import Confinement, RepoPin, pin_repo
 from controller.service.bundles import checkout, remove_clone, sweep
-from controller.service.policy import check_egress_of, check_task
+from controller.service.policy import check_containers, check_egress_of, check_task, containers_of
 from controller.service.store import (
     QUEUED,
     RUNNING_STATES,
@@ -301,6 +302,16 @@ class Runner:
         with self._lock:
             return sum(1 for r in self._running.values() if r.row.tenant == tenant)
 
+    def container_count(self, tenant: str) -> int:
+        """The containers the tenant's running jobs may hold: each its sandbox and its
+        services (:func:`controller.service.policy.containers_of`)."""
+        with self._lock:
+            return sum(
+                containers_of(r.row.request.task, self.host)
+                for r in self._running.values()
+                if r.row.tenant == tenant
+            )
+
     def clone_count(self, tenant: str) -> int:
         """The tenant's bundle jobs a worker holds: each has (or is making) a clone."""
         with self._lock:
@@ -330,6 +341,10 @@ class Runner:
                 continue
             bundles = self.clone_count(name) < tenant.max_clones
             row = self.store.next_queued(name, busy, bundles=bundles)
+            if row is not None and tenant.max_sandboxes is not None:
+                held = self.container_count(name)
+                if held + containers_of(row.request.task, self.host) > tenant.max_sandboxes:
+                    continue  # it waits until enough of the tenant's containers are gone
             if row is not None:
                 self._next = (self._next + step + 1) % count
                 return row
@@ -368,6 +383,7 @@ class Runner:
             client = self._connect()
             task = row.request.task
             check_task(task, self.tenants[row.tenant])  # the configuration may have changed
+            check_containers(task, self.host, self.tenants[row.tenant])
             check_egress_of(task, self.host.network, self.tenants[row.tenant])
             choice = api.choose_provider(self.host, task, row.request.calls)
             provider = choice.provider
@@ -430,22 +446,17 @@ class Runner:
         return job
 
     def _run(self, job: Job, feed: EventFeed, release: Callable[[], None]) -> None:
-        done = threading.Event()
+        def watch() -> bool:
+            with contextlib.suppress(Exception):
+                feed.sync(job.record)
+            return False
 
-        def watch() -> None:
-            while not done.wait(WATCH_SECONDS):
-                with contextlib.suppress(Exception):
-                    feed.sync(job.record)
-
-        watcher = threading.Thread(target=watch, name=f"watch-{job.record.job_id}", daemon=True)
-        watcher.start()
         try:
-            job.run()
+            with periodically(WATCH_SECONDS, watch, f"watch-{job.record.job_id}"):
+                job.run()
         except Exception as exc:  # InternalError: the record says failed, INTERNAL_ERROR
             log.warning("service job ended with an error", job_id=job.record.job_id, error=str(exc))
         finally:
-            done.set()
-            watcher.join()
             with contextlib.suppress(Exception):
                 release()
             feed.sync(job.record, final=True)

@@ -46,7 +46,7 @@ from controller.tools.schemas import (
     parse_arguments,
 )
 from controller.tools.watch import CheckRunning, CheckWatch, OutputListener, Watched
-from patchbox_agent import diffs, jail, ops
+from patchbox_agent import bounds, diffs, jail
 
 OUTPUT_TAIL = 8 * 1024
 
@@ -272,8 +272,8 @@ def check_arguments(
     paths = [path for _, path, _ in wanted]
     found = [
         kind
-        for start in range(0, len(paths), ops.MAX_CHECK_PATHS)
-        for kind in sandbox.check_paths(paths[start : start + ops.MAX_CHECK_PATHS]).paths
+        for start in range(0, len(paths), bounds.MAX_CHECK_PATHS)
+        for kind in sandbox.check_paths(paths[start : start + bounds.MAX_CHECK_PATHS]).paths
     ]
     for (where, _, needs_file), kind in zip(wanted, found, strict=True):
         if kind.kind is None:

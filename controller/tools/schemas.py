@@ -26,14 +26,14 @@ from controller.config.task import CheckId, CheckSpec
 from controller.errormap import describe_validation
 from controller.errors import ArgumentsNotAnObjectError, ErrorCode, ProtocolError, ToolError
 from controller.sandbox.protocol import decode_json
-from patchbox_agent import diffs, globs, jail, ops
+from patchbox_agent import bounds, diffs, globs, jail
 
 MAX_ARGUMENT_BYTES = diffs.MAX_BYTES + 4096
 """The largest arguments object accepted (an 8 MiB patch plus its envelope)."""
 
 WorkspacePath = Annotated[str, StringConstraints(min_length=1, max_length=jail.MAX_PATH_BYTES)]
 Glob = Annotated[str, StringConstraints(min_length=1, max_length=globs.MAX_PATTERN)]
-LineNumber = Annotated[int, Field(ge=1, le=ops.MAX_LINE_NUMBER)]
+LineNumber = Annotated[int, Field(ge=1, le=bounds.MAX_LINE_NUMBER)]
 
 
 class _Args(BaseModel):
@@ -61,7 +61,9 @@ class ListFilesArgs(_Args):
     glob: Glob | None = None
     """Only paths matching this glob, relative to the repository top: * matches within one
     folder, ** across folders (for example src/**/*.py)."""
-    max_results: int | None = Field(default=None, ge=1, le=ops.MAX_LIST_RESULTS, alias="maxResults")
+    max_results: int | None = Field(
+        default=None, ge=1, le=bounds.MAX_LIST_RESULTS, alias="maxResults"
+    )
     """At most this many paths (default 1000)."""
     details: bool = False
     """Also return the workspace version."""
@@ -72,12 +74,12 @@ class SearchTextArgs(_Args):
     Returns each hit's path, line number and line, and whether the hits were cut at
     maxResults."""
 
-    query: Annotated[str, StringConstraints(min_length=1, max_length=ops.MAX_QUERY)]
+    query: Annotated[str, StringConstraints(min_length=1, max_length=bounds.MAX_QUERY)]
     """The text to find: a literal string, or a regular expression when regex is true."""
     glob: Glob | None = None
     """Only files whose path matches this glob (* within one folder, ** across folders)."""
     max_results: int | None = Field(
-        default=None, ge=1, le=ops.MAX_SEARCH_RESULTS, alias="maxResults"
+        default=None, ge=1, le=bounds.MAX_SEARCH_RESULTS, alias="maxResults"
     )
     """At most this many hits (default 100)."""
     regex: bool = False

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Literal, TypedDict
 
 from controller.config.task import CheckSpec
-from controller.errors import ErrorCode, SandboxError, ToolError
+from controller.errors import ErrorCode, SandboxError, ServiceNotReadyError, ToolError
 from controller.sandbox.base import RunResult, Sandbox
 from controller.sandbox.calls import RUN_GRACE
 from controller.sandbox.egress import Connection
@@ -115,7 +115,11 @@ class CheckWatch:
         run's reuse key (:func:`controller.tools.executor.check_key`)."""
         self.refuse_while_running(f"check {check_id} cannot start")
         if self.gate is not None:
-            self.gate.open(check_id)
+            try:
+                self.gate.open(check_id)
+            except ServiceNotReadyError as exc:  # the model is told, as of any check
+                self._close_gate()
+                raise ToolError(exc.message, code=ErrorCode.SERVICE_NOT_READY) from exc
         try:
             run = self.sandbox.start_run(
                 list(argv),
@@ -185,7 +189,10 @@ class CheckWatch:
 
     def _close_gate(self) -> list[Connection] | None:
         """The proxy allows nothing again; the ended check's requests (None: no proxy)."""
-        return None if self.gate is None else self.gate.close()
+        if self.gate is None:
+            return None
+        seen = self.gate.close()
+        return seen if self.gate.records() else None
 
     def _add(self, watched: Watched, text: str, *, dropped: bool) -> None:
         watched.unread.append(text)

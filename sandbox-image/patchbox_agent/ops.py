@@ -16,63 +16,35 @@ import time
 from _thread import allocate_lock
 
 from . import jail, procs, wire
+from .bounds import (
+    DEFAULT_LIST_RESULTS,
+    DEFAULT_SEARCH_RESULTS,
+    MAX_CHANGE_PATHS,
+    MAX_CHECK_PATHS,
+    MAX_EXPORT_PATHS,
+    MAX_LINE_NUMBER,
+    MAX_LIST_RESULTS,
+    MAX_QUERY,
+    MAX_READ_FILE,
+    MAX_READ_LINES,
+    MAX_SEARCH_RESULTS,
+    NO_SUCH_PATH,
+    NOT_TEXT,
+    RAW_CHUNK,
+    SEARCH_CACHE_ENTRIES,
+    SEED,
+)
 from .frames import FdReader, FrameError
-from .globs import Glob, GlobError
 from .index import FileIndex, snapshot_changes
+from .opargs import OpError, bad, filter_dirs, glob_arg, int_arg, read_lines, run_args
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
     from collections.abc import Callable
-    from typing import IO, Any
+    from typing import Any
 
     from . import runner
-
-# The operations' limits. The controller imports them (its result models, the tools'
-# argument schemas, the checks' bounds) rather than copying them.
-MAX_READ_BYTES = 256 * 1024
-MAX_READ_LINES = 2000
-MAX_LINE_NUMBER = 10_000_000
-MAX_READ_FILE = 64 * 1024 * 1024
-MAX_LINE_BYTES = 1024 * 1024
-MAX_LIST_RESULTS = 10000
-DEFAULT_LIST_RESULTS = 1000
-MAX_SEARCH_RESULTS = 1000
-DEFAULT_SEARCH_RESULTS = 100
-MAX_QUERY = 1000
-SEARCH_CACHE_ENTRIES = 64
-MAX_RUN_OUTPUT = 1024 * 1024
-DEFAULT_RUN_OUTPUT = 64 * 1024
-MAX_RUN_SECONDS = 24 * 3600
-MAX_EXPORT_PATHS = 10000
-MAX_CHANGE_PATHS = 200
-SEED = "/opt/patchbox-seed"
-"""Where a project environment keeps what its setup left in /workspace."""
-RAW_CHUNK = 2 * 1024 * 1024
-
-
-MAX_CHECK_PATHS = 256
-NO_SUCH_PATH = "no such file or folder"
-
-NOT_TEXT = "not a text file the tools read (binary, not UTF-8, or a line over 1 MiB)"
-
-
-class OpError(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-def _bad(message: str) -> OpError:
-    return OpError("TOOL_ARGUMENTS_INVALID", message)
-
-
-def _int_arg(args: dict[str, Any], key: str, default: int, lo: int, hi: int) -> int:
-    value = args.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise _bad(f"{key} must be an integer in [{lo}, {hi}]")
-    return value
 
 
 class Workspace:
@@ -117,8 +89,8 @@ class Workspace:
             return fn(args)
 
     def list_files(self, args: dict[str, Any]) -> dict[str, Any]:
-        keep = _glob_arg(args)
-        limit = _int_arg(args, "maxResults", DEFAULT_LIST_RESULTS, 1, MAX_LIST_RESULTS)
+        keep = glob_arg(args)
+        limit = int_arg(args, "maxResults", DEFAULT_LIST_RESULTS, 1, MAX_LIST_RESULTS)
         files = jail.shown(self.index.files())  # names that are not UTF-8 left out
         if keep is not None:
             files = [p for p in files if keep(p)]
@@ -133,12 +105,12 @@ class Workspace:
 
         query = args.get("query")
         if not isinstance(query, str) or not 0 < len(query) <= MAX_QUERY or "\x00" in query:
-            raise _bad("query must be a string of 1 to 1000 characters")
+            raise bad("query must be a string of 1 to 1000 characters")
         regex = args.get("regex", False)
         if not isinstance(regex, bool):
-            raise _bad("regex must be a boolean")
-        keep = _glob_arg(args)
-        limit = _int_arg(args, "maxResults", DEFAULT_SEARCH_RESULTS, 1, MAX_SEARCH_RESULTS)
+            raise bad("regex must be a boolean")
+        keep = glob_arg(args)
+        limit = int_arg(args, "maxResults", DEFAULT_SEARCH_RESULTS, 1, MAX_SEARCH_RESULTS)
         key = wire.dumps([self.index.version, query, regex, args.get("glob"), limit])
         cached = self._search_cache.pop(key, None)
         if cached is not None:
@@ -146,17 +118,17 @@ class Workspace:
             return dict(cached, cached=True)
         by_dir = jail.shown_dirs(self.index.by_dir())  # names that are not UTF-8 left out
         if keep is not None:
-            by_dir = _filter_dirs(by_dir, keep)
+            by_dir = filter_dirs(by_dir, keep)
         if regex:
             import re  # imported on first use: a faster start
 
             try:
                 re.compile(query.encode("utf-8"))
             except re.error as exc:
-                raise _bad(f"invalid regular expression: {exc.msg}") from exc
+                raise bad(f"invalid regular expression: {exc.msg}") from exc
             found = search.regex_search_bounded(self._workspace, by_dir, query, limit)
             if found is None:
-                raise _bad(
+                raise bad(
                     "the regular expression ran out of time; use a literal or a simpler pattern"
                 )
         else:
@@ -177,7 +149,7 @@ class Workspace:
                 self._root_fd, args.get("path"), args.get("oldText"), args.get("newText")
             )
         except ValueError as exc:
-            raise _bad(str(exc)) from exc
+            raise bad(str(exc)) from exc
         except edit.EditRejected as exc:
             raise OpError("PATCH_REJECTED", str(exc)) from exc
         except edit.EditBroken as exc:
@@ -195,7 +167,7 @@ class Workspace:
         try:
             result = edit.apply_patch(self._root_fd, args.get("patch"), self.index.files())
         except ValueError as exc:
-            raise _bad(str(exc)) from exc
+            raise bad(str(exc)) from exc
         except edit.EditRejected as exc:
             raise OpError("PATCH_REJECTED", str(exc)[:1000]) from exc
         except edit.EditBroken as exc:
@@ -234,8 +206,8 @@ class Workspace:
         import base64  # imported on first use
 
         parts = jail.split(args.get("path"))
-        offset = _int_arg(args, "offset", 0, 0, 1 << 40)
-        length = _int_arg(args, "length", RAW_CHUNK, 1, RAW_CHUNK)
+        offset = int_arg(args, "offset", 0, 0, 1 << 40)
+        length = int_arg(args, "length", RAW_CHUNK, 1, RAW_CHUNK)
         dfd = jail.open_dir(self._root_fd, parts[:-1])
         try:
             st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
@@ -273,7 +245,7 @@ class Workspace:
             or len(paths) > MAX_CHECK_PATHS
             or not all(isinstance(p, str) for p in paths)
         ):
-            raise _bad(f"paths must be a list of at most {MAX_CHECK_PATHS} strings")
+            raise bad(f"paths must be a list of at most {MAX_CHECK_PATHS} strings")
         return {"paths": [self._path_kind(p) for p in paths]}
 
     def _path_kind(self, path: str) -> dict[str, str]:
@@ -304,8 +276,8 @@ class Workspace:
         return {"code": "TOOL_PATH_DENIED", "message": message}
 
     def read_file(self, args: dict[str, Any]) -> dict[str, Any]:
-        start = _int_arg(args, "startLine", 1, 1, MAX_LINE_NUMBER)
-        end = _int_arg(args, "endLine", start + MAX_READ_LINES - 1, start, MAX_LINE_NUMBER)
+        start = int_arg(args, "startLine", 1, 1, MAX_LINE_NUMBER)
+        end = int_arg(args, "endLine", start + MAX_READ_LINES - 1, start, MAX_LINE_NUMBER)
         end = min(end, start + MAX_READ_LINES - 1)
         fd = jail.open_file(self._root_fd, args.get("path"))
         with os.fdopen(fd, "rb") as fh:
@@ -314,7 +286,7 @@ class Workspace:
             if b"\x00" in fh.read(8192):
                 raise jail.PathDeniedError(NOT_TEXT)
             fh.seek(0)
-            lines, total, truncated = _read_lines(fh, start, end)
+            lines, total, truncated = read_lines(fh, start, end)
         last = start + len(lines) - 1 if lines else start - 1
         return {
             "path": args["path"],
@@ -333,7 +305,7 @@ class Workspace:
         if args.get("stream") is True:
             stream = extract.Chunks(reader, None)
         else:
-            stream = extract.Chunks(reader, _int_arg(args, "size", 0, 0, 1 << 40))
+            stream = extract.Chunks(reader, int_arg(args, "size", 0, 0, 1 << 40))
         try:
             count = extract.unpack(stream, self._workspace, self._root_fd)
         except extract.ArchiveRefusedError as exc:
@@ -372,7 +344,7 @@ class Workspace:
             os.close(fd)
 
     def cancel(self, args: dict[str, Any]) -> dict[str, Any]:
-        target = _int_arg(args, "target", 0, 0, 1 << 62)
+        target = int_arg(args, "target", 0, 0, 1 << 62)
         with self._state_lock:
             proc = self._running.get(target)
             if proc is not None:
@@ -387,7 +359,7 @@ class Workspace:
         """Starts ``run`` on a thread of its own and answers at once with its handle (the
         request's id); ``run_poll`` then gives its output as it comes and its result. One
         such run at a time; its deadline, kill and ``cancel`` are those of ``run``."""
-        _run_args(args)  # refused now, not on the thread
+        run_args(args)  # refused now, not on the thread
         from . import runner  # imported on first use: a faster start
 
         with self._state_lock:
@@ -412,14 +384,14 @@ class Workspace:
     def run_poll(self, args: dict[str, Any]) -> dict[str, Any]:
         """A watched run's output since the last poll, after waiting up to ``waitSeconds``
         for some; ``done`` with its ``result`` once it ended (then the handle is gone)."""
-        handle = _int_arg(args, "handle", 0, 0, 1 << 62)
+        handle = int_arg(args, "handle", 0, 0, 1 << 62)
         wait = args.get("waitSeconds", 0)
         if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= 60:
-            raise _bad("waitSeconds must be a number from 0 to 60")
+            raise bad("waitSeconds must be a number from 0 to 60")
         with self._state_lock:
             watch = self._watches.get(handle)
         if watch is None:
-            raise _bad("no such watched run")
+            raise bad("no such watched run")
         out = watch.take(float(wait))
         if out["done"]:
             with self._state_lock:
@@ -431,10 +403,10 @@ class Workspace:
     def run(
         self, rid: int, args: dict[str, Any], sink: Callable[[bytes], object] | None = None
     ) -> dict[str, Any]:
-        argv, env, timeout, cap = _run_args(args)
+        argv, env, timeout, cap = run_args(args)
         track = args.get("trackChanges", False)
         if not isinstance(track, bool):
-            raise _bad("trackChanges must be a boolean")
+            raise bad("trackChanges must be a boolean")
         if track:
             with self._index_lock:
                 before = self.index.snapshot()
@@ -496,74 +468,3 @@ def link_seed(root_fd: int, seed: str) -> list[str]:
             continue  # the baseline has it: the project's own wins
         linked.append(name)
     return linked
-
-
-def _run_args(args: dict[str, Any]) -> tuple[list[str], dict[str, str], float, int]:
-    argv = args.get("argv")
-    if (
-        not isinstance(argv, list)
-        or not argv
-        or not all(isinstance(a, str) and "\x00" not in a for a in argv)
-    ):
-        raise _bad("argv must be a non-empty list of strings")
-    env = args.get("env", {})
-    if not isinstance(env, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
-    ):
-        raise _bad("env must map strings to strings")
-    timeout = args.get("timeoutSeconds", 60)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise _bad("timeoutSeconds must be a number")
-    if not 0 < timeout <= MAX_RUN_SECONDS:
-        raise _bad("timeoutSeconds out of range")
-    cap = _int_arg(args, "outputLimit", DEFAULT_RUN_OUTPUT, 0, MAX_RUN_OUTPUT)
-    return argv, env, float(timeout), cap
-
-
-def _read_lines(fh: IO[bytes], start: int, end: int) -> tuple[list[str], int, bool]:
-    """Lines ``start..end`` (bounded in bytes), the total line count, and whether the range
-    was cut. The whole file must be UTF-8 text with no NUL and no line over 1 MiB."""
-    lines: list[str] = []
-    size = 0
-    total = 0
-    truncated = False
-    while True:
-        raw = fh.readline(MAX_LINE_BYTES + 1)
-        if not raw:
-            break
-        if len(raw) > MAX_LINE_BYTES or b"\x00" in raw:
-            raise jail.PathDeniedError(NOT_TEXT)
-        total += 1
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise jail.PathDeniedError(NOT_TEXT) from exc
-        if start <= total <= end and not truncated:
-            if size + len(raw) > MAX_READ_BYTES:
-                truncated = True
-            else:
-                lines.append(text)
-                size += len(raw)
-    return lines, total, truncated
-
-
-def _glob_arg(args: dict[str, Any]) -> Glob | None:
-    pattern = args.get("glob")
-    if pattern is None:
-        return None
-    if not isinstance(pattern, str):
-        raise _bad("glob must be a string")
-    try:
-        return Glob(pattern)
-    except GlobError as exc:
-        raise _bad(str(exc)) from exc
-
-
-def _filter_dirs(by_dir: dict[str, list[str]], keep: Glob) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for directory, names in by_dir.items():
-        prefix = f"{directory}/" if directory else ""
-        kept = [n for n in names if keep(prefix + n)]
-        if kept:
-            out[directory] = kept
-    return out

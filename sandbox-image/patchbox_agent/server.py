@@ -22,7 +22,8 @@ from _thread import allocate_lock, start_new_thread
 from . import jail, procs, wire
 from .frames import KIND_JSON, PROTOCOL_VERSION, FdReader, FrameError, Signer, grow_pipe
 from .globs import GlobError
-from .ops import OpError, Workspace
+from .opargs import OpError
+from .ops import Workspace
 
 # The start path imports as little as it can: a sandbox reads every module cold (under
 # gVisor through its gofer), so ``json``, ``re``, ``typing``, ``threading``, ``collections``

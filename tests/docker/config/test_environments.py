@@ -346,7 +346,9 @@ def test_a_flit_project_installs_itself_in_a_venv_and_its_suite_runs(
             "installed": {"argv": [VENV, "-c", installed]},
         },
         "limits": LIMITS,
-        "environment": FLIT_ENV,
+        # a variable of this run's own: the key is new, so this run builds (an image left by
+        # an earlier run on the same daemon would otherwise be found and nothing built)
+        "environment": {**FLIT_ENV, "env": {"PATCHBOX_TEST_RUN": uuid.uuid4().hex}},
     }
     fix = {
         "name": "replace_text",
@@ -398,7 +400,9 @@ def test_a_failing_setup_step_names_the_step_its_exit_code_and_its_log(
 @pytest.fixture(scope="module")
 def bare_bases(docker_client: docker.DockerClient) -> Iterator[dict[str, str]]:
     """Two bases made from the default one: without python3 (apt-get kept), and without
-    python3 and without any package manager."""
+    python3 and without any package manager. Each holds a mark of this run's own, so its
+    image id (and an environment's key on it) is new even where an earlier run's layers are
+    in the daemon's cache."""
     base, _ = ImageBuilder(docker_client).resolve_base(None)
     tags = {
         "apt": f"patchbox-test-nopython:{uuid.uuid4().hex[:8]}",
@@ -409,7 +413,10 @@ def bare_bases(docker_client: docker.DockerClient) -> Iterator[dict[str, str]]:
         "none": "rm -f /usr/bin/python3* /usr/bin/apt-get /usr/bin/apt /usr/bin/dpkg; ! command -v python3",
     }
     for kind, tag in tags.items():
-        dockerfile_text = f"FROM {base}\nRUN {scripts[kind]}\n"
+        mark = uuid.uuid4().hex
+        dockerfile_text = (
+            f"FROM {base}\nRUN echo {mark} > /etc/patchbox-test-run; {scripts[kind]}\n"
+        )
         proc = subprocess.run(
             ["docker", "build", "-q", "-t", tag, "-"],
             input=dockerfile_text,
@@ -519,7 +526,12 @@ def test_a_step_that_runs_long_is_reported_every_10_seconds(
             )
             assert proc.returncode == 0, proc.stderr[-3000:]
             tags.append({"tag": _env_images(docker_client, marker)[0]})
-        assert _reports(proc.stderr, f"setup 1/1: sh -c {step}") == [10, 20], proc.stderr
+        # every 10 s while the step runs: at 10 and 20 s of its 25, and at 30 s more when
+        # committing its layer takes the daemon past that (a loaded machine)
+        reports = _reports(proc.stderr, f"setup 1/1: sh -c {step}")
+        assert reports[:2] == [10, 20], proc.stderr
+        assert reports == [10 * (i + 1) for i in range(len(reports))], proc.stderr
+        assert len(reports) <= 4, proc.stderr  # at most 40 s for a 25 s step
     for found in tags:
         docker_client.images.remove(found["tag"])
 

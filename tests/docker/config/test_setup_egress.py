@@ -166,6 +166,7 @@ def test_a_setup_installs_from_the_package_index_through_the_proxy_and_names_it_
 
 
 @pytest.mark.docker
+@pytest.mark.timeout(2 * NETWORK_BUILD)
 def test_without_egress_a_setup_has_no_network_and_with_egress_only_the_proxy(
     docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
 ) -> None:
@@ -175,11 +176,13 @@ def test_without_egress_a_setup_has_no_network_and_with_egress_only_the_proxy(
     del sandbox_image
     repo = init(tmp_path / "p", {"a.txt": "a\n"}).path
     marker = uuid.uuid4().hex
-    probe = [
-        ["sh", "-c", f"tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' > /opt/nets # {marker}"],
-        ["sh", "-c", "env | grep -ci '^https_proxy=http://' > /opt/proxied || true"],
-        ["sh", "-c", DIRECT],
-    ]
+    script = (  # one step (each step is a layer): interfaces, proxy variables, a direct dial
+        "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | tr '\\n' ' ' > /opt/probe"
+        " && echo >> /opt/probe"
+        " && { env | grep -ci '^https_proxy=http://' >> /opt/probe || true; }"
+        f" && {DIRECT.replace('> /opt/direct', '>> /opt/probe')} # {marker}"
+    )
+    probe = [["sh", "-c", script]]
     cases: list[tuple[str, dict[str, Any], str]] = [
         ("none", {"setup": probe}, ""),
         ("empty", {"setup": probe, "egress": []}, 'setup_default = ["preset:debian"]\n'),
@@ -196,9 +199,10 @@ def test_without_egress_a_setup_has_no_network_and_with_egress_only_the_proxy(
         assert code == 0, (name, stderr[-3000:])
         keys[name] = data["key"]
         try:
-            nets = _read(docker_client, data["tag"], "/opt/nets").split()
-            proxied = _read(docker_client, data["tag"], "/opt/proxied")
-            assert _read(docker_client, data["tag"], "/opt/direct") != "0", name
+            lines = _read(docker_client, data["tag"], "/opt/probe").splitlines()
+            assert len(lines) == 3, (name, lines)
+            nets, proxied = lines[0].split(), lines[1]
+            assert lines[2] != "0", name
         finally:
             docker_client.images.remove(data["tag"], force=True)
         if name in {"none", "empty"}:

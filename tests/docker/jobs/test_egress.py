@@ -9,6 +9,7 @@ network at all."""
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,8 @@ from controller.sandbox.base import Runtime
 from controller.sandbox.labels import JOB, KIND, OWNER_FILTER
 from tests.support.egress import FILES, SERVER_PORT, Outside
 from tests.support.jobs import containers_of, evidence_of, make_repo
+from tests.support.proxy import TcpProxy
+from tests.support.registries import package_hosts
 
 pytestmark = pytest.mark.docker
 
@@ -41,6 +44,17 @@ def _fetch(host: str) -> list[str]:
     return ["python3", "-c", code]
 
 
+RESOLVE = "import socket, sys\nprint(socket.getaddrinfo(sys.argv[1], 80)[0][4][0])\n"
+"""A check that resolves a name itself (no proxy): it must not resolve in the sandbox."""
+
+
+def _outside_name() -> str:
+    """A name this host resolves (a package host of the base image), read at run time."""
+    name = package_hosts()[0].rsplit(":", 1)[0]
+    socket.getaddrinfo(name, 80)  # the host resolves it: in the sandbox it must not
+    return name
+
+
 def _task() -> TaskSpec:
     return TaskSpec.model_validate(
         {
@@ -54,6 +68,12 @@ def _task() -> TaskSpec:
                     "timeout_seconds": 60,
                 },
                 "offline": {"argv": _fetch(FILES), "required": False, "timeout_seconds": 60},
+                "resolve": {
+                    "argv": ["python3", "-c", RESOLVE, _outside_name()],
+                    "egress": [PAIR],
+                    "required": False,
+                    "timeout_seconds": 60,
+                },
             },
             "limits": {"memory_mb": 512, "workspace_mb": 64, "tmp_mb": 32, "wall_seconds": 300},
         }
@@ -106,6 +126,11 @@ def test_each_check_reaches_its_own_pairs_and_every_request_is_recorded(
         assert [(r["host"], r["allowed"], r["reason"]) for r in other["network"]] == [
             ("example.test", False, "not_allowed")
         ]
+        # a name that resolves on the host does not resolve in the sandbox: no DNS query
+        # leaves the job's network
+        resolved = session.call("run_check", {"checkId": "resolve"}).result or {}
+        assert resolved["status"] == "failed", resolved
+        assert "gaierror" in resolved["output"], resolved["output"]
         # a check without egress gets nothing through, though the sandbox has the proxy
         offline = session.call("run_check", {"checkId": "offline"}).result or {}
         assert offline["status"] == "failed"
@@ -240,3 +265,36 @@ def test_a_job_without_egress_has_no_network_at_all(
         assert offline["status"] == "failed"
         assert "network" not in offline
         assert _networks_of(docker_client, session.job_id) == []
+
+
+@pytest.mark.usefixtures("sandbox_image", "proxy_tag")
+def test_egress_through_a_remote_daemon(
+    tmp_path: Path, runtime: Runtime, outside: Outside, docker_client: docker.DockerClient
+) -> None:
+    """The same job against a daemon reached over TCP (``DOCKER_HOST``, the daemon's own
+    socket behind a loopback port: no host path means anything to it): the proxy starts,
+    the check reaches its pair through it and nothing else, every request is recorded, and
+    the proxy and its network are gone with the job."""
+    remote = TcpProxy()
+    client = docker.DockerClient(base_url=f"tcp://127.0.0.1:{remote.port}", version="auto")
+    repo = make_repo(tmp_path / "repo")
+    try:
+        with api.open_session(
+            repo, task=_task(), config=_config(outside), client=client, runtime=runtime
+        ) as session:
+            job_id = session.job_id
+            fetched = session.call("run_check", {"checkId": "fetch"}).result or {}
+            assert fetched["status"] == "passed", fetched
+            assert [(r["host"], r["allowed"]) for r in fetched["network"]] == [(FILES, True)]
+            other = session.call("run_check", {"checkId": "elsewhere"}).result or {}
+            assert [(r["host"], r["reason"]) for r in other["network"]] == [
+                ("example.test", "not_allowed")
+            ]
+            session.cancel()
+    finally:
+        client.close()
+        remote.close()
+    assert remote.connections > 0  # the job spoke to the daemon over TCP only
+    assert session.record.diagnostics["baseline_source"] == "channel"
+    assert containers_of(docker_client, job_id) == []
+    assert _networks_of(docker_client, job_id) == []

@@ -15,7 +15,8 @@ import pytest
 from pydantic import ValidationError
 
 from controller.config.checks import read_repo_checks
-from controller.config.environment import CODE_VARIABLES, EnvironmentSpec, check_env_names
+from controller.config.environment import EnvironmentSpec
+from controller.config.fields import CODE_VARIABLES, check_env_names
 from controller.config.host import load_config
 from controller.config.task import CheckSpec, TaskSpec
 from controller.errormap import describe_validation

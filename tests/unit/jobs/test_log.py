@@ -27,6 +27,7 @@ from controller.jobs.records import (
     JobRecord,
     LedgerEntry,
     LedgerFile,
+    ServiceRecord,
     ToolCallRecord,
     TranscriptCall,
     TranscriptTurn,
@@ -112,6 +113,17 @@ def full_record() -> JobRecord:
         applied_by="user",
         merged=["a.py"],
     )
+    record.services = [
+        ServiceRecord(
+            name="db",
+            image="patchbox-env:2",
+            image_id="sha256:1",
+            sandbox="checks",
+            ready_seconds=1.5,
+            exit="exited 1",
+            log_tail="bye\n",
+        )
+    ]
     record.final_message = "done"
     record.diagnostics["reasons"] = [{"code": "R", "detail": "d"}]
     return record

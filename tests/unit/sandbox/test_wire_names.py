@@ -30,7 +30,7 @@ from controller.tools.schemas import (
     parse_arguments,
     tool_schemas,
 )
-from patchbox_agent import diffs, frames, globs, jail, ops, search
+from patchbox_agent import bounds, diffs, frames, globs, jail, search
 from tests.support.paths import REPO_ROOT
 
 ROOT = REPO_ROOT
@@ -187,28 +187,28 @@ def test_arguments_take_the_schema_names() -> None:
 
 def test_shared_limits_are_the_agents() -> None:
     schemas = {t["name"]: t["parameters"]["properties"] for t in tool_schemas()}
-    assert schemas["list_files"]["maxResults"]["maximum"] == ops.MAX_LIST_RESULTS
-    assert schemas["search_text"]["maxResults"]["maximum"] == ops.MAX_SEARCH_RESULTS
-    assert schemas["search_text"]["query"]["maxLength"] == ops.MAX_QUERY
+    assert schemas["list_files"]["maxResults"]["maximum"] == bounds.MAX_LIST_RESULTS
+    assert schemas["search_text"]["maxResults"]["maximum"] == bounds.MAX_SEARCH_RESULTS
+    assert schemas["search_text"]["query"]["maxLength"] == bounds.MAX_QUERY
     assert schemas["read_file"]["path"]["maxLength"] == jail.MAX_PATH_BYTES
-    assert schemas["read_file"]["startLine"]["maximum"] == ops.MAX_LINE_NUMBER
+    assert schemas["read_file"]["startLine"]["maximum"] == bounds.MAX_LINE_NUMBER
     assert schemas["list_files"]["glob"]["maxLength"] == globs.MAX_PATTERN
     assert schemas["apply_patch"]["patch"]["maxLength"] == diffs.MAX_BYTES
     assert MAX_ARGUMENT_BYTES > diffs.MAX_BYTES
     # The defaults the model reads in the descriptions are the agent's.
     described = ListFilesArgs.model_fields["max_results"].description or ""
-    assert f"(default {ops.DEFAULT_LIST_RESULTS})" in described
+    assert f"(default {bounds.DEFAULT_LIST_RESULTS})" in described
     described = schemas["search_text"]["maxResults"]["description"]
-    assert f"(default {ops.DEFAULT_SEARCH_RESULTS})" in described
+    assert f"(default {bounds.DEFAULT_SEARCH_RESULTS})" in described
     described = schemas["read_file"]["endLine"]["description"]
-    assert f"up to {ops.MAX_READ_LINES} lines" in described
+    assert f"up to {bounds.MAX_READ_LINES} lines" in described
     read_doc = next(t["description"] for t in tool_schemas() if t["name"] == "read_file")
-    assert f"at most {ops.MAX_READ_LINES} lines" in read_doc
+    assert f"at most {bounds.MAX_READ_LINES} lines" in read_doc
     assert base.SearchHit.model_fields["text"].metadata[0].max_length == search.MAX_LINE_CHARS
-    assert RAW_CHUNK == ops.RAW_CHUNK
-    assert DEFAULT_OUTPUT_LIMIT == ops.DEFAULT_RUN_OUTPUT
+    assert RAW_CHUNK == bounds.RAW_CHUNK
+    assert DEFAULT_OUTPUT_LIMIT == bounds.DEFAULT_RUN_OUTPUT
     check = CheckSpec(argv=["true"])
-    assert check.output_limit == ops.DEFAULT_RUN_OUTPUT
+    assert check.output_limit == bounds.DEFAULT_RUN_OUTPUT
     for name in ("PROTOCOL_VERSION", "MAGIC", "KIND_JSON", "KIND_BINARY", "KIND_SIGNED"):
         assert getattr(protocol, name) == getattr(frames, name)
     assert protocol.HEADER.format == frames.HEADER.format
