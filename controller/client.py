@@ -372,6 +372,11 @@ class ServiceClient:
     def discard(self, job_id: str) -> RemoteJob:
         return self._view("POST", self._job_path(job_id, "/discard"), f"discarding {job_id}")
 
+    def rebase(self, job_id: str) -> RemoteJob:
+        """Queues a new job that carries this one's diff onto its repository as it is now:
+        ``{"job_id", "status", "parent"}``."""
+        return self._view("POST", self._job_path(job_id, "/rebase"), f"rebasing {job_id}")
+
     def _view(self, method: str, path: str, doing: str) -> RemoteJob:
         return cast("RemoteJob", self._object(method, path, doing))
 

@@ -12,7 +12,7 @@ HintOption = Literal[
     "include_local_changes", "merge", "allow_insecure_http", "allow_insecure_http_hosts"
 ]
 """A request option that changes the outcome, by the engine's name for it."""
-HintAction = Literal["build_image", "list_environments", "use_environment"]
+HintAction = Literal["build_image", "list_environments", "use_environment", "use_rebased"]
 """An operation that remedies the error, by the engine's name for it."""
 
 

@@ -23,6 +23,8 @@
      +-- ConflictError                a refusal with the ``conflicts`` that caused it
      |    +-- ApplyConflictError      APPLY_CONFLICT: the work tree is not as expected
      |    +-- RevertConflictError     REVERT_CONFLICT: a touched path changed after the apply
+     |    +-- RebaseConflictError     REBASE_CONFLICT: a job's diff does not merge onto the
+     |                                repository as it is now; nothing written
      +-- JournalCorruptError          a journal record that cannot be read back exactly
      +-- ProviderError                PROVIDER_ERROR: the model endpoint failed or broke the rules
      |    +-- TransientProviderError  worth another attempt (timeout, connect, 429, 5xx)
@@ -104,6 +106,9 @@ class ErrorCode(StrEnum):
     PROVIDER_ERROR = "PROVIDER_ERROR"
     APPLY_CONFLICT = "APPLY_CONFLICT"
     REVERT_CONFLICT = "REVERT_CONFLICT"
+    REBASE_CONFLICT = "REBASE_CONFLICT"
+    JOB_REBASED = "JOB_REBASED"
+    JOB_SUPERSEDED = "JOB_SUPERSEDED"
     CANCELLED = "CANCELLED"
     INTERRUPTED = "INTERRUPTED"
     INTERNAL_ERROR = "INTERNAL_ERROR"
@@ -318,6 +323,15 @@ class ApplyConflictError(ConflictError):
 
     code = ErrorCode.APPLY_CONFLICT
     verb = "cannot apply"
+
+
+class RebaseConflictError(ConflictError):
+    """``REBASE_CONFLICT``: a job's diff does not merge three-way onto the repository as it
+    is now; its ``conflicts`` name each file (and the lines of each overlapping change).
+    Nothing was written."""
+
+    code = ErrorCode.REBASE_CONFLICT
+    verb = "cannot rebase"
 
 
 class RevertConflictError(ConflictError):

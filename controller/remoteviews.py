@@ -92,7 +92,7 @@ class JobRow(TypedDict, total=False):
 
 class RemoteJob(TypedDict, total=False):
     """A job (``GET /v1/jobs/ID``, as ``patchbox run --json`` prints it) or the result of
-    an action on it (cancel, apply, revert, discard)."""
+    an action on it (cancel, apply, revert, discard, rebase)."""
 
     job_id: str
     status: str
@@ -105,3 +105,7 @@ class RemoteJob(TypedDict, total=False):
     decision: DecisionEntry | None
     already_applied: bool
     """An apply's answer: the job was applied already, nothing was written."""
+    parent: object
+    """A rebase's answer: the job it carries (its id); a job's view: ``{"job_id", ...}``."""
+    stale: dict[str, object]
+    """A job's view: set once it was rebased or applied with its follow-up."""

@@ -10,7 +10,8 @@ Two ways to make a job:
   (:func:`choose_provider`); the job runs to its decision.
 - :func:`open_session`: the caller is the model (:mod:`controller.api.session`).
 
-Then, on a job awaiting review: :func:`apply_job`, :func:`revert_job`, :func:`discard_job`;
+Then, on a job awaiting review: :func:`apply_job`, :func:`revert_job`, :func:`discard_job`,
+and :func:`rebase_job` (its diff carried onto the repository as it is now, as a new job);
 on a running one, :func:`cancel_job`. :func:`resolve_job` turns what a user typed (a prefix
 of an id, ``last``) into a job id.
 
@@ -37,6 +38,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from controller.api.iterate import follow_up, mark_rebased, rebase_job, rebase_request
     from controller.api.jobs import (
         ProviderChoice,
         RemoteOrigin,
@@ -99,6 +101,10 @@ _WHERE = {
     "discard_job": "controller.api.jobs",
     "job": "controller.api.jobs",
     "make_job": "controller.api.jobs",
+    "follow_up": "controller.api.iterate",
+    "mark_rebased": "controller.api.iterate",
+    "rebase_job": "controller.api.iterate",
+    "rebase_request": "controller.api.iterate",
     "remote_applies": "controller.api.jobs",
     "remove_spares": "controller.api.jobs",
     "resolve_job": "controller.api.jobs",
@@ -167,13 +173,17 @@ __all__ = [
     "default_task",
     "describe_provider",
     "discard_job",
+    "follow_up",
     "job",
     "job_diff",
     "job_row",
     "job_view",
     "load_task",
     "make_job",
+    "mark_rebased",
     "open_session",
+    "rebase_job",
+    "rebase_request",
     "remote_applies",
     "remove_spares",
     "resolve_job",

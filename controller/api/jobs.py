@@ -26,14 +26,17 @@ from controller.changes.journal import Journal, fault_point
 from controller.config.host import HostConfig, load_config
 from controller.config.task import TaskSpec
 from controller.errors import ApplyConflictError, NotReadyError, PatchboxError, UsageError
+from controller.jobs.carried import stale_error
 from controller.jobs.engine import Job
 from controller.jobs.evidence import write_evidence
-from controller.jobs.records import ACTIVE, Decision, FileChange, JobRecord
+from controller.jobs.lineage import apply_base
+from controller.jobs.records import ACTIVE, Decision, FileChange, JobRecord, StaleMark
 from controller.jobs.request import JobRequest
 from controller.jobs.settle import held, settled
 from controller.jobs.store import JobStore, is_orphaned, mark_interrupted, write_lock
 from controller.paths import patchbox_home
 from controller.providers import ScriptedProvider, configured_provider, open_provider
+from controller.providers.scripted import CallsFile
 from controller.repo.baseline import commit_baseline
 from controller.sandbox.dockerclient import connect as connect_daemon
 from controller.sandbox.labels import new_job_id
@@ -45,7 +48,6 @@ if TYPE_CHECKING:
 
     from controller.providers.base import Provider
     from controller.providers.config import ProviderConfig
-    from controller.providers.scripted import CallsFile
     from controller.repo.pin import RepoPin
 
 Progress = Callable[[str], None]
@@ -187,7 +189,9 @@ def apply_job(
 ) -> tuple[JobRecord, ApplyResult | None]:
     """Applies a job awaiting review (or reverted: applied again, with every check of a
     first apply) to its work tree, all or nothing (``APPLY_CONFLICT`` naming the files
-    otherwise; with ``merge``, files changed meanwhile merge three-way). A job that is
+    otherwise; with ``merge``, files changed meanwhile merge three-way). A follow-up is
+    applied on what the work tree holds: the increment on its applied parent, else the
+    combined change, its ancestors then stale (:mod:`controller.jobs.lineage`). A job that is
     applied already is left as it is: its record and None, nothing written. ``pin``: a
     service job's repository, verified first and written only as the folder pinned
     (``REPO_NOT_ALLOWED``, nothing written, otherwise)."""
@@ -195,6 +199,8 @@ def apply_job(
     with held(store, job_id, pin=pin) as record:
         if record.state == "applied":
             return record, None
+        if record.stale is not None:
+            raise stale_error(record, "applied")
         if record.state not in APPLICABLE:
             msg = (
                 f"job {record.job_id} is {record.state}; only a job awaiting review or "
@@ -205,10 +211,11 @@ def apply_job(
             msg = f"job {record.job_id} has no baseline"
             raise UsageError(msg)
         diff = job_diff(store, record.job_id) or ""
+        base = apply_base(store, record, diff)  # a follow-up: on what the work tree holds
         with write_lock(record.repo, holder=record.job_id):
             result = apply_changeset(
-                record.baseline,
-                diff,
+                base.baseline,
+                base.diff,
                 job_id=record.job_id,
                 allowed_paths=record.allowed_paths,
                 extra_protected=tuple((config or load_config()).protected),
@@ -223,7 +230,13 @@ def apply_job(
         store.save(record)
         fault_point("apply.recorded")
         write_evidence(record, diff, store)
-    return record, result
+    for ancestor in base.ancestors:  # their change is applied, with this one's
+        with held(store, ancestor.job_id) as parent:
+            if parent.stale is None:
+                parent.stale = StaleMark(by=record.job_id, reason="followed_up", at=time.time())
+                store.save(parent)
+    gone = discard_siblings(record)
+    return record, result.model_copy(update={"discarded": gone}) if gone else result
 
 
 class RemoteOrigin(BaseModel):
@@ -367,6 +380,26 @@ def discard_job(job_id: str, *, pin: RepoPin | None = None) -> JobRecord:
         store.save(record)
         write_evidence(record, job_diff(store, record.job_id), store)
     return record
+
+
+OPEN_ATTEMPT = frozenset({"awaiting_review", "no_change", "failed", "cancelled"})
+"""The attempts a chosen one's apply discards (those no one applied or discarded)."""
+
+
+def discard_siblings(record: JobRecord) -> list[str]:
+    """After ``record`` (one of N attempts, ``run --attempts``) was applied: the other
+    attempts still open are discarded (their repository is not touched); their ids."""
+    if record.attempt is None:
+        return []
+    store, gone = JobStore(), []
+    for job_id in record.attempt.job_ids:
+        if job_id == record.job_id:
+            continue
+        with contextlib.suppress(PatchboxError):
+            if store.load(job_id).state in OPEN_ATTEMPT:
+                discard_job(job_id)
+                gone.append(job_id)
+    return gone
 
 
 def resolve_job(ref: str) -> str:

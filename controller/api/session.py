@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from controller.api.iterate import follow_up
 from controller.api.jobs import make_job
 from controller.api.views import JobView, job_view
 from controller.config.host import HostConfig, load_config
@@ -429,13 +430,21 @@ def open_session(  # noqa: PLR0913 - a job's inputs, all keyword-only
     client: docker.DockerClient | None = None,
     progress: Progress | None = None,
     idle_seconds: float | None = None,
+    follow_from: str | None = None,
 ) -> Session:
     """Prepares a job (health gate, baseline, environment, sandbox) for the caller to drive.
     Raises the preparation's errors (``NOT_A_REPOSITORY``, ``CONSENT_REQUIRED``, ...) with
     nothing left running. ``idle_seconds``: the session ends itself after that long without
-    a call (the module docstring); None: never."""
+    a call (the module docstring); None: never. ``follow_from``: a follow-up of that job,
+    on its result (:func:`controller.api.follow_up`; it stops for review while that job is
+    not applied)."""
     config = config or load_config()
     provider = _CallerProvider()
+    follow, denied = None, None
+    if follow_from is not None:
+        follow, parent, _diff = follow_up(follow_from)
+        if parent.state != "applied":
+            denied = f"a follow-up of job {parent.job_id}, which is not applied: review the two"
     request = JobRequest(
         repo=repo,
         task=task or default_task(config),
@@ -445,6 +454,8 @@ def open_session(  # noqa: PLR0913 - a job's inputs, all keyword-only
         trust_repo_config=trust_repo_config,
         runtime=runtime,
         caller_driven=True,
+        follow=follow,
+        apply_denied=denied,
     )
     job = make_job(request, client=client, progress=progress)
     return Session(job, provider, idle_seconds=idle_seconds, progress=progress)

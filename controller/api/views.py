@@ -23,6 +23,8 @@ from controller.jobs.records import (
     FileChange,
     JobRecord,
     NetworkRequest,
+    ParentLink,
+    StaleMark,
     ToolCallRecord,
 )
 from controller.logs import Scrubber
@@ -108,6 +110,11 @@ class JobView(_View):
     review_fallback: str | None = Field(default=None, exclude_if=lambda v: v is None)
     """Why a job in an auto mode stopped for review instead of applying."""
     bundle: BundleRef | None = Field(default=None, exclude_if=lambda v: v is None)
+    parent: ParentLink | None = Field(default=None, exclude_if=lambda v: v is None)
+    """The job this one was rebased from (``job_id``, ``diff_sha256``, ``relation``)."""
+    stale: StaleMark | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Set once this job was rebased (``by``: the new job): its decision and checks are
+    stale and it is not applied."""
 
     @classmethod
     def before_record(
@@ -162,6 +169,8 @@ def job_view(
         "evidence": evidence,
         "decision": record.decision.model_dump(mode="json") if record.decision else None,
         "review_fallback": review_fallback(record),
+        "parent": record.parent.model_dump(mode="json") if record.parent else None,
+        "stale": record.stale.model_dump(mode="json") if record.stale else None,
     }
     scrubbed = Scrubber(record.repo, secrets, paths=False).value(raw)
     return JobView.model_validate({**scrubbed, "diff": diff or ""})
@@ -184,6 +193,8 @@ class ApplyView(_View):
     """Paths merged three-way with the user's own change (``merge`` only)."""
     already_applied: bool = False
     """The job was applied already: nothing was written."""
+    discarded: list[str] = Field(default_factory=list, exclude_if=lambda v: not v)
+    """The other attempts of the same task, discarded by this apply (``run --attempts``)."""
 
     @classmethod
     def of(cls, record: JobRecord, result: ApplyResult | None) -> ApplyView:
@@ -197,7 +208,11 @@ class ApplyView(_View):
                 already_applied=True,
             )
         return cls(
-            job_id=record.job_id, status=record.state, files=result.files, merged=result.merged
+            job_id=record.job_id,
+            status=record.state,
+            files=result.files,
+            merged=result.merged,
+            discarded=result.discarded,
         )
 
 

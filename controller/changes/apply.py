@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from controller.changes.changeset import ChangeSet, ChangesetLimits
 from controller.changes.conflicts import apply_refused, check_repo, state_conflict
@@ -94,6 +94,8 @@ class ApplyResult(BaseModel):
     """Per path written (a rename is a create and a delete)."""
     merged: list[str]
     """Paths merged three-way with the user's concurrent change (``merge=True`` only)."""
+    discarded: list[str] = Field(default_factory=list)
+    """The other attempts of the same task, discarded once this one was applied."""
 
 
 class RevertResult(BaseModel):

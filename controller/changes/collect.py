@@ -110,7 +110,7 @@ def collect(box: Sandbox, baseline: Baseline) -> Collected:
                 fetched.append((mode, path, blob))
                 digest = hashlib.sha256(data).hexdigest()
                 files.append(ChangedFile(path, kind, mode, digest))
-        oids = _store_blobs(private, [blob for _, _, blob in fetched])
+        oids = store_blobs(private, [blob for _, _, blob in fetched])
         entries += [
             f"{mode} {oid}\t{path}\0" for (mode, path, _), oid in zip(fetched, oids, strict=True)
         ]
@@ -144,7 +144,7 @@ def collect(box: Sandbox, baseline: Baseline) -> Collected:
     return Collected(diff=diff, tree=tree, files=sorted(files, key=lambda f: f.path))
 
 
-def _store_blobs(private: PrivateRepo, blobs: list[Path]) -> list[str]:
+def store_blobs(private: PrivateRepo, blobs: list[Path]) -> list[str]:
     """Writes the files ``blobs`` into the private git dir as blobs, bytes as they are (no
     filter or conversion); their object ids, in order. One ``git hash-object`` for all of
     them, never a process per file (docs/performance.md has the measurements)."""

@@ -70,9 +70,20 @@ class Plan:
     suggest_merge: bool = False
 
 
-def _merge(git_dir: Path, base: bytes, ours: bytes, theirs: bytes) -> tuple[bytes, int]:
+APPLY_LABELS = ("work tree", "baseline", "change set")
+"""How an apply's merge names ours, the base and theirs in its conflict markers."""
+
+
+def merge_file(
+    git_dir: Path,
+    base: bytes,
+    ours: bytes,
+    theirs: bytes,
+    labels: tuple[str, str, str] = APPLY_LABELS,
+) -> tuple[bytes, int]:
     """``git merge-file -p`` of the three versions in a controller-owned folder: the
-    merged bytes and git's status (0 clean, >0 conflicts, <0 or 255 failure)."""
+    merged bytes and git's status (0 clean, >0 conflicts, <0 or 255 failure). ``labels``
+    name ours, the base and theirs in the conflict markers."""
     scratch = owned_temp_dir("merge-")
     try:
         for name, data in (("ours", ours), ("base", base), ("theirs", theirs)):
@@ -83,11 +94,11 @@ def _merge(git_dir: Path, base: bytes, ours: bytes, theirs: bytes) -> tuple[byte
             "merge-file",
             "-p",
             "-L",
-            "work tree",
+            labels[0],
             "-L",
-            "baseline",
+            labels[1],
             "-L",
-            "change set",
+            labels[2],
             "ours",
             "base",
             "theirs",
@@ -165,7 +176,7 @@ class _Planner:
         base, ours = self.changes[path].before, self.states[path].data
         assert base is not None  # noqa: S101 - only called for a file of the baseline
         assert ours is not None  # noqa: S101 - read with its bytes when merging
-        merged, status = _merge(self.git_dir, base, ours, theirs)
+        merged, status = merge_file(self.git_dir, base, ours, theirs)
         result = merged if status == 0 else None
         if 0 < status < 128:
             text = merged[:MERGE_DETAIL_LIMIT].decode("utf-8", "replace")

@@ -30,8 +30,10 @@ if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable
 
+    from controller.api.jobs import ProviderChoice
     from controller.config.host import HostConfig
     from controller.config.task import TaskSpec
+    from controller.jobs.request import JobRequest
     from controller.providers.scripted import CallsFile
     from controller.repo.baseline import Baseline
     from controller.tools.watch import CheckLine
@@ -94,9 +96,12 @@ def check_output_printer(
     return latest
 
 
-def _run_inputs(args: argparse.Namespace) -> tuple[HostConfig, TaskSpec, CallsFile | None]:
-    """``run``'s configuration, task and calls, read, and its repository found: a wrong
-    ``--repo`` is named before the model or Docker is asked anything."""
+def run_inputs(
+    args: argparse.Namespace,
+) -> tuple[HostConfig, TaskSpec, list[CallsFile]]:
+    """``run``'s configuration, task and calls files (one per ``--calls``), read, and its
+    repository found: a wrong ``--repo`` is named before the model or Docker is asked
+    anything."""
     from controller import api
     from controller.config.host import load_config
     from controller.providers import read_calls
@@ -105,18 +110,21 @@ def _run_inputs(args: argparse.Namespace) -> tuple[HostConfig, TaskSpec, CallsFi
     config = load_config(Path(args.config) if args.config else None)
     if getattr(args, "no_spare", False):
         config = config.model_copy(update={"spare_sandboxes": 0})
+    if not args.task:
+        raise UsageError("--task is required (without --from)")
     task = api.load_task(Path(args.task))
-    calls = read_calls(Path(args.calls)) if args.calls else None
+    calls = [read_calls(Path(c)) for c in args.calls or ()]
     locate(Path(args.repo).resolve())  # named as the job names it: its real path
     return config, task, calls
 
 
 def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcome:
     from controller import api
-    from controller.sandbox.dockerclient import connect
 
-    config, task, calls = _run_inputs(args)
-    choice = api.choose_provider(config, task, calls)
+    config, task, calls = run_inputs(args)
+    if len(calls) > 1:
+        raise UsageError("--calls is given once per attempt: only with --attempts N")
+    choice = api.choose_provider(config, task, calls[0] if calls else None)
     secrets = choice.secrets
     request = api.JobRequest(
         repo=Path(args.repo),
@@ -129,6 +137,21 @@ def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcom
         runtime=args.runtime,
         secrets=secrets,
     )
+    return run_request(args, progress, request, choice)
+
+
+def run_request(
+    args: argparse.Namespace,
+    progress: Callable[[str], None],
+    request: JobRequest,
+    choice: ProviderChoice,
+) -> Outcome:
+    """``run``'s job of ``request`` (``choice``'s provider, closed at its end), to its
+    outcome; Ctrl-C and SIGTERM cancel it."""
+    from controller import api
+    from controller.sandbox.dockerclient import connect
+
+    secrets = choice.secrets
     client = connect()
     scrub = Scrubber(str(request.repo), secrets, paths=False)
     output = check_output_printer(args, progress, scrub.text)
@@ -142,19 +165,45 @@ def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcom
         finally:
             choice.provider.close()
             client.close()
+    return ended(
+        args,
+        progress,
+        record,
+        job.diff,
+        secrets=secrets,
+        signalled=cancellation.exit_code,
+        internal=internal,
+    )
+
+
+def ended(  # noqa: PLR0913 - a finished job's parts, then how it ended
+    args: argparse.Namespace,
+    progress: Callable[[str], None],
+    record: JobRecord,
+    diff: str | None,
+    *,
+    secrets: tuple[str, ...],
+    signalled: int | None,
+    internal: InternalError | None,
+) -> Outcome:
+    """The outcome of ``run`` (or ``rebase``) once its job ended: its view, artifacts with
+    ``--output-dir``, the summary and what to do next, and the exit status."""
     store = JobStore()
     evidence = relative_to_home(store.folder(record.job_id) / "evidence.json")
-    view = job_view(record, job.diff, evidence, secrets)
+    view = job_view(record, diff, evidence, secrets)
     data = view.data()
     no_change_ok = bool(getattr(args, "no_change_ok", False))
     if getattr(args, "output_dir", None):
         data["artifacts"] = _artifacts(
-            Path(args.output_dir), record, job.diff, secrets, data, no_change_ok=no_change_ok
+            Path(args.output_dir), record, diff, secrets, data, no_change_ok=no_change_ok
         )
     ok = record.state in {"awaiting_review", "applied"} or (
         record.state == "no_change" and no_change_ok
     )
     text = Scrubber(record.repo, secrets, paths=False).text(summary_text(record))
+    conflicts = record.diagnostics.get("conflicts")
+    if conflicts:  # each file of a refused rebase and why, never a merge's contents
+        data["conflicts"] = [{k: v for k, v in c.items() if k != "detail"} for c in conflicts]
     if record.error is not None and (words := remedy(record.error.hint)) is not None:
         text += f"\n{words}"
         data["error"]["hint"]["text"] = words
@@ -166,8 +215,8 @@ def cmd_run(args: argparse.Namespace, progress: Callable[[str], None]) -> Outcom
         text += f"\nreview: patchbox show {jid} --diff; then patchbox apply {jid}"
         text += f" or patchbox discard {jid}"
     text += f"\nevidence: {evidence}"
-    if cancellation.exit_code is not None:
-        return cancellation.exit_code, data, text
+    if signalled is not None:
+        return signalled, data, text
     if internal is not None:
         # A fault after the job's end (its evidence) leaves the record as it was: say so.
         data["error"] = data["error"] or Scrubber(record.repo, secrets, paths=False).value(
@@ -342,6 +391,15 @@ def cmd_show(args: argparse.Namespace) -> Outcome:
     text += f"\nevidence: {evidence}"
     if args.diff and diff:
         text += "\n" + diff
+    if args.diff and record.parent is not None and record.parent.relation == "follow-up":
+        from controller.jobs.lineage import combined_diff
+
+        parent_diff = job_diff(store, record.parent.job_id) or ""
+        combined = combined_diff(store, record, diff or "") or ""
+        data["parent_diff"], data["combined_diff"] = parent_diff, combined
+        text += f"\ndiff of job {record.parent.job_id}, which this job follows up:\n{parent_diff}"
+        text += f"\nthe two combined (what apply writes while job {record.parent.job_id} "
+        text += f"is not applied):\n{combined}"
     if getattr(args, "transcript", False):
         data["transcript"] = record.model_dump(mode="json").get("transcript", [])
         text += "\ntranscript:\n" + Scrubber(record.repo, paths=False).text(transcript_text(record))

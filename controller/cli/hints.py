@@ -21,6 +21,7 @@ OPTIONS: dict[HintOption, str] = {
 """Each option's words; ``{job}`` is the job the remedy is for."""
 
 ACTIONS: dict[HintAction, str] = {
+    "use_rebased": "apply or rebase job {job} instead (patchbox apply {job})",
     "build_image": "run 'patchbox image build'",
     "list_environments": "'patchbox env list' shows them",
     "use_environment": (
@@ -29,7 +30,7 @@ ACTIONS: dict[HintAction, str] = {
         'or set "baseline_checks": false in the task to skip the run before the model'
     ),
 }
-"""Each operation's words."""
+"""Each operation's words; ``{job}`` is the job the remedy names."""
 
 
 def remedy(hint: Hint | None) -> str | None:
@@ -39,7 +40,7 @@ def remedy(hint: Hint | None) -> str | None:
     if hint.option is not None:
         return OPTIONS[hint.option].format(job=hint.job_id or "JOB")
     if hint.action is not None:
-        return ACTIONS[hint.action]
+        return ACTIONS[hint.action].format(job=hint.job_id or "JOB")
     return None
 
 

@@ -34,6 +34,7 @@ from controller.errors import (
 from controller.version import version
 
 if TYPE_CHECKING:
+    from controller.cli.commands import Outcome
     from controller.repo.health import HealthReport
 
 
@@ -205,11 +206,23 @@ def settle_leftovers() -> None:
     api.settle_leftovers()
 
 
+def _run_command(args: argparse.Namespace) -> Outcome:
+    """``run``: a follow-up (``--from``), N attempts (``--attempts``) or one job."""
+    from controller.cli import commands, iterate
+
+    if args.from_job:
+        return iterate.run_follow_up_command(args, _progress)
+    if args.attempts != 1:
+        return iterate.run_attempts_command(args, _progress)
+    return commands.cmd_run(args, _progress)
+
+
 def _job_command(args: argparse.Namespace) -> int:
-    from controller.cli import commands
+    from controller.cli import commands, iterate
 
     handlers: dict[str, Callable[[argparse.Namespace], commands.Outcome]] = {
-        "run": lambda a: commands.cmd_run(a, _progress),
+        "run": _run_command,
+        "rebase": lambda a: iterate.cmd_rebase(a, _progress),
         "jobs": commands.cmd_jobs,
         "prune": commands.cmd_prune,
         "show": commands.cmd_show,
@@ -237,6 +250,8 @@ def _default_repo(args: argparse.Namespace) -> None:
     is in (the nearest folder from it up holding ``.git``), as git and gh find it."""
     command = args.command + (" build" if getattr(args, "env_command", None) == "build" else "")
     if command not in _REPO_DEFAULTED or getattr(args, "repo", None) is not None:
+        return
+    if getattr(args, "from_job", None):  # a follow-up's repository is its parent's
         return
     from controller.repo.layout import enclosing_top
 

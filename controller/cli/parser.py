@@ -51,46 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     build = image_sub.add_parser("build", help="build the default sandbox image")
     build.add_argument("--json", action="store_true", help="print JSON instead of text")
     _env_parsers(sub)
-    run = sub.add_parser("run", help="one job, to its decision")
-    run.add_argument("--repo", help="the repository (default: the one the current folder is in)")
-    run.add_argument("--task", required=True, help="the task file")
-    run.add_argument("--calls", help="drive the tools from this calls file")
-    run.add_argument(
-        "--include-local-changes",
-        action="store_true",
-        help="include uncommitted changes in the baseline (else a dirty tree is refused)",
-    )
-    run.add_argument(
-        "--trust-repo-config",
-        action="store_true",
-        help="also read the checks the repository suggests in .patchbox/checks.json",
-    )
-    run.add_argument(
-        "--consent-trusted-auto",
-        action="store_true",
-        help="consent to the trusted-auto mode of the task (applies without a review)",
-    )
-    run.add_argument(
-        "--runtime",
-        choices=["runc", "runsc"],
-        default=None,
-        help="the container runtime (default: the host configuration's, else runc)",
-    )
-    run.add_argument(
-        "--no-spare", action="store_true", help="start no spare sandbox for the next job"
-    )
-    run.add_argument(
-        "--output-dir",
-        metavar="DIR",
-        help="write evidence.json, diff.patch, junit.xml and the transcript here (for CI)",
-    )
-    run.add_argument(
-        "--no-change-ok",
-        action="store_true",
-        help="exit 0 when the job made no change (else exit 5)",
-    )
-    run.add_argument("--config", help="host configuration (default $PATCHBOX_HOME/config.toml)")
-    run.add_argument("--json", action="store_true", help="print JSON instead of text")
+    _run_parser(sub)
+    _rebase_parser(sub)
     jobs = sub.add_parser("jobs", help="jobs and their states")
     jobs.add_argument("--repo")
     jobs.add_argument(
@@ -152,6 +114,86 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
             default=argparse.SUPPRESS,
             help="log lines on stderr (the log file is always JSON)",
         )
+
+
+def _run_parser(sub: Any) -> None:
+    run = sub.add_parser("run", help="one job, to its decision")
+    run.add_argument("--repo", help="the repository (default: the one the current folder is in)")
+    run.add_argument(
+        "--task", help="the task file (with --from: its fields over the earlier job's task)"
+    )
+    run.add_argument(
+        "--from",
+        dest="from_job",
+        metavar="JOB",
+        help="a follow-up: start from JOB's result (awaiting review or applied), its task the "
+        "default for this one's",
+    )
+    run.add_argument("--prompt", help="with --from: the follow-up's prompt")
+    run.add_argument(
+        "--calls",
+        action="append",
+        help="drive the tools from this calls file (with --attempts: once for all, or once "
+        "per attempt)",
+    )
+    run.add_argument(
+        "--attempts",
+        type=int,
+        default=1,
+        metavar="N",
+        help="N attempts of the task from the same baseline, ranked; apply the one you choose",
+    )
+    run.add_argument(
+        "--include-local-changes",
+        action="store_true",
+        help="include uncommitted changes in the baseline (else a dirty tree is refused)",
+    )
+    run.add_argument(
+        "--trust-repo-config",
+        action="store_true",
+        help="also read the checks the repository suggests in .patchbox/checks.json",
+    )
+    run.add_argument(
+        "--consent-trusted-auto",
+        action="store_true",
+        help="consent to the trusted-auto mode of the task (applies without a review)",
+    )
+    run.add_argument(
+        "--runtime",
+        choices=["runc", "runsc"],
+        default=None,
+        help="the container runtime (default: the host configuration's, else runc)",
+    )
+    run.add_argument(
+        "--no-spare", action="store_true", help="start no spare sandbox for the next job"
+    )
+    run.add_argument(
+        "--output-dir",
+        metavar="DIR",
+        help="write evidence.json, diff.patch, junit.xml and the transcript here (for CI)",
+    )
+    run.add_argument(
+        "--no-change-ok",
+        action="store_true",
+        help="exit 0 when the job made no change (else exit 5)",
+    )
+    run.add_argument("--config", help="host configuration (default $PATCHBOX_HOME/config.toml)")
+    run.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def _rebase_parser(sub: Any) -> None:
+    rebase = sub.add_parser(
+        "rebase",
+        help="carry a job awaiting review onto the repository as it is now, as a new job",
+    )
+    rebase.add_argument("job", help=JOB_HELP)
+    rebase.add_argument(
+        "--output-dir",
+        metavar="DIR",
+        help="write evidence.json, diff.patch, junit.xml and the transcript here (for CI)",
+    )
+    rebase.add_argument("--config", help="host configuration (default $PATCHBOX_HOME/config.toml)")
+    rebase.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
 def _serve_parser(sub: Any) -> None:

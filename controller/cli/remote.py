@@ -97,6 +97,7 @@ def run(args: argparse.Namespace, progress: Progress) -> Outcome:
         "revert": _revert,
         "discard": _action,
         "cancel": _action,
+        "rebase": _action,
     }
     with connect(args) as client:
         if isinstance(getattr(args, "job", None), str):
@@ -264,9 +265,16 @@ def _events(client: ServiceClient, args: argparse.Namespace, _progress: Progress
 
 def _action(client: ServiceClient, args: argparse.Namespace, _progress: Progress) -> Outcome:
     name = args.remote_command
-    call = {"revert": client.revert, "discard": client.discard, "cancel": client.cancel}[name]
+    call = {
+        "revert": client.revert,
+        "discard": client.discard,
+        "cancel": client.cancel,
+        "rebase": client.rebase,
+    }[name]
     data = call(args.job)
     text = f"job {data.get('job_id')}: {data.get('status')}"
+    if data.get("parent"):
+        text += f" (carries job {data.get('parent')} onto the repository as it is now)"
     if data.get("files"):
         text += f" ({len(data['files'])} file(s))"
     return ExitCode.OK, data, text

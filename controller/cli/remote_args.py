@@ -86,3 +86,4 @@ def add_parser(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
     )
     command("discard", "drop a job awaiting review, failed or cancelled")
     command("cancel", "cancel a queued or running job")
+    command("rebase", "queue a new job that carries a job awaiting review onto its repository now")

@@ -61,6 +61,8 @@ class HostConfig(BaseModel):
     spare_idle_seconds: float = Field(default=60.0, gt=0, le=86400)
     """An unclaimed spare ends after this long: short by default, so that a command's spare
     does not outlive it by much (``patchbox prune --spares`` removes them at once)."""
+    attempt_concurrency: int = Field(default=2, ge=1, le=16)
+    """How many attempts of ``run --attempts N`` run at once."""
     limits: Limits | None = None
     checks: dict[CheckId, CheckSpec] = Field(default_factory=dict)
     provider: dict[str, Any] = Field(default_factory=dict)

@@ -28,12 +28,15 @@ def record_changeset(  # noqa: PLR0913 - the record, the diff's parts, then keyw
     *,
     protected: Sequence[str],
     prepared: Baseline | None,
+    carried: bool = False,
 ) -> ChangeSet | None:
     """The validated change set, recorded in ``record``; None when the job made no change.
-    ``prepared`` is the baseline the job's sandbox was prepared from (the ledger's)."""
+    ``prepared`` is the baseline the job's sandbox was prepared from (the ledger's); a
+    ``carried`` diff (a rebase's, made on the host) has no ledger to be held to."""
     record.diff_sha256 = collected.diff_sha256
     try:
-        reconcile(collected, record, prepared)  # first: a hidden reported file is named
+        if not carried:
+            reconcile(collected, record, prepared)  # first: a hidden reported file is named
         changeset = (
             validate_changeset(
                 baseline,

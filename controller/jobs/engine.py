@@ -31,11 +31,12 @@ from controller.errors import (
     PatchboxError,
 )
 from controller.jobs.baselinechecks import cannot_run_error, run_baseline_checks
+from controller.jobs.carried import carried_changes
 from controller.jobs.decision import DecisionInputs, decide, skips_checks
 from controller.jobs.diffstage import apply_decided, record_changeset
 from controller.jobs.evidence import write_evidence
 from controller.jobs.loop import CANCELLED_MESSAGE, ToolLoop, cancelled_error
-from controller.jobs.periodic import periodically
+from controller.jobs.periodic import cancel_watch, heartbeat
 from controller.jobs.reconcile import baseline_unchanged
 from controller.jobs.records import (
     ACTIVE,
@@ -63,6 +64,8 @@ log = structlog.get_logger(__name__)
 
 HEARTBEAT_SECONDS = 15.0
 """How long one step may last before a progress line says it still runs."""
+NO_CHANGE_MADE = "the job made no change: the model ended without changing a file"
+NO_CHANGE_CARRIED = "nothing to carry: the repository as it is now holds the job's change"
 CANCEL_POLL_SECONDS = 0.25
 """How often a running job looks for a cancel asked for from another process."""
 
@@ -131,22 +134,6 @@ class Job:
         """What the job is doing now (told by the stages, the loop and the checks)."""
         self._activity, self._activity_since = what, time.monotonic()
 
-    def _heartbeat(
-        self, every: float = HEARTBEAT_SECONDS
-    ) -> contextlib.AbstractContextManager[None]:
-        """While the job runs: a progress line every ``every`` seconds that one step has
-        lasted, so a long check, build or model turn shows that it is alive."""
-
-        def beat() -> bool:
-            since = time.monotonic() - self._activity_since
-            if since >= every:
-                what = self._activity or self.record.state.replace("_", " ")
-                with contextlib.suppress(Exception):
-                    self.progress(f"still {what} ({since:.0f} s)")
-            return False
-
-        return periodically(every, beat, "job-heartbeat")
-
     def run(self, *, refusals: Refusals = "record") -> JobRecord:
         """Runs the job to its end state.
 
@@ -164,12 +151,7 @@ class Job:
         with self._claim() if raising else contextlib.nullcontext():
             self.store.save(record)
             started = time.perf_counter()
-            lock = (
-                contextlib.nullcontext()
-                if raising
-                else write_lock(record.repo, holder=record.job_id)
-            )
-            unexpected = self._run_stages(lock)
+            unexpected = self._run_stages(contextlib.nullcontext() if raising else self._lock())
             if raising and unexpected is None and refused(self.failure, record, self.cancelled):
                 shutil.rmtree(self.store.folder(record.job_id), ignore_errors=True)
                 assert self.failure is not None  # noqa: S101 - refused says so
@@ -189,18 +171,27 @@ class Job:
         """Before the job's record exists: its path is a work tree's top
         (``NOT_A_REPOSITORY``), and the repository's write lock, held until the job ends
         (``JOB_ALREADY_RUNNING``, naming the job that holds it)."""
-        record = self.record
         if self.request.pin is None:
-            locate(Path(record.repo))
-        with write_lock(record.repo, holder=record.job_id):
+            locate(Path(self.record.repo))
+        with self._lock():
             yield
+
+    def _lock(self) -> contextlib.AbstractContextManager[object]:
+        """The repository's write lock; none when the caller holds it (attempts of a task)."""
+        if self.request.repo_locked:
+            return contextlib.nullcontext()
+        return write_lock(self.record.repo, holder=self.record.job_id)
 
     def _run_stages(self, lock: contextlib.AbstractContextManager[object]) -> InternalError | None:
         """The stages under ``lock`` (the repository's), the job's sandboxes closed after
         them; a refusal or failure recorded. Returns an unexpected exception, recorded."""
         unexpected: InternalError | None = None
         try:
-            with self._heartbeat(), self._cancel_requests(), lock:
+            with (
+                self._heartbeat(),
+                cancel_watch(CANCEL_POLL_SECONDS, self._cancel_requested, self.cancel),
+                lock,
+            ):
                 try:
                     self._stages()
                 except PatchboxError as exc:
@@ -220,22 +211,22 @@ class Job:
             self._fail(exc)
         return unexpected
 
-    def _cancel_requests(
-        self, every: float = CANCEL_POLL_SECONDS
+    def _heartbeat(
+        self, every: float = HEARTBEAT_SECONDS
     ) -> contextlib.AbstractContextManager[None]:
-        """While the job runs: a cancel asked for from another process (a file in the job's
-        folder, :meth:`JobStore.request_cancel`) cancels it as :meth:`cancel` does."""
-        job_id = self.record.job_id
+        """A progress line every ``every`` seconds one step lasts (:func:`heartbeat`)."""
 
-        def watch() -> bool:
-            with contextlib.suppress(OSError, PatchboxError):
-                if self.store.cancel_requested(job_id):
-                    self.progress("cancelling (requested from another process)")
-                    self.cancel()
-                    return True
-            return False
+        def activity() -> tuple[str, float]:
+            return self._activity or self.record.state.replace("_", " "), self._activity_since
 
-        return periodically(every, watch, "job-cancel-requests")
+        return heartbeat(every, activity, self.progress)
+
+    def _cancel_requested(self) -> bool:
+        with contextlib.suppress(OSError, PatchboxError):
+            if self.store.cancel_requested(self.record.job_id):
+                self.progress("cancelling (requested from another process)")
+                return True
+        return False
 
     def _internal(self, exc: Exception) -> InternalError:
         """Records an unexpected exception: a crash report, and the job ``failed`` with
@@ -266,11 +257,12 @@ class Job:
             message, hint = self._cancel_reason, None
         self.record.error = ErrorInfo(code=str(code), message=message, hint=hint)
         self.failure = exc
-        reasons = getattr(exc, "reasons", None)
-        if reasons:
-            self.record.diagnostics["reasons"] = [
-                r.model_dump() if hasattr(r, "model_dump") else str(r) for r in reasons
-            ]
+        for name in ("reasons", "conflicts"):  # why a change set or a rebase was refused
+            found = getattr(exc, name, None)
+            if found:
+                self.record.diagnostics[name] = [
+                    r.model_dump() if hasattr(r, "model_dump") else str(r) for r in found
+                ]
         if self.record.state not in {"failed", "cancelled"}:
             self.record.move("cancelled" if cancelled else "failed")
         self.store.save(self.record)
@@ -300,16 +292,33 @@ class Job:
                 spec = spec.model_copy(update={"image": built.tag})
                 return built.tag
 
-        config = request.config
-        pool = (
-            SparePool(
-                self.client,
-                max_spares=config.spare_sandboxes,
-                idle_seconds=config.spare_idle_seconds,
+        if request.carry is not None:
+            baseline, collected = carried_changes(request, record, image_for, self._move)
+        else:
+            baseline, collected = self._made(spec, checks, image_for, sandboxes.spare_pool())
+        self._move("validating")
+        changeset = self._validate(baseline, collected, task)
+        if changeset is None:
+            record.error = ErrorInfo(
+                code=str(ErrorCode.NO_CHANGE),
+                message=NO_CHANGE_CARRIED if request.carry else NO_CHANGE_MADE,
             )
-            if config.spare_sandboxes and self._gate is None  # a spare has no network
-            else None
-        )
+            self._move("no_change")
+            return
+        self._move("checking")
+        self._checks(baseline, changeset, checks, spec)
+        self._decide(baseline, changeset)
+
+    def _made(
+        self,
+        spec: SandboxSpec,
+        checks: dict[str, CheckSpec],
+        image_for: Callable[[Baseline], str] | None,
+        pool: SparePool | None,
+    ) -> tuple[Baseline, Collected]:
+        """The sandbox on a new baseline, the checks before the change, the model's tool
+        loop, and the changes it made (the sandbox closed)."""
+        request, record, task = self.request, self.record, self.request.task
         t = time.perf_counter()
         prepared = prepare(
             self.client,
@@ -320,6 +329,7 @@ class Job:
             pool=pool,
             image_for=image_for,
             confirm=request.pin.confirm if request.pin is not None else None,
+            made=request.follow.baseline if request.follow is not None else None,
         )
         self._box, self._prepared, baseline = prepared.sandbox, prepared, prepared.baseline
         self._record_prepared(prepared, time.perf_counter() - t)
@@ -333,21 +343,10 @@ class Job:
             request.provider.use_checks(checks)
         record.final_message = self._tool_loop(prepared.sandbox, checks, task)
         record.timings_ms["loop"] = round((time.perf_counter() - t) * 1000)
-        self._move("validating")
         collected = collect(prepared.sandbox, baseline)
         prepared.sandbox.close()
         self._box = None
-        changeset = self._validate(baseline, collected, task)
-        if changeset is None:
-            record.error = ErrorInfo(
-                code=str(ErrorCode.NO_CHANGE),
-                message="the job made no change: the model ended without changing a file",
-            )
-            self._move("no_change")
-            return
-        self._move("checking")
-        self._checks(baseline, changeset, checks, spec)
-        self._decide(baseline, changeset)
+        return baseline, collected
 
     def _record_prepared(self, prepared: Prepared, seconds: float) -> None:
         record = self.record
@@ -429,6 +428,7 @@ class Job:
             task,
             protected=tuple(self.request.config.protected),
             prepared=prepared.baseline if prepared is not None else None,
+            carried=self.request.carry is not None,
         )
 
     def _checks(

@@ -69,6 +69,9 @@ def bundle(record: JobRecord, diff: str | None) -> dict[str, Any]:
         "history": [{"state": s, "at": t} for s, t in record.history],
         "final_message": record.final_message,
         "diagnostics": stored["diagnostics"],
+        "parent": stored.get("parent"),
+        "stale": stored.get("stale"),
+        "attempt": stored.get("attempt"),
     }
 
 

@@ -314,6 +314,33 @@ class CheckChange(_Value):
     change: CheckChangeKind
 
 
+class ParentLink(_Value):
+    """The job this one was made from: ``rebase`` carried its diff onto the repository as
+    it is now; a ``follow-up`` started from its result (its baseline plus its diff)."""
+
+    job_id: str
+    diff_sha256: str | None
+    relation: Literal["rebase", "follow-up"] = "rebase"
+
+
+class AttemptLink(_Value):
+    """One of N attempts of the same task from the same baseline (``run --attempts``):
+    ``index`` from 1, and every attempt's job id in order (this one's included)."""
+
+    index: int
+    job_ids: list[str]
+
+
+class StaleMark(_Value):
+    """Why a job's decision and checks no longer hold: ``rebased`` as job ``by``, whose
+    checks ran on the repository as it is now; or ``followed_up``: its change was applied
+    with its follow-up ``by`` (the two in one apply)."""
+
+    by: str
+    reason: Literal["rebased", "followed_up"] = "rebased"
+    at: float
+
+
 class Decision(_Value):
     """What was decided about the diff and why; the keys that do not apply are absent."""
 
@@ -382,6 +409,13 @@ class JobRecord(BaseModel):
     """The services the job's checks used, each container once (none without services)."""
     decision: Decision | None = None
     """None until the job is decided (stored as ``{}``)."""
+    parent: ParentLink | None = _OMITTED
+    """The job this one was made from (none for a job made by a model)."""
+    attempt: AttemptLink | None = _OMITTED
+    """Which of N attempts of one task this job is; applying one discards the others."""
+    stale: StaleMark | None = _OMITTED
+    """Set once the job was rebased: its decision and checks are kept, marked stale, and
+    it is not applied (``JOB_REBASED``)."""
     timings_ms: dict[str, int] = Field(default_factory=dict)
     final_message: str | None = None
     controller: str = ""

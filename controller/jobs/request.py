@@ -11,8 +11,9 @@ from typing import Literal
 from controller.config.host import HostConfig
 from controller.config.task import TaskSpec
 from controller.errors import ErrorCode, PatchboxError
-from controller.jobs.records import JobRecord
+from controller.jobs.records import AttemptLink, JobRecord, ParentLink
 from controller.providers.base import Provider
+from controller.repo.baseline import Baseline
 from controller.repo.pin import RepoPin
 from controller.sandbox.base import Runtime
 from controller.sandbox.labels import ControllerIdentity, new_job_id
@@ -29,6 +30,28 @@ REFUSALS = frozenset(
     }
 )
 """The refusals of a job that are the requester's to fix, before anything of it ran."""
+
+
+@dataclass(frozen=True)
+class CarryFrom:
+    """A job's diff to carry onto the repository as it is now, instead of a model's work
+    (``patchbox rebase``): the job, its diff as recorded and the baseline it was made on."""
+
+    job_id: str
+    diff: str
+    diff_sha256: str | None
+    baseline: Baseline
+    final_message: str | None = None
+
+
+@dataclass(frozen=True)
+class FollowFrom:
+    """The job a follow-up continues (``run --from``): its id and diff hash, and its result
+    (its baseline plus its diff), the follow-up's baseline."""
+
+    job_id: str
+    diff_sha256: str | None
+    baseline: Baseline
 
 
 @dataclass
@@ -58,11 +81,30 @@ class JobRequest:
     caller_driven: bool = False
     """The provider is a caller (``api.open_session``): the time it takes between its calls
     is idle, not counted by the wall clock."""
+    carry: CarryFrom | None = None
+    """The change is this job's diff carried onto a new baseline; no model runs."""
+    follow: FollowFrom | None = None
+    """A follow-up: the job starts from this job's result, not from the repository."""
+    attempt: AttemptLink | None = None
+    """One of N attempts of the task (``run --attempts``): which one, and its siblings."""
+    repo_locked: bool = False
+    """The caller holds the repository's write lock for this job (the attempts of one task
+    run at once under the lock their runner took); the job does not take it."""
 
 
 def new_record(request: JobRequest, identity: ControllerIdentity) -> JobRecord:
     """The record of a job about to run ``request`` (its id the service's, or a new one)."""
+    carry, follow = request.carry, request.follow
+    parent = None
+    if carry is not None:
+        parent = ParentLink(job_id=carry.job_id, diff_sha256=carry.diff_sha256)
+    elif follow is not None:
+        parent = ParentLink(
+            job_id=follow.job_id, diff_sha256=follow.diff_sha256, relation="follow-up"
+        )
     return JobRecord(
+        parent=parent,
+        attempt=request.attempt,
         job_id=request.job_id or new_job_id(),
         repo=request.pin.path if request.pin is not None else str(request.repo.resolve()),
         task=request.task.model_dump(mode="json"),

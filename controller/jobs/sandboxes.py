@@ -25,6 +25,7 @@ from controller.sandbox.envbuild import EnvironmentBuilder, SetupEgress
 from controller.sandbox.image import ImageBuilder
 from controller.sandbox.labels import ControllerIdentity
 from controller.sandbox.netgate import NetworkGate
+from controller.sandbox.spares import SparePool
 
 
 @dataclass
@@ -47,6 +48,15 @@ class JobSandboxes:
             runtime="runsc" if runtime == "runsc" else "runc",
             limits=limits_from.limits,
             protected=tuple(self.request.config.protected),
+        )
+
+    def spare_pool(self) -> SparePool | None:
+        """The operator's spare sandboxes, for a job with no network (a spare has none)."""
+        config = self.request.config
+        if not config.spare_sandboxes or self.gate is not None:
+            return None
+        return SparePool(
+            self.client, max_spares=config.spare_sandboxes, idle_seconds=config.spare_idle_seconds
         )
 
     def networked(

@@ -14,7 +14,7 @@ TAIL_LINES = 20
 def summary_text(record: JobRecord) -> str:
     """The plain-text account of a job; for a failed one, why: its error, the failing
     checks' last output lines and every refused tool call with its code and message."""
-    lines = [f"job {record.job_id}: {record.state}"]
+    lines = [f"job {record.job_id}: {record.state}", *_lineage(record)]
     if record.error:
         lines.append(f"error {record.error.code}: {record.error.message}")
     for f in record.files:
@@ -49,6 +49,23 @@ def summary_text(record: JobRecord) -> str:
     elif record.decision is not None and record.decision.reason:
         lines.append(f"decision: {record.decision.reason}")
     return "\n".join(lines)
+
+
+def _lineage(record: JobRecord) -> list[str]:
+    """The job it was rebased from or follows up, and the job that made it stale."""
+    lines = []
+    parent, stale = record.parent, record.stale
+    if parent is not None:
+        verb = "follows up" if parent.relation == "follow-up" else "rebased from"
+        lines.append(f"{verb} job {parent.job_id}")
+    if stale is not None and stale.reason == "followed_up":
+        lines.append(f"superseded: its change was applied with its follow-up, job {stale.by}")
+    elif stale is not None:
+        lines.append(
+            f"stale: rebased as job {stale.by}; this job's decision and checks no "
+            "longer hold, and it is not applied"
+        )
+    return lines
 
 
 def _setup_lines(record: JobRecord) -> list[str]:

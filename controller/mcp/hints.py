@@ -21,6 +21,7 @@ OPTIONS: dict[HintOption, str] = {
 """Each option's words; ``{job}`` is the job the remedy is for."""
 
 ACTIONS: dict[HintAction, str] = {
+    "use_rebased": "apply or rebase job {job} instead, on the host (`patchbox apply {job}`)",
     "build_image": "build it on the host with `patchbox image build`",
     "list_environments": "`patchbox env list` on the host shows them",
     "use_environment": (
@@ -28,7 +29,7 @@ ACTIONS: dict[HintAction, str] = {
         '(docs/environments.md), or set "baseline_checks": false in the task'
     ),
 }
-"""Each operation's words."""
+"""Each operation's words; ``{job}`` is the job the remedy names."""
 
 
 def hint_data(hint: Hint | None) -> dict[str, str] | None:
@@ -38,7 +39,7 @@ def hint_data(hint: Hint | None) -> dict[str, str] | None:
     if hint.option is not None:
         text = OPTIONS[hint.option].format(job=hint.job_id or "JOB")
     elif hint.action is not None:
-        text = ACTIONS[hint.action]
+        text = ACTIONS[hint.action].format(job=hint.job_id or "JOB")
     else:
         return None
     names = {"option": hint.option, "action": hint.action, "job_id": hint.job_id}

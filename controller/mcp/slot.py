@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 
 import mcp_types as types
-from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from controller import api
 from controller.api.views import error_view
@@ -89,11 +89,21 @@ class ProposeArgs(BaseModel):
     tool call after it starts a new job."""
 
     model_config = ConfigDict(
-        extra="forbid", frozen=True, strict=True, use_attribute_docstrings=True
+        extra="forbid",
+        frozen=True,
+        strict=True,
+        use_attribute_docstrings=True,
+        validate_by_alias=True,
+        validate_by_name=False,
+        serialize_by_alias=True,
     )
 
     message: Annotated[str, StringConstraints(max_length=FINAL_MESSAGE_CHARS)] = ""
     """What the change does, in a sentence or two (kept in the job's record)."""
+    follow_up: bool = Field(default=False, alias="followUp")
+    """True: the next tool call starts a job that follows up this one, on its result (the
+    files as this change left them), not on the repository; applying that job applies the
+    two while this one is not applied."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +171,8 @@ class Slot:
         """The job id of the current job once ``propose`` answered for it."""
         self._previous: str | None = None
         """What became of the job before the current one (for the next job's notice)."""
+        self._follow: str | None = None
+        """The job the next one follows up (``propose`` with ``followUp``)."""
         self._answers: dict[str, Outcome] = {}
         """``propose``'s answer by request id (the sessions keep the other tools')."""
         self._answered: dict[str, api.Session] = {}
@@ -267,6 +279,8 @@ class Slot:
             if request_id is not None:
                 self._answers[request_id] = outcome
             self._proposing, self._proposed = False, proposal.job_id
+            followed = args.follow_up and proposal.status == "awaiting_review"
+            self._follow = proposal.job_id if followed else None
         self._progress(f"job {proposal.job_id} proposed: {proposal.status}")
         return outcome
 
@@ -332,11 +346,17 @@ class Slot:
                 return session, None
             if session is not None:
                 self._retire(session)
-            self._session = self._start()
+            follow, self._follow = self._follow, None
+            self._session = self._start(follow)
+            where = (
+                f"the result of job {follow} (a follow-up)"
+                if follow
+                else "the repository's current state"
+            )
             notice = JobStarted(
                 job_id=self._session.job_id,
-                message=f"job {self._session.job_id} started on the repository's "
-                "current state" + (f"; {self._previous}" if self._previous else ""),
+                message=f"job {self._session.job_id} started on {where}"
+                + (f"; {self._previous}" if self._previous else ""),
             )
             return self._session, notice
 
@@ -374,9 +394,9 @@ class Slot:
         code = f" with {error.code}" if error is not None else ""
         return f"{name} ended {state}{code} ({show})"
 
-    def _start(self) -> api.Session:
+    def _start(self, follow: str | None = None) -> api.Session:
         """Opens a job (health gate, baseline, environment, sandbox) on the repository as
-        it is now; under the lock."""
+        it is now, or on the result of job ``follow``; under the lock."""
         from controller.sandbox.dockerclient import connect
 
         o = self.options
@@ -393,6 +413,7 @@ class Slot:
                 client=client,
                 progress=self._progress,
                 idle_seconds=o.idle_seconds,
+                follow_from=follow,
             )
         except PatchboxError as exc:
             if client is not None:

@@ -155,6 +155,7 @@ def prepare(  # noqa: PLR0913 - the inputs of a job's start, all keyword-only
     pool: SparePool | None = None,
     image_for: Callable[[Baseline], str] | None = None,
     confirm: Callable[[str | None], None] | None = None,
+    made: Baseline | None = None,
 ) -> Prepared:
     """Health gate, baseline, and a greeted sandbox holding it (see the module docstring
     for the order of sources). Raises the baseline's errors (``NOT_A_REPOSITORY``,
@@ -169,16 +170,23 @@ def prepare(  # noqa: PLR0913 - the inputs of a job's start, all keyword-only
     from, before any sandbox gets it; and with None when the build failed, before its error
     is raised. Its error wins: a service job's repository swapped while it was read fails
     the job with the pin's error, not with what the read found
-    (:meth:`controller.repo.pin.RepoPin.confirm`)."""
+    (:meth:`controller.repo.pin.RepoPin.confirm`).
+
+    ``made``, when given, is the baseline, made already in the private git dir (a follow-up's:
+    its parent's result); the repository is not read."""
     started = time.perf_counter()
     cache = cache or BaselineCache()
     early: FifoStart | None = None
     predicted: str | None = None
-    if image_for is None:
+    if image_for is None and made is None:
         early, predicted = _early_start(client, repo, spec, identity, cache, pool)
     try:
         try:
-            baseline, report = build_baseline(repo, mode, snapshot)
+            baseline, report = (
+                (made, HealthReport(repo=made.repo, ok=True, head=made.head))
+                if made is not None
+                else build_baseline(repo, mode, snapshot)
+            )
         except Exception:
             if confirm is not None:
                 confirm(None)

@@ -34,6 +34,7 @@ from controller.service.handlers import (
     list_jobs,
     metrics,
     openapi,
+    rebase,
     submit,
     upload_bundle,
 )
@@ -89,6 +90,8 @@ STATUS_OF = {
     ErrorCode.USAGE_ERROR: 409,
     ErrorCode.APPLY_CONFLICT: 409,
     ErrorCode.REVERT_CONFLICT: 409,
+    ErrorCode.JOB_REBASED: 409,
+    ErrorCode.JOB_SUPERSEDED: 409,
     ErrorCode.JOB_ALREADY_RUNNING: 409,
     ErrorCode.ENVIRONMENT_NOT_READY: 503,
     ErrorCode.INTERNAL_ERROR: 500,
@@ -118,6 +121,7 @@ ROUTES: list[tuple[str, str, Handler, bool]] = [
     (JOB + "/apply", "POST", action("apply"), True),
     (JOB + "/revert", "POST", action("revert"), True),
     (JOB + "/discard", "POST", action("discard"), True),
+    (JOB + "/rebase", "POST", rebase, True),
 ]
 
 

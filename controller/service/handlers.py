@@ -79,15 +79,22 @@ async def body_of(request: Request) -> dict[str, Any]:
     return data
 
 
-SUBMIT_KEYS = frozenset({"repo", "bundle", "task", "calls", "include_local_changes"})
+SUBMIT_KEYS = frozenset({"repo", "bundle", "task", "calls", "include_local_changes", "from"})
 
 
 async def submit(service: Service, request: Request) -> Response:
+    """``POST /v1/jobs``: a new job on a repository or a bundle, or a follow-up (``from``)."""
     tenant: TenantConfig = request.state.tenant
     body = await body_of(request)
     unknown = sorted(set(body) - SUBMIT_KEYS)
     if unknown:
         raise refused(400, "BAD_REQUEST", f"unknown fields: {', '.join(unknown)[:200]}")
+    if "from" in body:
+        return await _follow_up(service, tenant, body)
+    return await _submit_new(service, tenant, body)
+
+
+async def _submit_new(service: Service, tenant: TenantConfig, body: dict[str, Any]) -> Response:
     repo, task, bundle_id = body.get("repo"), body.get("task"), body.get("bundle")
     if (repo is None) == (bundle_id is None) or not isinstance(task, dict):
         msg = (
@@ -138,6 +145,41 @@ async def submit(service: Service, request: Request) -> Response:
     current = service.store.get_job(row.job_id)
     status = current.state if current is not None else QUEUED
     return JSONResponse({"job_id": row.job_id, "status": status}, status_code=202)
+
+
+async def _follow_up(service: Service, tenant: TenantConfig, body: dict[str, Any]) -> Response:
+    """``POST /v1/jobs`` with ``from``: a follow-up of one of the tenant's jobs (awaiting
+    review or applied), on that job's repository; ``task`` holds the fields that change
+    (its prompt at least), over the earlier job's task."""
+    parent_id, task = body.get("from"), body.get("task")
+    if not isinstance(parent_id, str) or not isinstance(task, dict):
+        raise refused(400, "BAD_REQUEST", "from (a job id) and task (an object) are required")
+    if "repo" in body or "bundle" in body or "include_local_changes" in body:
+        msg = "a follow-up runs on its earlier job's repository: no repo, bundle or options"
+        raise refused(400, "BAD_REQUEST", msg)
+    parent = service.own_job(tenant, parent_id)
+    if parent.request.bundle:
+        msg = f"job {parent.job_id} ran on an uploaded bundle: it has no follow-up here"
+        raise refused(409, "NO_WORK_TREE", msg)
+    # refused now if it cannot be: not awaiting review or applied, stale
+    await anyio.to_thread.run_sync(api.follow_up, parent.job_id)
+    merged = {**parent.request.task.model_dump(mode="json"), **task}
+    spec, calls = _validate_task(merged, body.get("calls"), service.host, tenant)
+    stored = parent.request.model_copy(
+        update={"task": spec, "calls": calls, "rebase_of": None, "follow_of": parent.job_id}
+    )
+    row = JobRow(new_job_id(), tenant.name, parent.repo, stored, QUEUED, now())
+    if not service.store.insert_job_within(row, tenant.max_queued_jobs):
+        msg = (
+            f"tenant {tenant.name!r} has {tenant.max_queued_jobs} jobs queued or running "
+            f"(max_queued_jobs = {tenant.max_queued_jobs})"
+        )
+        raise refused(429, "QUOTA_EXCEEDED", msg)
+    await anyio.to_thread.run_sync(service.runner.dispatch)
+    current = service.store.get_job(row.job_id)
+    status = current.state if current is not None else QUEUED
+    body_out = {"job_id": row.job_id, "status": status, "parent": parent.job_id}
+    return JSONResponse(body_out, status_code=202)
 
 
 async def upload_bundle(service: Service, request: Request) -> Response:
@@ -268,6 +310,36 @@ async def cancel(service: Service, request: Request) -> Response:
         status = current.state if current is not None else row.state
         return JSONResponse({"job_id": row.job_id, "status": status})
     return JSONResponse({"job_id": row.job_id, "status": state}, status_code=202)
+
+
+async def rebase(service: Service, request: Request) -> Response:
+    """``POST /v1/jobs/{job_id}/rebase``: a new job, queued as any job, that carries this
+    job's diff onto its repository as it is now (its ``parent`` is this job)."""
+    tenant: TenantConfig = request.state.tenant
+    row = service.own_job(tenant, request.path_params["job_id"])
+    if row.request.bundle:
+        msg = (
+            f"job {row.job_id} ran on an uploaded bundle: the service has no repository to "
+            "carry it onto; upload a new bundle and submit a new job"
+        )
+        raise refused(409, "NO_WORK_TREE", msg)
+    # refused now if it cannot be: not awaiting review (USAGE_ERROR), rebased (JOB_REBASED)
+    await anyio.to_thread.run_sync(lambda: api.rebase_request(row.job_id, config=service.host))
+    stored = row.request.model_copy(
+        update={"calls": None, "rebase_of": row.job_id, "follow_of": None}
+    )
+    new = JobRow(new_job_id(), tenant.name, row.repo, stored, QUEUED, now())
+    if not service.store.insert_job_within(new, tenant.max_queued_jobs):
+        msg = (
+            f"tenant {tenant.name!r} has {tenant.max_queued_jobs} jobs queued or running "
+            f"(max_queued_jobs = {tenant.max_queued_jobs})"
+        )
+        raise refused(429, "QUOTA_EXCEEDED", msg)
+    await anyio.to_thread.run_sync(service.runner.dispatch)
+    current = service.store.get_job(new.job_id)
+    status = current.state if current is not None else QUEUED
+    body = {"job_id": new.job_id, "status": status, "parent": row.job_id}
+    return JSONResponse(body, status_code=202)
 
 
 def action(name: str) -> Handler:

@@ -22,6 +22,7 @@ OPTIONS: dict[HintOption, str] = {
 """Each option's words; ``{job}`` is the job the remedy is for."""
 
 ACTIONS: dict[HintAction, str] = {
+    "use_rebased": "apply or rebase job {job} instead (POST /v1/jobs/{job}/apply)",
     "build_image": "the service's operator builds the sandbox image",
     "list_environments": "the service's operator lists the environments it offers",
     "use_environment": (
@@ -29,7 +30,7 @@ ACTIONS: dict[HintAction, str] = {
         '(one the service offers, docs/environments.md), or with "baseline_checks": false'
     ),
 }
-"""Each operation's words."""
+"""Each operation's words; ``{job}`` is the job the remedy names."""
 
 
 def hint_data(hint: Hint | None) -> dict[str, str] | None:
@@ -39,7 +40,7 @@ def hint_data(hint: Hint | None) -> dict[str, str] | None:
     if hint.option is not None:
         text = OPTIONS[hint.option].format(job=hint.job_id or "JOB")
     elif hint.action is not None:
-        text = ACTIONS[hint.action]
+        text = ACTIONS[hint.action].format(job=hint.job_id or "JOB")
     else:
         return None
     names = {"option": hint.option, "action": hint.action, "job_id": hint.job_id}

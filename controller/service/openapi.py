@@ -24,8 +24,8 @@ def _errors(*statuses: int) -> dict[str, Any]:
         "or revert without allow_apply (APPLY_NOT_ALLOWED)",
         404: "no such job or bundle for this tenant (NOT_FOUND)",
         409: "the job is not in a state for this, its work tree changed or its repository "
-        "is busy, or it ran on a bundle (USAGE_ERROR, APPLY_CONFLICT, REVERT_CONFLICT, "
-        "JOB_ALREADY_RUNNING, JOB_NOT_FINISHED, NO_WORK_TREE)",
+        "is busy, it was rebased, or it ran on a bundle (USAGE_ERROR, APPLY_CONFLICT, "
+        "REVERT_CONFLICT, JOB_REBASED, JOB_ALREADY_RUNNING, JOB_NOT_FINISHED, NO_WORK_TREE)",
         413: "the bundle is larger than bundle_max_bytes (BUNDLE_TOO_LARGE), or its HEAD "
         "holds more than bundle_max_tree_entries entries or bundle_max_tree_bytes bytes of "
         "files (BUNDLE_TREE_TOO_LARGE)",
@@ -87,7 +87,7 @@ OPENAPI: dict[str, Any] = {
             },
             "JobRequest": {
                 "type": "object",
-                "description": "repo or bundle, not both",
+                "description": "repo or bundle, not both; or from (a follow-up), with neither",
                 "required": ["task"],
                 "additionalProperties": False,
                 "properties": {
@@ -100,6 +100,13 @@ OPENAPI: dict[str, Any] = {
                     "task": {"type": "object", "description": "a task file's object"},
                     "calls": {"type": "object", "description": "a calls file's object"},
                     "include_local_changes": {"type": "boolean", "default": False},
+                    "from": {
+                        "type": "string",
+                        "description": "a follow-up: one of the tenant's jobs (awaiting "
+                        "review or applied) whose result the new job starts from, on its "
+                        "repository; task then holds the fields that change, over that job's "
+                        "task",
+                    },
                 },
             },
             "BundleRef": {
@@ -120,7 +127,14 @@ OPENAPI: dict[str, Any] = {
             "Accepted": {
                 "type": "object",
                 "required": ["job_id", "status"],
-                "properties": {"job_id": {"type": "string"}, "status": {"type": "string"}},
+                "properties": {
+                    "job_id": {"type": "string"},
+                    "status": {"type": "string"},
+                    "parent": {
+                        "type": "string",
+                        "description": "the job a rebase carries or a follow-up starts from",
+                    },
+                },
             },
             "Job": {
                 "type": "object",
@@ -165,6 +179,16 @@ OPENAPI: dict[str, Any] = {
                     "evidence": {"type": "string"},
                     "decision": {"type": ["object", "null"]},
                     "bundle": {"$ref": "#/components/schemas/BundleRef"},
+                    "parent": {
+                        "type": "object",
+                        "description": "the job this one was rebased from (job_id, "
+                        "diff_sha256, relation); absent otherwise",
+                    },
+                    "stale": {
+                        "type": "object",
+                        "description": "set once this job was rebased (by: the new job, "
+                        "reason, at): it is not applied (JOB_REBASED); absent otherwise",
+                    },
                 },
             },
             "JobList": {
@@ -328,6 +352,18 @@ OPENAPI: dict[str, Any] = {
             {"200": {"description": "reverted"} | _json(ACTION_RESULT)},
             403,
             409,
+            post=True,
+        ),
+        "/v1/jobs/{job_id}/rebase": _job_op(
+            "queue a new job that carries this job's diff (awaiting review) onto its "
+            "repository as it is now: merged three-way, checked again, decided; this job "
+            "is stale once the new one awaits review (not a bundle job)",
+            {
+                "202": {"description": "the new job, queued (or already started)"}
+                | _json({"$ref": "#/components/schemas/Accepted"})
+            },
+            409,
+            429,
             post=True,
         ),
         "/v1/jobs/{job_id}/discard": _job_op(

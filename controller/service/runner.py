@@ -32,6 +32,7 @@ from controller.jobs.store import JobStore
 from controller.logs import Scrubber
 from controller.repo.pin import Confinement, RepoPin, pin_repo
 from controller.service.bundles import checkout, remove_clone, sweep
+from controller.service.origin import Lineage, choose
 from controller.service.policy import check_containers, check_egress_of, check_task, containers_of
 from controller.service.store import (
     QUEUED,
@@ -385,15 +386,17 @@ class Runner:
             check_task(task, self.tenants[row.tenant])  # the configuration may have changed
             check_containers(task, self.host, self.tenants[row.tenant])
             check_egress_of(task, self.host.network, self.tenants[row.tenant])
-            choice = api.choose_provider(self.host, task, row.request.calls)
+            choice, lineage = choose(self.host, row)
             provider = choice.provider
-            job = self._make(row, choice, client, feed)
+            job = self._make(row, choice, client, feed, lineage)
             with self._lock:
                 item.job = job
                 cancelled = item.cancelled or self._stopping
             if cancelled:
                 job.cancel(STOPPING if self._stopping else BY_TENANT)
             self._run(job, feed, lambda: self.release(row))
+            if lineage.carried is not None:
+                api.mark_rebased(lineage.carried, job.record)
         except Exception as exc:  # the job could not even be made: recorded as an event
             log.warning("service job failed to start", job_id=row.job_id, error=str(exc)[:500])
             self.release(row)
@@ -422,6 +425,7 @@ class Runner:
         choice: api.ProviderChoice,
         client: docker.DockerClient,
         feed: EventFeed,
+        lineage: Lineage,
     ) -> Job:
         tenant = self.tenants[row.tenant]
         holder: list[Job] = []
@@ -438,8 +442,10 @@ class Runner:
             include_local_changes=row.request.include_local_changes,
             secrets=choice.secrets,
             pin=pin_of(self.confinements[row.tenant], row),
-            apply_denied=apply_denied(tenant, row),
+            apply_denied=apply_denied(tenant, row) or lineage.denied,
             job_id=row.job_id,  # the service's id is the engine's
+            carry=lineage.carried.carry if lineage.carried is not None else None,
+            follow=lineage.follow,
         )
         job = api.make_job(request, client=client, progress=progress, output=feed.output)
         holder.append(job)

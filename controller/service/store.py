@@ -50,6 +50,10 @@ class StoredRequest(BaseModel):
     bundle: str | None = None
     """The uploaded bundle's id (a job on a bundle)."""
     bundle_head: str | None = None
+    rebase_of: str | None = None
+    """The job whose diff this one carries onto the repository as it is now (a rebase)."""
+    follow_of: str | None = None
+    """The job whose result this one starts from (a follow-up)."""
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from controller.errors import (
 from controller.jobs.store import repo_key
 from controller.paths import patchbox_home
 from tests.support.cli import patchbox
-from tests.support.git import init
+from tests.support.git import Repo, git_env, init
 from tests.support.jobs import (
     APP,
     APP_AFTER,
@@ -31,6 +32,8 @@ from tests.support.jobs import (
 )
 from tests.support.remote import data_dir, error_of, files_for, remote, service_client
 from tests.support.service import TOKENS, serving, write_config
+
+RUNNING = {"queued", "preparing", "running", "validating", "checking"}
 
 # -- with Docker: whole jobs (two) ---------------------------------------------------------------
 
@@ -193,3 +196,33 @@ def _show_diff_and_revert_the_local_applies(
     reapplied = patchbox("remote", "apply", job_id, "--repo", str(laptop.path), env=env)
     assert reapplied.returncode == 0, reapplied.stderr
     assert (laptop.path / "app.py").read_text() == APP_AFTER
+
+
+def test_remote_rebase_queues_a_job_that_carries_the_old_one(live: Any, tmp_path: Path) -> None:
+    """``remote rebase JOB`` after a commit: a new service job, its parent the old one,
+    awaiting review with the old diff on the new commit; the old job is then refused at
+    ``remote apply`` with ``JOB_REBASED``."""
+    path = make_repo(tmp_path / "alpha" / "greet")
+    repo = Repo(path, git_env())  # to commit in it
+    args = files_for(tmp_path / "files")
+    first = json.loads(
+        remote(live, "submit", "--repo", str(path), *args, "--wait", "--json").stdout
+    )
+    assert first["status"] == "awaiting_review"
+    repo.write("notes.txt", "moved on\n")
+    repo.commit("upstream")
+    rebased = remote(live, "rebase", first["job_id"], "--json")
+    assert rebased.returncode == 0, rebased.stdout + rebased.stderr
+    answer = json.loads(rebased.stdout)
+    assert answer["parent"] == first["job_id"]
+    with service_client(live) as alpha:
+        started = time.monotonic()
+        while alpha.status(answer["job_id"]) in RUNNING:
+            assert time.monotonic() - started < 120, "the rebased job did not end"
+            time.sleep(0.2)
+        view = alpha.job(answer["job_id"])
+    assert view["status"] == "awaiting_review"
+    refused = remote(live, "apply", first["job_id"], "--json")
+    assert refused.returncode != 0
+    assert error_of(refused)["code"] == "JOB_REBASED"
+    assert (path / "app.py").read_text() == APP

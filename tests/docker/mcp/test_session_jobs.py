@@ -266,3 +266,44 @@ def test_over_http_a_session_opens_its_next_job_after_propose(
         (started["job_id"], "cancelled"),  # with its HTTP session
     ]
     assert all(not containers_of(docker_client, r.job_id) for r in records)
+
+
+NOTES_EDIT = {"path": "notes.txt", "oldText": "old notes", "newText": "new notes"}
+
+
+def test_propose_with_follow_up_starts_the_next_job_on_its_result(
+    docker_client: docker.DockerClient, sandbox_image: str, tmp_path: Path
+) -> None:
+    """``propose`` with ``followUp``: the next call's job starts from the proposed job's
+    result (the files as it left them, the repository untouched), its diff is the increment,
+    and applying it applies the two."""
+    del docker_client, sandbox_image
+    repo = init(tmp_path / "repo", FILES, message="greet")
+    params = stdio(server_args(tmp_path / "files", repo.path))
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        async with Client(params) as client:
+            await client.call_tool("replace_text", EDIT)
+            first = data(await client.call_tool(PROPOSE, {"message": "one", "followUp": True}))
+            assert first["status"] == "awaiting_review"
+            read = data(await client.call_tool("read_file", {"path": "app.py"}))
+            assert read["content"] == APP_AFTER  # the first job's result, not the repository
+            await client.call_tool("replace_text", NOTES_EDIT)
+            second = data(await client.call_tool(PROPOSE, {"message": "two"}))
+            return first, read, second
+
+    first, read, second = anyio.run(scenario)
+    assert (
+        f"started on the result of job {first['job_id']} (a follow-up)"
+        in (read[JOB_STARTED]["message"])
+    )
+    assert second["status"] == "awaiting_review"
+    assert [f["path"] for f in second["files"]] == ["notes.txt"]
+    record = JobStore().load(second["job_id"])
+    assert record.parent is not None
+    assert (record.parent.job_id, record.parent.relation) == (first["job_id"], "follow-up")
+    assert (repo.path / "app.py").read_text() == APP
+    applied = patchbox("apply", second["job_id"])
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert (repo.path / "app.py").read_text() == APP_AFTER
+    assert (repo.path / "notes.txt").read_text() == "new notes\n"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.changes.collect import _store_blobs
+from controller.changes.collect import store_blobs
 from controller.repo.baseline import Baseline, build_baseline, private_repo_of
 from tests.support.git import init
 
@@ -57,7 +57,7 @@ def _write(folder: Path) -> list[Path]:
 @pytest.mark.parametrize("folder", ["plain", "a\nnewline", '"quoted'])
 def test_every_file_becomes_its_blob(baseline: Baseline, tmp_path: Path, folder: str) -> None:
     paths = _write(tmp_path / folder)
-    oids = _store_blobs(private_repo_of(baseline), paths)
+    oids = store_blobs(private_repo_of(baseline), paths)
     assert oids == [_expected(data) for data in CONTENTS]
     private = private_repo_of(baseline)
     for oid, data in zip(oids, CONTENTS, strict=True):
@@ -65,11 +65,11 @@ def test_every_file_becomes_its_blob(baseline: Baseline, tmp_path: Path, folder:
 
 
 def test_no_files_runs_nothing(baseline: Baseline) -> None:
-    assert _store_blobs(private_repo_of(baseline), []) == []
+    assert store_blobs(private_repo_of(baseline), []) == []
 
 
 def test_a_missing_file_is_a_git_error(baseline: Baseline, tmp_path: Path) -> None:
     from controller.errors import GitError
 
     with pytest.raises(GitError):
-        _store_blobs(private_repo_of(baseline), [tmp_path / "absent"])
+        store_blobs(private_repo_of(baseline), [tmp_path / "absent"])

@@ -17,6 +17,7 @@ from controller.errors import UsageError
 from controller.jobs.junit import TestCase
 from controller.jobs.log import LOG_FILE, RecordLogError
 from controller.jobs.records import (
+    AttemptLink,
     BaselineCheck,
     CheckChange,
     CheckResult,
@@ -27,7 +28,9 @@ from controller.jobs.records import (
     JobRecord,
     LedgerEntry,
     LedgerFile,
+    ParentLink,
     ServiceRecord,
+    StaleMark,
     ToolCallRecord,
     TranscriptCall,
     TranscriptTurn,
@@ -62,6 +65,9 @@ def full_record() -> JobRecord:
         tag="patchbox-env:1", key="k", base="b", built=True, seconds=1.5
     )
     record.error = ErrorInfo(code="CHECK_FAILED", message="a check failed")
+    record.parent = ParentLink(job_id="parent", diff_sha256="0" * 64, relation="follow-up")
+    record.stale = StaleMark(by="child", reason="rebased", at=1.5)
+    record.attempt = AttemptLink(index=2, job_ids=["a", "b"])
     record.tool_calls.append(
         ToolCallRecord(
             turn=9, id="c9", name="run_check", ok=False, error_code="X", error_message="no"
