@@ -26,7 +26,7 @@ import shlex
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 
@@ -133,7 +133,7 @@ def resolve_job(client: ServiceClient, ref: str) -> str:
 # -- the commands ---------------------------------------------------------------------------
 
 
-def _read_object(path: str, what: str) -> dict[str, Any]:
+def _read_object(path: str, what: str) -> dict[str, object]:
     from controller.config.inputfile import read_input_file
 
     raw = read_input_file(Path(path), what, MAX_INPUT_BYTES)

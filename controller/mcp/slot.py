@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 
@@ -193,7 +193,7 @@ class Slot:
     def call(
         self,
         tool: str,
-        arguments: dict[str, Any],
+        arguments: Mapping[str, object],
         request_id: str | None,
         on_output: Callable[[CheckLine], object] | None = None,
     ) -> Outcome:
@@ -229,7 +229,7 @@ class Slot:
     def _run(
         self,
         tool: str,
-        arguments: dict[str, Any],
+        arguments: Mapping[str, object],
         request_id: str | None,
         holder: list[api.Session],
         on_output: Callable[[CheckLine], object] | None = None,

@@ -11,9 +11,8 @@ import json
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field
@@ -58,7 +57,7 @@ SSE_KEEPALIVE_SECONDS = 15.0
 Handler = Callable[[Service, Request], Awaitable[Response]]
 
 
-async def body_of(request: Request) -> dict[str, Any]:
+async def body_of(request: Request) -> dict[str, object]:
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():  # read no more than the limit
@@ -94,7 +93,9 @@ async def submit(service: Service, request: Request) -> Response:
     return await _submit_new(service, tenant, body)
 
 
-async def _submit_new(service: Service, tenant: TenantConfig, body: dict[str, Any]) -> Response:
+async def _submit_new(
+    service: Service, tenant: TenantConfig, body: Mapping[str, object]
+) -> Response:
     repo, task, bundle_id = body.get("repo"), body.get("task"), body.get("bundle")
     if (repo is None) == (bundle_id is None) or not isinstance(task, dict):
         msg = (
@@ -147,7 +148,9 @@ async def _submit_new(service: Service, tenant: TenantConfig, body: dict[str, An
     return JSONResponse({"job_id": row.job_id, "status": status}, status_code=202)
 
 
-async def _follow_up(service: Service, tenant: TenantConfig, body: dict[str, Any]) -> Response:
+async def _follow_up(
+    service: Service, tenant: TenantConfig, body: Mapping[str, object]
+) -> Response:
     """``POST /v1/jobs`` with ``from``: a follow-up of one of the tenant's jobs (awaiting
     review or applied), on that job's repository; ``task`` holds the fields that change
     (its prompt at least), over the earlier job's task."""
