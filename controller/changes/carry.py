@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from controller.changes.changeset import PathChange
-from controller.changes.collect import ChangedFile, Collected, store_blobs
+from controller.changes.collect import DIFF_TREE, ChangedFile, Collected, store_blobs
 from controller.changes.conflicts import NAMED_LIMIT, PATH_LIMIT
 from controller.changes.gittree import GitTree
 from controller.changes.plan import MERGE_DETAIL_LIMIT, merge_file
@@ -246,19 +246,6 @@ def tree_diff(baseline: Baseline, tree: str) -> str:
         .git(*DIFF_TREE, baseline.tree, tree)
         .decode("utf-8", "surrogateescape")
     )
-
-
-DIFF_TREE = (
-    "diff-tree",
-    "-p",
-    "-r",
-    "--full-index",
-    "--no-renames",
-    "--no-ext-diff",
-    "--no-textconv",
-    "--no-color",
-)
-"""A job's diff between two trees (as :func:`controller.changes.collect.collect` makes it)."""
 
 
 def _write(

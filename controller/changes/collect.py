@@ -22,6 +22,17 @@ from controller.repo.private import PrivateRepo
 from controller.sandbox.base import Sandbox
 from patchbox_agent import diffs, jail
 
+DIFF_TREE = (
+    "diff-tree",
+    "-p",
+    "-r",
+    "--full-index",
+    "--no-renames",
+    "--no-ext-diff",
+    "--no-textconv",
+    "--no-color",
+)
+"""A job's diff between two trees: full index lines, no renames, no driver or conversion."""
 MAX_CHANGED_FILES = 1000
 MAX_CHANGED_BYTES = 64 * 1024 * 1024
 
@@ -127,18 +138,7 @@ def collect(box: Sandbox, baseline: Baseline) -> Collected:
                 stdin="".join(entries).encode("utf-8", "surrogateescape"),
             )
         tree = private.git("write-tree", index=index).decode().strip()
-        diff = private.git(
-            "diff-tree",
-            "-p",
-            "-r",
-            "--full-index",
-            "--no-renames",
-            "--no-ext-diff",
-            "--no-textconv",
-            "--no-color",
-            baseline.tree,
-            tree,
-        ).decode("utf-8", "surrogateescape")
+        diff = private.git(*DIFF_TREE, baseline.tree, tree).decode("utf-8", "surrogateescape")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return Collected(diff=diff, tree=tree, files=sorted(files, key=lambda f: f.path))

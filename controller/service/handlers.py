@@ -135,7 +135,15 @@ async def _submit_new(
         stored = StoredRequest(
             task=spec, calls=calls, bundle=bundle.bundle_id, bundle_head=bundle.head
         )
-    row = JobRow(job_id, tenant.name, real, stored, QUEUED, now())
+    return await _queue(service, tenant, JobRow(job_id, tenant.name, real, stored, QUEUED, now()))
+
+
+async def _queue(
+    service: Service, tenant: TenantConfig, row: JobRow, parent: str | None = None
+) -> Response:
+    """Queues ``row`` within the tenant's ``max_queued_jobs`` (429 ``QUOTA_EXCEEDED``
+    otherwise) and starts it if a worker is free: 202 ``{"job_id", "status"}``, and
+    ``parent`` for a rebase or a follow-up."""
     if not service.store.insert_job_within(row, tenant.max_queued_jobs):
         msg = (
             f"tenant {tenant.name!r} has {tenant.max_queued_jobs} jobs queued or running "
@@ -144,8 +152,10 @@ async def _submit_new(
         raise refused(429, "QUOTA_EXCEEDED", msg)
     await anyio.to_thread.run_sync(service.runner.dispatch)
     current = service.store.get_job(row.job_id)
-    status = current.state if current is not None else QUEUED
-    return JSONResponse({"job_id": row.job_id, "status": status}, status_code=202)
+    body = {"job_id": row.job_id, "status": current.state if current is not None else QUEUED}
+    if parent is not None:
+        body["parent"] = parent
+    return JSONResponse(body, status_code=202)
 
 
 async def _follow_up(
@@ -172,17 +182,7 @@ async def _follow_up(
         update={"task": spec, "calls": calls, "rebase_of": None, "follow_of": parent.job_id}
     )
     row = JobRow(new_job_id(), tenant.name, parent.repo, stored, QUEUED, now())
-    if not service.store.insert_job_within(row, tenant.max_queued_jobs):
-        msg = (
-            f"tenant {tenant.name!r} has {tenant.max_queued_jobs} jobs queued or running "
-            f"(max_queued_jobs = {tenant.max_queued_jobs})"
-        )
-        raise refused(429, "QUOTA_EXCEEDED", msg)
-    await anyio.to_thread.run_sync(service.runner.dispatch)
-    current = service.store.get_job(row.job_id)
-    status = current.state if current is not None else QUEUED
-    body_out = {"job_id": row.job_id, "status": status, "parent": parent.job_id}
-    return JSONResponse(body_out, status_code=202)
+    return await _queue(service, tenant, row, parent.job_id)
 
 
 async def upload_bundle(service: Service, request: Request) -> Response:
@@ -332,17 +332,7 @@ async def rebase(service: Service, request: Request) -> Response:
         update={"calls": None, "rebase_of": row.job_id, "follow_of": None}
     )
     new = JobRow(new_job_id(), tenant.name, row.repo, stored, QUEUED, now())
-    if not service.store.insert_job_within(new, tenant.max_queued_jobs):
-        msg = (
-            f"tenant {tenant.name!r} has {tenant.max_queued_jobs} jobs queued or running "
-            f"(max_queued_jobs = {tenant.max_queued_jobs})"
-        )
-        raise refused(429, "QUOTA_EXCEEDED", msg)
-    await anyio.to_thread.run_sync(service.runner.dispatch)
-    current = service.store.get_job(new.job_id)
-    status = current.state if current is not None else QUEUED
-    body = {"job_id": new.job_id, "status": status, "parent": row.job_id}
-    return JSONResponse(body, status_code=202)
+    return await _queue(service, tenant, new, row.job_id)
 
 
 def action(name: str) -> Handler:
