@@ -29,9 +29,9 @@ import random
 import shutil
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
+from bench_apply import timed
 from bench_tools import ensure_repo, git
 from common import loadavg, print_table
 from controller.changes.carry import carry
@@ -67,12 +67,6 @@ def rewrite(path: Path, lines_at: list[int], tag: str) -> None:
     for k in lines_at:
         lines[k] = f"{tag} {k}\n"
     path.write_text("".join(lines))
-
-
-def timed(fn: object) -> float:
-    started = time.perf_counter()
-    fn()  # type: ignore[operator]
-    return time.perf_counter() - started
 
 
 def row(what: str, values: list[float], ref: float | None) -> list[str]:

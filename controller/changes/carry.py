@@ -26,7 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from controller.changes.changeset import PathChange
-from controller.changes.collect import DIFF_TREE, ChangedFile, Collected, store_blobs
+from controller.changes.collect import (
+    DIFF_TREE,
+    ChangedFile,
+    Collected,
+    store_blobs,
+    tree_over,
+)
 from controller.changes.conflicts import NAMED_LIMIT, PATH_LIMIT
 from controller.changes.gittree import GitTree
 from controller.changes.plan import MERGE_DETAIL_LIMIT, merge_file
@@ -255,36 +261,26 @@ def _write(
     private = private_repo_of(new)
     scratch = owned_temp_dir("carry-")
     try:
-        index = scratch / "index"
-        private.git("read-tree", new.tree, index=index)
-        lines: list[str] = []
-        files: list[ChangedFile] = []
-        zero = "0" * len(new.tree)
         blobs: dict[str, Path] = {}
         for path, _mode, data in entries:
             if data is not None:
                 blobs[path] = scratch / f"blob{len(blobs)}"
                 blobs[path].write_bytes(data)
         oids = dict(zip(blobs, store_blobs(private, list(blobs.values())), strict=True))
-        for path, mode, content in entries:
-            if content is None:
-                lines.append(f"0 {zero}\t{path}\0")
-                files.append(ChangedFile(path, "removed", None, None))
-                continue
-            lines.append(f"{mode} {oids[path]}\t{path}\0")
-            digest = hashlib.sha256(content).hexdigest()
-            kind = "added" if path in added else "modified"
-            files.append(ChangedFile(path, kind, mode, digest))
-        if lines:
-            private.git(
-                "update-index",
-                "-z",
-                "--index-info",
-                index=index,
-                stdin="".join(lines).encode("utf-8", "surrogateescape"),
-            )
-        tree = private.git("write-tree", index=index).decode().strip()
-        diff = private.git(*DIFF_TREE, new.tree, tree).decode("utf-8", "surrogateescape")
+        written = [(mode, oids[path], path) for path, mode, data in entries if data is not None]
+        removed = [path for path, _mode, data in entries if data is None]
+        tree, diff = tree_over(private, new.tree, written, removed, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    files = [ChangedFile(path, "removed", None, None) for path in removed]
+    files += [
+        ChangedFile(
+            path,
+            "added" if path in added else "modified",
+            mode,
+            hashlib.sha256(data).hexdigest(),
+        )
+        for path, mode, data in entries
+        if data is not None
+    ]
     return Collected(diff=diff, tree=tree, files=sorted(files, key=lambda f: f.path))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,10 +104,7 @@ def collect(box: Sandbox, baseline: Baseline) -> Collected:
     private = private_repo_of(baseline)
     scratch = owned_temp_dir("collect-")
     try:
-        index = scratch / "index"
-        private.git("read-tree", baseline.tree, index=index)
         files: list[ChangedFile] = []
-        entries: list[str] = []
         budget = MAX_CHANGED_BYTES
         blobs = scratch / "blobs"
         blobs.mkdir()
@@ -122,26 +119,40 @@ def collect(box: Sandbox, baseline: Baseline) -> Collected:
                 digest = hashlib.sha256(data).hexdigest()
                 files.append(ChangedFile(path, kind, mode, digest))
         oids = store_blobs(private, [blob for _, _, blob in fetched])
-        entries += [
-            f"{mode} {oid}\t{path}\0" for (mode, path, _), oid in zip(fetched, oids, strict=True)
-        ]
-        # Mode 0 drops an entry (--force-remove would want a work tree).
-        zero = "0" * len(baseline.tree)
-        entries += [f"0 {zero}\t{path}\0" for path in changes.removed]
+        written = [(mode, oid, path) for (mode, path, _), oid in zip(fetched, oids, strict=True)]
         files += [ChangedFile(path, "removed", None, None) for path in changes.removed]
-        if entries:  # one update of the private index for every changed path
-            private.git(
-                "update-index",
-                "-z",
-                "--index-info",
-                index=index,
-                stdin="".join(entries).encode("utf-8", "surrogateescape"),
-            )
-        tree = private.git("write-tree", index=index).decode().strip()
-        diff = private.git(*DIFF_TREE, baseline.tree, tree).decode("utf-8", "surrogateescape")
+        tree, diff = tree_over(private, baseline.tree, written, changes.removed, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return Collected(diff=diff, tree=tree, files=sorted(files, key=lambda f: f.path))
+
+
+def tree_over(
+    private: PrivateRepo,
+    base: str,
+    written: Sequence[tuple[str, str, str]],
+    removed: Sequence[str],
+    scratch: Path,
+) -> tuple[str, str]:
+    """The tree ``base`` with ``written`` (mode, blob id, path) put in and ``removed`` taken
+    out, made on a private index in ``scratch`` with one ``git update-index`` for every
+    path; and a job's diff from ``base`` to it (:data:`DIFF_TREE`)."""
+    index = scratch / "index"
+    private.git("read-tree", base, index=index)
+    entries = [f"{mode} {oid}\t{path}\0" for mode, oid, path in written]
+    zero = "0" * len(base)  # mode 0 drops an entry (--force-remove would want a work tree)
+    entries += [f"0 {zero}\t{path}\0" for path in removed]
+    if entries:
+        private.git(
+            "update-index",
+            "-z",
+            "--index-info",
+            index=index,
+            stdin="".join(entries).encode("utf-8", "surrogateescape"),
+        )
+    tree = private.git("write-tree", index=index).decode().strip()
+    diff = private.git(*DIFF_TREE, base, tree).decode("utf-8", "surrogateescape")
+    return tree, diff
 
 
 def store_blobs(private: PrivateRepo, blobs: list[Path]) -> list[str]:

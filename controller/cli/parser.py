@@ -10,6 +10,7 @@ from typing import Any
 from controller.errors import UsageError
 from controller.version import version
 
+OUTPUT_DIR_HELP = "write evidence.json, diff.patch, junit.xml and the transcript here (for CI)"
 JOB_HELP = "a job id, a prefix of one, or 'last' (the newest job)"
 
 
@@ -170,7 +171,7 @@ def _run_parser(sub: Any) -> None:
     run.add_argument(
         "--output-dir",
         metavar="DIR",
-        help="write evidence.json, diff.patch, junit.xml and the transcript here (for CI)",
+        help=OUTPUT_DIR_HELP,
     )
     run.add_argument(
         "--no-change-ok",
@@ -190,7 +191,7 @@ def _rebase_parser(sub: Any) -> None:
     rebase.add_argument(
         "--output-dir",
         metavar="DIR",
-        help="write evidence.json, diff.patch, junit.xml and the transcript here (for CI)",
+        help=OUTPUT_DIR_HELP,
     )
     rebase.add_argument("--config", help="host configuration (default $PATCHBOX_HOME/config.toml)")
     rebase.add_argument("--json", action="store_true", help="print JSON instead of text")
