@@ -6,6 +6,7 @@ host paths as the evidence is, the diff is shown as it is."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import PurePosixPath
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -13,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from controller.changes.apply import AppliedFile, ApplyResult, RevertResult
 from controller.errorinfo import ErrorInfo
 from controller.errors import PatchboxError
+from controller.jobs.attest import ATTESTATIONS
 from controller.jobs.evidence import job_diff as job_diff  # noqa: PLC0414 - the api re-exports it
 from controller.jobs.records import (
     ACTIVE,
@@ -105,6 +107,8 @@ class JobView(_View):
     tool_calls: list[ToolCallRecord]
     evidence: str
     """The evidence bundle's path relative to the state directory (empty before it exists)."""
+    attestations: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    """The signed attestations' path beside it, once the decided job was signed."""
     decision: Decision | None
     diff: str
     review_fallback: str | None = Field(default=None, exclude_if=lambda v: v is None)
@@ -167,6 +171,9 @@ def job_view(
         "services": [s.model_dump(mode="json") for s in record.services],
         "tool_calls": [c.model_dump(mode="json") for c in record.tool_calls],
         "evidence": evidence,
+        "attestations": str(PurePosixPath(evidence).with_name(ATTESTATIONS))
+        if evidence and record.provenance is not None and record.provenance.key_id
+        else None,
         "decision": record.decision.model_dump(mode="json") if record.decision else None,
         "review_fallback": review_fallback(record),
         "parent": record.parent.model_dump(mode="json") if record.parent else None,

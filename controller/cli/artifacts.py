@@ -8,7 +8,9 @@
 - ``junit.xml``: each check's own test cases where it wrote JUnit XML, one case per check
   otherwise, and a failing case for a job that failed outside its checks or made no change
   (a skipped one for no change with ``--no-change-ok``);
-- ``transcript.json`` and ``transcript.txt``: the conversation.
+- ``transcript.json`` and ``transcript.txt``: the conversation;
+- ``provenance.intoto.jsonl``: the job's signed attestations, when it was signed (a key
+  exists and the job reached a decision with a diff).
 
 A command that ends before any job (bad usage, no daemon) writes ``junit.xml`` with one
 failing case and ``error.json``: never an empty report a CI would show as green.
@@ -26,6 +28,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from controller.jobs.attest import ATTESTATIONS
 from controller.jobs.log import write_atomic
 from controller.jobs.report import failed_command_report, report
 from controller.logs import Scrubber
@@ -123,6 +126,7 @@ OWN = frozenset(
         "transcript.json",
         "transcript.txt",
         "error.json",
+        ATTESTATIONS,
     }
 )
 """The names patchbox writes in an output folder; it removes none but these (an earlier
@@ -182,6 +186,12 @@ def write_artifacts(  # noqa: PLR0913 - a finished job's parts, all keyword-only
     write_atomic(folder / "transcript.txt", (scrub.text(transcript_text(record)) + "\n").encode())
     written += ["transcript.json", "transcript.txt"]
     (folder / "error.json").unlink(missing_ok=True)
+    signed = store.folder(record.job_id) / ATTESTATIONS
+    if signed.is_file():
+        write_atomic(folder / ATTESTATIONS, signed.read_bytes())
+        written.append(ATTESTATIONS)
+    else:
+        (folder / ATTESTATIONS).unlink(missing_ok=True)
     return written
 
 

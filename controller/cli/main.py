@@ -165,6 +165,15 @@ def _env(args: argparse.Namespace) -> int:
     return code
 
 
+def _provenance(args: argparse.Namespace) -> int:
+    from controller.cli import provenance
+
+    handler = provenance.cmd_key if args.command == "key" else provenance.cmd_verify
+    code, data, text = handler(args)
+    _emit(data, as_json=args.json, text=text)
+    return code
+
+
 def _demo(args: argparse.Namespace) -> int:
     from controller.cli.demo.run import run_demo
 
@@ -325,6 +334,8 @@ def main(argv: Sequence[str] | None = None, doors: Mapping[str, Door] | None = N
             "env": _env,
             "demo": _demo,
             "remote": _remote,
+            "key": _provenance,
+            "verify": _provenance,
         }
         if args.command in handlers:
             return handlers[args.command](args)

@@ -204,6 +204,42 @@ def _serve_parser(sub: Any) -> None:
     serve.add_argument("--port", type=int, default=8765)
     serve.add_argument("--json", action="store_true", help="print JSON instead of text")
     _remote_parser(sub)
+    _provenance_parsers(sub)
+
+
+def _provenance_parsers(sub: Any) -> None:
+    """The ``key`` and ``verify`` commands."""
+    key = sub.add_parser("key", help="the key that signs each job's attestations")
+    commands = key.add_subparsers(dest="key_command", required=True, parser_class=_Parser)
+    init = commands.add_parser(
+        "init", help="make a signing key (mode 0600) and print its public key"
+    )
+    public = commands.add_parser("public", help="print (or write) the signing key's public key")
+    for cmd in (init, public):
+        cmd.add_argument(
+            "--path",
+            metavar="FILE",
+            help="the private key (default $PATCHBOX_HOME/keys/provenance.key)",
+        )
+        cmd.add_argument("--json", action="store_true", help="print JSON instead of text")
+    init.add_argument("--force", action="store_true", help="replace a key that exists")
+    init.add_argument(
+        "--algorithm",
+        choices=["ed25519", "ecdsa-p256"],
+        default="ed25519",
+        help="(default ed25519)",
+    )
+    public.add_argument("--out", metavar="FILE", help="write the PEM public key to FILE")
+    verify = sub.add_parser(
+        "verify", help="check a diff against its signed attestations, a public key and a policy"
+    )
+    verify.add_argument("--diff", required=True, metavar="FILE", help="the diff (or patch mail)")
+    verify.add_argument(
+        "--attestations", required=True, metavar="FILE", help="provenance.intoto.jsonl"
+    )
+    verify.add_argument("--key", required=True, metavar="FILE", help="the PEM public key")
+    verify.add_argument("--policy", metavar="FILE", help="a JSON policy (docs/reference.md)")
+    verify.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
 def _remote_parser(sub: Any) -> None:

@@ -25,6 +25,9 @@
     [network]                    # see controller.config.network
     allow = ["*.example.com:443"]
 
+    [provenance]                 # the key that signs each decided job's attestations
+    key = "/etc/patchbox/provenance.key"
+
     [provider]                   # see controller.providers.config
     api = "chat"
     base_url = "https://..."
@@ -48,6 +51,17 @@ from controller.config.task import CheckId, CheckSpec
 from controller.errormap import describe_validation
 from controller.errors import UsageError
 from controller.paths import patchbox_home
+
+
+class ProvenanceConfig(BaseModel):
+    """The ``[provenance]`` table."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: str | None = Field(default=None, min_length=1, max_length=4096)
+    """The private key (PEM, mode 0600) that signs every decided job's attestations; by
+    default ``$PATCHBOX_HOME/keys/provenance.key`` when that file exists, else no job is
+    signed."""
 
 
 class HostConfig(BaseModel):
@@ -75,6 +89,7 @@ class HostConfig(BaseModel):
     service_capabilities: list[Capability] = Field(default_factory=list, max_length=64)
     """Capabilities a service container may keep (its ``cap_add``); empty (the default): a
     service keeps none."""
+    provenance: ProvenanceConfig = Field(default_factory=ProvenanceConfig)
     ca_bundle: str | None = Field(default=None, max_length=4096)
     """PEM file of the CAs environment builds trust; by default the one the host's own
     TLS clients use (``PIP_CERT``, ``REQUESTS_CA_BUNDLE``, ``SSL_CERT_FILE``, ...); ``""``

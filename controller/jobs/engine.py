@@ -18,6 +18,7 @@ from pathlib import Path
 
 import docker
 import structlog
+from securesystemslib.signer import CryptoSigner
 
 from controller.changes.changeset import ChangeSet
 from controller.changes.collect import Collected, collect
@@ -30,6 +31,7 @@ from controller.errors import (
     InternalError,
     PatchboxError,
 )
+from controller.jobs.attest import attest, facts, signer_for
 from controller.jobs.baselinechecks import cannot_run_error, run_baseline_checks
 from controller.jobs.carried import carried_changes
 from controller.jobs.decision import DecisionInputs, decide, skips_checks
@@ -45,7 +47,7 @@ from controller.jobs.records import (
 )
 from controller.jobs.request import JobRequest, Refusals, new_record, refused
 from controller.jobs.required import check_failed, run_required_checks, skipped_checks
-from controller.jobs.sandboxes import JobSandboxes
+from controller.jobs.sandboxes import JobSandboxes, note_prepared
 from controller.jobs.store import JobStore, write_lock
 from controller.providers.base import ChecksAware
 from controller.repo.baseline import Baseline
@@ -98,6 +100,7 @@ class Job:
         self.record = new_record(request, self.identity)
         self._box: DockerSandbox | None = None
         self._gate: NetworkGate | None = None
+        self._signer: CryptoSigner | None = None
         self._diff: str | None = None
         self._prepared: Prepared | None = None
         self._activity = ""
@@ -159,6 +162,7 @@ class Job:
         record.timings_ms["total"] = round((time.perf_counter() - started) * 1000)
         try:
             write_evidence(record, self._diff, self.store, self.request.secrets)
+            attest(record, self._diff, self.store, self._signer, self.request.secrets)
         except Exception as exc:
             unexpected = unexpected or self._internal(exc)
         self.store.save(record)
@@ -271,6 +275,7 @@ class Job:
         request, record = self.request, self.record
         task = request.task
         self._move("preparing")
+        self._signer = signer_for(request.config)
         if request.pin is not None:
             request.pin.verify()
         checks, environment = job_checks(
@@ -305,6 +310,8 @@ class Job:
             )
             self._move("no_change")
             return
+        image_id = sandboxes.image_id(spec.image)
+        record.provenance = facts(record, request.config, checks, collected.tree, image_id)
         self._move("checking")
         self._checks(baseline, changeset, checks, spec)
         self._decide(baseline, changeset)
@@ -332,7 +339,7 @@ class Job:
             made=request.follow.baseline if request.follow is not None else None,
         )
         self._box, self._prepared, baseline = prepared.sandbox, prepared, prepared.baseline
-        self._record_prepared(prepared, time.perf_counter() - t)
+        note_prepared(self.record, prepared, time.perf_counter() - t)
         if self.cancelled.is_set():
             raise cancelled_error()
         if task.baseline_checks:
@@ -347,14 +354,6 @@ class Job:
         prepared.sandbox.close()
         self._box = None
         return baseline, collected
-
-    def _record_prepared(self, prepared: Prepared, seconds: float) -> None:
-        record = self.record
-        record.baseline = prepared.baseline
-        record.timings_ms["prepare"] = round(seconds * 1000)
-        if "environment" in prepared.timings_ms:
-            record.timings_ms["environment"] = prepared.timings_ms["environment"]
-        record.diagnostics["baseline_source"] = prepared.source
 
     def _tool_loop(
         self, sandbox: DockerSandbox, checks: dict[str, CheckSpec], task: TaskSpec

@@ -366,6 +366,31 @@ class Decision(_Value):
     """Paths ``patchbox apply --merge`` merged three-way."""
 
 
+class CheckFact(_Value):
+    """A required check as the job ran it: what its attestation states."""
+
+    argv: list[str]
+    egress: list[str] = Field(default_factory=list)
+
+
+class ProvenanceFacts(_Value):
+    """What the job's signed provenance states beyond the rest of the record
+    (:mod:`controller.jobs.attest`)."""
+
+    result_tree: str
+    """The git tree the diff makes of the baseline."""
+    sandbox_image: str
+    """The id of the sandbox image (empty when the job ran in a project environment)."""
+    environment_image: str | None = None
+    agent_digest: str
+    rules_digest: str
+    checks: dict[str, CheckFact] = Field(default_factory=dict)
+    """The required checks."""
+    setup_egress: list[str] = Field(default_factory=list)
+    key_id: str | None = None
+    """The signing key's id once the attestations are written."""
+
+
 class JobRecord(BaseModel):
     """Everything a later process needs about a job. Paths of the user's machine live here
     (the job's own state), never in the evidence bundle."""
@@ -413,6 +438,8 @@ class JobRecord(BaseModel):
     """The job this one was made from (none for a job made by a model)."""
     attempt: AttemptLink | None = _OMITTED
     """Which of N attempts of one task this job is; applying one discards the others."""
+    provenance: ProvenanceFacts | None = _OMITTED
+    """What the job's attestations state (none until its change is collected)."""
     stale: StaleMark | None = _OMITTED
     """Set once the job was rebased: its decision and checks are kept, marked stale, and
     it is not applied (``JOB_REBASED``)."""

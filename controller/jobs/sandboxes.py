@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import docker
 
@@ -25,6 +25,7 @@ from controller.sandbox.envbuild import EnvironmentBuilder, SetupEgress
 from controller.sandbox.image import ImageBuilder
 from controller.sandbox.labels import ControllerIdentity
 from controller.sandbox.netgate import NetworkGate
+from controller.sandbox.prepare import Prepared
 from controller.sandbox.spares import SparePool
 
 
@@ -38,9 +39,13 @@ class JobSandboxes:
     identity: ControllerIdentity
     progress: Callable[[str], None]
     gate: NetworkGate | None = None
+    _image_ids: dict[str, str] = field(default_factory=dict)
 
     def spec(self, limits_from: TaskSpec, *, default_image: bool = True) -> SandboxSpec:
-        image = ImageBuilder(self.client, self.progress).ensure().tag if default_image else ""
+        image = ""
+        if default_image:
+            info = ImageBuilder(self.client, self.progress).ensure()
+            image, self._image_ids[info.tag] = info.tag, info.image_id
         runtime = self.record.runtime
         return SandboxSpec(
             image=image,
@@ -49,6 +54,12 @@ class JobSandboxes:
             limits=limits_from.limits,
             protected=tuple(self.request.config.protected),
         )
+
+    def image_id(self, tag: str) -> str:
+        """The id of the image ``tag`` (known once made or found, else asked of Docker)."""
+        if tag not in self._image_ids:
+            self._image_ids[tag] = self.client.images.get(tag).id or ""
+        return self._image_ids[tag]
 
     def spare_pool(self) -> SparePool | None:
         """The operator's spare sandboxes, for a job with no network (a spare has none)."""
@@ -192,3 +203,13 @@ class JobSandboxes:
             egress=[r.text() for r in egress.rules],
             network=requests_of(built.network),
         )
+
+
+def note_prepared(record: JobRecord, prepared: Prepared, seconds: float) -> None:
+    """What the record keeps of a prepared sandbox: its baseline, where that came from, the
+    time it took."""
+    record.baseline = prepared.baseline
+    record.timings_ms["prepare"] = round(seconds * 1000)
+    if "environment" in prepared.timings_ms:
+        record.timings_ms["environment"] = prepared.timings_ms["environment"]
+    record.diagnostics["baseline_source"] = prepared.source

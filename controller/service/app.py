@@ -27,6 +27,7 @@ from controller.service.handlers import (
     action,
     cancel,
     events,
+    get_attestations,
     get_diff,
     get_evidence,
     get_job,
@@ -34,6 +35,7 @@ from controller.service.handlers import (
     list_jobs,
     metrics,
     openapi,
+    provenance_key,
     rebase,
     submit,
     upload_bundle,
@@ -116,6 +118,8 @@ ROUTES: list[tuple[str, str, Handler, bool]] = [
     (JOB, "GET", get_job, True),
     (JOB + "/diff", "GET", get_diff, True),
     (JOB + "/evidence", "GET", get_evidence, True),
+    (JOB + "/attestations", "GET", get_attestations, True),
+    ("/v1/provenance/key", "GET", provenance_key, False),
     (JOB + "/events", "GET", events, True),
     (JOB + "/cancel", "POST", cancel, True),
     (JOB + "/apply", "POST", action("apply"), True),
@@ -167,10 +171,11 @@ def build(
 ) -> tuple[Starlette, Service]:
     """The application for a configuration file (``--config``, default
     ``$PATCHBOX_HOME/config.toml``)."""
-    from controller.service.config import load_service_config
+    from controller.service.config import load_service_config, with_service_key
     from controller.service.store import SqliteStore
 
     host, config = load_service_config(config_path)
+    host = with_service_key(host, config)
     store = SqliteStore(config.database_path())
     service = Service(store, host, config, Runner(store, host, config))
     return create_app(service, shutdown_timeout=shutdown_timeout), service

@@ -45,11 +45,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from controller.config.environment import EnvironmentName
 from controller.config.fields import ImageRef
-from controller.config.host import HostConfig
+from controller.config.host import HostConfig, ProvenanceConfig
 from controller.config.network import EgressPattern
 from controller.errormap import describe_validation
 from controller.errors import UsageError
 from controller.paths import patchbox_home
+from controller.provenance.keys import init_key, load_signer
 
 
 class LimitCaps(BaseModel):
@@ -134,6 +135,9 @@ class ServiceConfig(BaseModel):
     data_dir: str | None = Field(default=None, max_length=4096)
     """The service's own folder: uploaded bundles and the clones bundle jobs run on, one
     sub-folder per tenant (default ``service-data`` beside the database)."""
+    signing_key: str | None = Field(default=None, min_length=1, max_length=4096)
+    """The service's own key that signs its jobs' attestations (default
+    ``service-provenance.key`` beside the database, made at the first start)."""
     bundle_max_bytes: int = Field(default=256 * 1024 * 1024, ge=1024, le=1 << 40)
     """The largest git bundle ``POST /v1/bundles`` takes (413 ``BUNDLE_TOO_LARGE`` over it)."""
     bundle_keep_seconds: float = Field(default=3600.0, gt=0, le=30 * 86400)
@@ -167,6 +171,12 @@ class ServiceConfig(BaseModel):
 
     def database_path(self) -> Path:
         return Path(self.database) if self.database else patchbox_home() / "service.db"
+
+    def signing_key_path(self) -> Path:
+        """The service's signing key (:attr:`signing_key`)."""
+        if self.signing_key:
+            return Path(self.signing_key).expanduser()
+        return self.database_path().parent / "service-provenance.key"
 
     def data_path(self) -> Path:
         """The service's own folder (bundles and their clones)."""
@@ -217,3 +227,13 @@ def load_service_config(path: Path | None = None) -> tuple[HostConfig, ServiceCo
             )
             raise UsageError(msg)
     return host, service
+
+
+def with_service_key(host: HostConfig, config: ServiceConfig) -> HostConfig:
+    """``host`` signing with the service's own key (:meth:`ServiceConfig.signing_key_path`),
+    made at the first start when the default one does not exist yet."""
+    path = config.signing_key_path()
+    if config.signing_key is None and not path.exists():
+        init_key(path)
+    load_signer(path)  # a key that cannot sign stops the start, not every job
+    return host.model_copy(update={"provenance": ProvenanceConfig(key=str(path))})

@@ -24,7 +24,9 @@ from controller.api.views import ApplyView, BundleRef, DiscardView, RevertView, 
 from controller.config.host import HostConfig
 from controller.config.task import TaskSpec
 from controller.errors import ErrorCode, PatchboxError
+from controller.jobs.attest import ATTESTATIONS
 from controller.jobs.store import JobStore
+from controller.provenance.keys import public_pem
 from controller.providers.base import MAX_JSON_DEPTH
 from controller.providers.scripted import CallsFile, parse_calls
 from controller.repo.pin import RepoPin
@@ -303,6 +305,24 @@ async def get_evidence(service: Service, request: Request) -> Response:
         msg = f"job {row.job_id} has no evidence yet ({row.state})"
         raise refused(409, "JOB_NOT_FINISHED", msg) from None
     return JSONResponse(data)
+
+
+async def get_attestations(service: Service, request: Request) -> Response:
+    row = service.own_job(request.state.tenant, request.path_params["job_id"])
+    path = JobStore().folder(row.job_id) / ATTESTATIONS
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        msg = f"job {row.job_id} has no attestations ({row.state}): a job is signed once "
+        msg += "it is decided with a diff"
+        raise refused(409, "JOB_NOT_FINISHED", msg) from None
+    return Response(data, media_type="application/jsonl")
+
+
+async def provenance_key(service: Service, _request: Request) -> Response:
+    key = service.host.provenance.key
+    pem = await anyio.to_thread.run_sync(public_pem, Path(key)) if key else ""
+    return Response(pem, media_type="application/x-pem-file")
 
 
 async def cancel(service: Service, request: Request) -> Response:

@@ -177,6 +177,11 @@ OPENAPI: dict[str, Any] = {
                     },
                     "tool_calls": {"type": "array", "items": {"type": "object"}},
                     "evidence": {"type": "string"},
+                    "attestations": {
+                        "type": "string",
+                        "description": "the signed attestations' path once the job was "
+                        "signed (GET /v1/jobs/{id}/attestations serves them); absent otherwise",
+                    },
                     "decision": {"type": ["object", "null"]},
                     "bundle": {"$ref": "#/components/schemas/BundleRef"},
                     "parent": {
@@ -307,6 +312,28 @@ OPENAPI: dict[str, Any] = {
             {"200": {"description": "evidence.json"} | _json({"type": "object"})},
             409,
         ),
+        "/v1/jobs/{job_id}/attestations": _job_op(
+            "the job's signed attestations (in-toto statements in DSSE envelopes, one per "
+            "line), signed with the service's key once the job is decided with a diff",
+            {
+                "200": {
+                    "description": "provenance.intoto.jsonl",
+                    "content": {"application/jsonl": {"schema": {"type": "string"}}},
+                }
+            },
+            409,
+        ),
+        "/v1/provenance/key": {
+            "get": {
+                "summary": "the PEM public key the service signs attestations with",
+                "responses": {
+                    "200": {
+                        "description": "a PEM PUBLIC KEY block",
+                        "content": {"application/x-pem-file": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
         "/v1/jobs/{job_id}/events": {
             "get": {
                 "summary": "server-sent events: state, tool_call, check, check_output; resumable",

@@ -38,6 +38,13 @@ def the_command() -> str:
     return found.group(1).strip()
 
 
+def verify_command() -> str:
+    """The command of docs/ci.md's verifying step: the block after ``verify-script``."""
+    found = re.search(r"<!-- verify-script -->\n```sh\n(.*?)```", DOC, re.DOTALL)
+    assert found is not None, "docs/ci.md has no verify-script block"
+    return found.group(1).strip()
+
+
 def workflow(section: str) -> dict[Any, Any]:
     """The YAML example under docs/ci.md's ``## section`` heading, parsed."""
     found = re.search(

@@ -175,6 +175,10 @@ def test_exit_codes() -> None:
     assert by_code.pop(ErrorCode.MODEL_TOOL_CALL_UNSUPPORTED) is ExitCode.PROVIDER
     assert by_code.pop(ErrorCode.NO_CHANGE) is ExitCode.NO_CHANGE
     assert by_code.pop(ErrorCode.INTERNAL_ERROR) is ExitCode.INTERNAL
+    for code in ("SIGNING_KEY_MISSING", "SIGNING_KEY_INVALID", "SIGNING_KEY_EXISTS"):
+        assert by_code.pop(ErrorCode(code)) is ExitCode.USAGE
+    assert by_code.pop(ErrorCode.VERIFY_INPUT_INVALID) is ExitCode.USAGE
+    assert by_code.pop(ErrorCode.VERIFY_FAILED) is ExitCode.FAILED
     assert set(by_code.values()) == {ExitCode.FAILED}
 
 

@@ -20,6 +20,7 @@ from controller.jobs.records import (
     AttemptLink,
     BaselineCheck,
     CheckChange,
+    CheckFact,
     CheckResult,
     ControlLine,
     Decision,
@@ -29,6 +30,7 @@ from controller.jobs.records import (
     LedgerEntry,
     LedgerFile,
     ParentLink,
+    ProvenanceFacts,
     ServiceRecord,
     StaleMark,
     ToolCallRecord,
@@ -68,6 +70,15 @@ def full_record() -> JobRecord:
     record.parent = ParentLink(job_id="parent", diff_sha256="0" * 64, relation="follow-up")
     record.stale = StaleMark(by="child", reason="rebased", at=1.5)
     record.attempt = AttemptLink(index=2, job_ids=["a", "b"])
+    record.provenance = ProvenanceFacts(
+        result_tree="1" * 40,
+        sandbox_image="sha256:" + "2" * 64,
+        agent_digest="3" * 64,
+        rules_digest="4" * 64,
+        checks={"tests": CheckFact(argv=["pytest"], egress=["pypi.org:443"])},
+        setup_egress=["pypi.org:443"],
+        key_id="5" * 64,
+    )
     record.tool_calls.append(
         ToolCallRecord(
             turn=9, id="c9", name="run_check", ok=False, error_code="X", error_message="no"
