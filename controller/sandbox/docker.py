@@ -34,7 +34,7 @@ from controller.sandbox.base import (
 )
 from controller.sandbox.calls import ARCHIVE_TIMEOUT, DEFAULT_CALL_TIMEOUT, AgentCalls
 from controller.sandbox.dockerargs import NO_DNS, NO_DNS_OPTIONS, ContainerConfig
-from controller.sandbox.dockerclient import removal_in_progress
+from controller.sandbox.dockerclient import create_container, removal_in_progress
 from controller.sandbox.labels import ControllerIdentity
 from controller.sandbox.protocol import MAX_RESPONSE_FRAME, CallArgs
 from controller.sandbox.session import AgentSession
@@ -283,7 +283,7 @@ class DockerSandbox(AgentCalls):
         """Creates, starts and greets a sandbox; on any failure nothing is left behind."""
         labels = identity.labels(spec.job_id, "sandbox")
         try:
-            container = client.containers.create(**container_config(spec, labels))
+            container = create_container(client, **container_config(spec, labels))
         except docker.errors.ImageNotFound as exc:
             raise SandboxError(
                 f"sandbox image {spec.image!r} not found", hint=Hint(action="build_image")
@@ -323,7 +323,7 @@ class DockerSandbox(AgentCalls):
     ) -> Container:
         """Creates and starts a container nobody is attached to (a spare)."""
         try:
-            container = client.containers.create(**container_config(spec, labels))
+            container = create_container(client, **container_config(spec, labels))
             container.start()
         except docker.errors.APIError as exc:
             raise map_error(exc, "cannot start a spare sandbox") from exc

@@ -109,8 +109,7 @@ class ImageBuilder:
     def ensure(self, base: str | None = None) -> ImageInfo:
         """Returns an up-to-date sandbox image, building what is missing."""
         started = time.monotonic()
-        base_ref, source = self.resolve_base(base)
-        base_id = _has_image(self._client, base_ref) or ""
+        base_ref, source, base_id = self._base(base)
         folder = sandbox_image_dir()
         tag = _sandbox_tag(base_id)
         existing = _has_image(self._client, tag)
@@ -159,20 +158,28 @@ class ImageBuilder:
         return {"base": base_ref, "tag": tag, "ready": _has_image(self._client, tag) is not None}
 
     def resolve_base(self, base: str | None) -> tuple[str, str]:
+        """The base image and where it came from (``present``, ``local-debootstrap`` or
+        ``pulled``), made when missing."""
+        ref, source, _id = self._base(base)
+        return ref, source
+
+    def _base(self, base: str | None) -> tuple[str, str, str]:
+        """:meth:`resolve_base` and the base's image id, each image inspected once."""
         wanted = base or DEFAULT_BASE
-        if _has_image(self._client, wanted):
-            return wanted, "present"
+        if found := _has_image(self._client, wanted):
+            return wanted, "present", found
         local = f"{LOCAL_BASE_REPO}:{recipe_hash()}"
-        if base is None and _has_image(self._client, local):
-            return local, "local-debootstrap"
+        if base is None and (found := _has_image(self._client, local)):
+            return local, "local-debootstrap", found
         self._progress(f"pulling {wanted}")
         try:
             self._client.images.pull(wanted)
         except docker.errors.APIError:
             self._progress("pull failed: making a base image locally with debootstrap")
         else:
-            return wanted, "pulled"
-        return self.build_local_base(), "local-debootstrap"
+            return wanted, "pulled", _has_image(self._client, wanted) or ""
+        made = self.build_local_base()
+        return made, "local-debootstrap", _has_image(self._client, made) or ""
 
     def build_local_base(self) -> str:
         """Makes (once) a Debian base image with python3 and git, without any registry."""

@@ -115,7 +115,8 @@ class SparePool:
                 continue
             try:
                 self.client.api.rename(spare.id, CLAIMED_PREFIX + spare.id)
-                return self.client.containers.get(spare.id)
+                # the rename found it: its id is all the claim needs (no inspection)
+                return self.client.containers.prepare_model({"Id": spare.id})
             except docker.errors.APIError as exc:  # gone, or renamed by someone else first
                 log.info("spare_claim_lost", error=str(exc.explanation))
                 self.release(spare.id)

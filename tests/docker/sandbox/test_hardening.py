@@ -371,6 +371,7 @@ def test_runs_as_unprivileged_user(runtime: Runtime, make_sandbox: SandboxFactor
     box = make_sandbox(runtime)
     assert box.hello.uid == SANDBOX_UID
     assert box.hello.gid == SANDBOX_UID
+    box.container.reload()  # the container as the daemon has it
     assert box.container.attrs["Config"]["User"] == f"{SANDBOX_UID}:{SANDBOX_UID}"
     out = _probe(box, ID_PROBE)
     assert out == {
@@ -603,6 +604,7 @@ def test_cpu_quota_throttles_a_busy_loop(
     about 1.0.
     """
     box = make_sandbox(runtime, cpus=0.5)
+    box.container.reload()  # the container as the daemon has it
     assert box.container.attrs["HostConfig"]["NanoCpus"] == 500_000_000
     container_id = _container_id(box)
     before = _stats(docker_client, container_id)["cpu_stats"]
