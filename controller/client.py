@@ -359,6 +359,16 @@ class ServiceClient:
         """The job's evidence bundle; ``JOB_NOT_FINISHED`` before the job wrote it."""
         return self._object("GET", self._job_path(job_id, "/evidence"), "reading the evidence")
 
+    def attestations(self, job_id: str) -> bytes:
+        """The job's signed attestations (JSON Lines); ``JOB_NOT_FINISHED`` before it was
+        decided with a diff."""
+        path = self._job_path(job_id, "/attestations")
+        return self._request("GET", path, f"reading {job_id}'s attestations").body
+
+    def provenance_key(self) -> str:
+        """The PEM public key the service signs attestations with."""
+        return self._request("GET", "v1/provenance/key", "reading the signing key").body.decode()
+
     def cancel(self, job_id: str) -> RemoteJob:
         return self._view("POST", self._job_path(job_id, "/cancel"), f"cancelling {job_id}")
 

@@ -92,6 +92,7 @@ def run(args: argparse.Namespace, progress: Progress) -> Outcome:
         "submit": _submit,
         "jobs": _jobs,
         "show": _show,
+        "attestations": _attestations,
         "events": _events,
         "apply": _apply,
         "revert": _revert,
@@ -235,6 +236,22 @@ def _show(client: ServiceClient, args: argparse.Namespace, _progress: Progress) 
     if flags:
         text += "\nin the diff as downloaded:\n" + "\n".join(flags)
     return ExitCode.OK, {**view, "diff": diff}, text
+
+
+def _attestations(client: ServiceClient, args: argparse.Namespace, _p: Progress) -> Outcome:
+    """The job's attestations, the diff as the service holds it and the service's public
+    key, written for ``verify`` (the key as served: compare it with the operator's)."""
+    files = {
+        "provenance.intoto.jsonl": client.attestations(args.job),
+        "diff.patch": _download_diff(client, args.job).encode("utf-8", "surrogateescape"),
+        "provenance.pub": client.provenance_key().encode(),
+    }
+    folder = Path(args.out_dir)  # made once everything was read: nothing half written
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    written = [str(folder / name) for name in files]
+    return ExitCode.OK, {"job_id": args.job, "written": written}, "\n".join(written)
 
 
 def _download_diff(client: ServiceClient, job: str) -> str:

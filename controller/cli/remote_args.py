@@ -58,6 +58,13 @@ def add_parser(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
     command("jobs", "this tenant's jobs", job=False)
     show = command("show", "a job, as run --json prints it")
     show.add_argument("--diff", action="store_true", help="and its diff")
+    attest = command("attestations", "a job's signed attestations and the diff they sign")
+    attest.add_argument(
+        "--out-dir",
+        required=True,
+        metavar="DIR",
+        help="write diff.patch, provenance.intoto.jsonl and the service's provenance.pub",
+    )
     events = command("events", "a job's events as they come, until it ends")
     events.add_argument("--last-event-id", type=int, default=0, metavar="N", help="start after N")
     apply = command("apply", "apply a job (a bundle job: to the local repository)")

@@ -10,9 +10,10 @@ import docker
 import pytest
 
 from controller.provenance.verify import Rule, verify
+from tests.support.cli import patchbox
 from tests.support.jobs import make_repo
 from tests.support.provenance import independently_verified, public_key
-from tests.support.service import CALLS, serving, wait_status, write_config
+from tests.support.service import CALLS, TOKENS, serving, wait_status, write_config
 from tests.support.service_http import error_of, submit
 
 END = {"awaiting_review", "failed", "cancelled", "no_change", "applied"}
@@ -46,6 +47,31 @@ def test_the_service_signs_and_serves_each_jobs_attestations(
         changed = verify(diff.replace(b"Hello", b"Hellp"), served.text, public_key(pem.content))
         assert {f.code for f in changed.failures} == {Rule.SUBJECT_MISMATCH}
 
+        fetched = patchbox(
+            "remote",
+            "attestations",
+            job,
+            "--out-dir",
+            str(tmp_path / "fetched"),
+            "--server",
+            running.url,
+            env={"PATCHBOX_TOKEN": TOKENS["alpha"]},
+        )
+        assert fetched.returncode == 0, fetched.stderr
+        folder = tmp_path / "fetched"
+        assert (folder / "provenance.pub").read_bytes() == pem.content
+        checked = patchbox(
+            "verify",
+            "--diff",
+            str(folder / "diff.patch"),
+            "--attestations",
+            str(folder / "provenance.intoto.jsonl"),
+            "--key",
+            str(folder / "provenance.pub"),
+        )
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert f"verified: job {job}" in checked.stdout
+
         other = beta.get(f"/v1/jobs/{job}/attestations")
         assert (other.status_code, error_of(other)) == (404, "NOT_FOUND")
         unauthenticated = anyone.get(f"/v1/jobs/{job}/attestations")
@@ -64,3 +90,17 @@ def test_a_job_not_decided_has_no_attestations(
         job = submit(alpha, path, calls=CALLS).json()["job_id"]
         queued = alpha.get(f"/v1/jobs/{job}/attestations")
         assert (queued.status_code, error_of(queued)) == (409, "JOB_NOT_FINISHED")
+        remote = patchbox(
+            "remote",
+            "attestations",
+            job,
+            "--out-dir",
+            str(tmp_path / "none"),
+            "--server",
+            running.url,
+            "--json",
+            env={"PATCHBOX_TOKEN": TOKENS["alpha"]},
+        )
+        assert remote.returncode != 0
+        assert '"JOB_NOT_FINISHED"' in remote.stdout
+        assert not (tmp_path / "none").exists()
