@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import re
 import time
 from enum import StrEnum
 from pathlib import Path
@@ -25,7 +26,9 @@ from controller.provenance import statement as st
 from controller.provenance.envelope import read_envelopes, verified
 
 MAX_INPUT_BYTES = 256 * 1024 * 1024
-MAIL_END = "\n-- \n"
+MAIL_HEADERS = (b"From: ", b"Date: ", b"Subject: ")
+MAIL_JOB_LINE = re.compile(rb"patchbox job [0-9a-z-]{1,64}")
+MAIL_TRAILER = re.compile(rb"\n-- \npatchbox [^\n]{1,200}\n\Z")
 
 
 class Rule(StrEnum):
@@ -104,14 +107,43 @@ def _input(path: Path, what: str) -> bytes:
 
 def diff_bytes(data: bytes) -> bytes:
     """The diff itself: ``data``, or the diff a ``git format-patch`` mail of patchbox's
-    carries (between its ``---`` line and its ``-- `` signature)."""
-    if not data.startswith(b"From ") or b"\nSubject: " not in data.split(b"\n\n", 1)[0]:
+    carries (between its ``---`` line and its ``-- `` signature). A mail holds nothing else
+    that ``git am`` would apply: its headers are ``From``, ``Date`` and ``Subject`` lines, its
+    message lines are empty, indented by four spaces or the ``patchbox job`` line, and
+    nothing follows the signature (``VERIFY_INPUT_INVALID`` otherwise)."""
+    if not data.startswith(b"From "):
         return data
-    start = data.find(b"\n---\n")
-    end = data.rfind(MAIL_END.encode())
-    if start < 0 or end < start:
+    head, _, rest = data.partition(b"\n\n")
+    lines = head.split(b"\n")
+    if not lines[0].startswith(b"From ") or not any(x.startswith(b"Subject: ") for x in lines):
         return data
-    return data[start + len(b"\n---\n") : end + 1]
+    for number, line in enumerate(lines[1:], 2):
+        if not line.startswith(MAIL_HEADERS):
+            raise _not_a_mail(number)
+    offset = len(head) + 2
+    message = rest.split(b"\n")
+    for number, line in enumerate(message, len(lines) + 2):
+        if line == b"---":
+            break
+        offset += len(line) + 1
+        if line and not line.startswith(b"    ") and not MAIL_JOB_LINE.fullmatch(line):
+            raise _not_a_mail(number)
+    else:
+        raise _not_a_mail(len(lines) + len(message))
+    trailer = MAIL_TRAILER.search(data)
+    start = offset + len(b"---\n")
+    if trailer is None or trailer.start() < start:
+        msg = "the patch mail does not end with patchbox's signature (-- , patchbox VERSION)"
+        raise PatchboxError(msg, code=ErrorCode.VERIFY_INPUT_INVALID)
+    return data[start : trailer.start() + 1]
+
+
+def _not_a_mail(line: int) -> PatchboxError:
+    msg = (
+        f"line {line} of the patch mail is outside its diff and could be applied by git am: "
+        "the mail is not one patchbox wrote"
+    )
+    return PatchboxError(msg, code=ErrorCode.VERIFY_INPUT_INVALID)
 
 
 def load_policy(path: Path) -> Policy:

@@ -188,14 +188,40 @@ def test_an_expired_policy_or_an_old_job_fails(tmp_path: Path, key: Path) -> Non
     assert old.failures[0].message.startswith("policy.max_age_hours")
 
 
+MAIL_HEAD = (
+    "From 0000 Mon Sep 17 00:00:00 2001\nFrom: patchbox <patchbox@localhost>\n"
+    "Date: Mon, 07 Dec 2026 00:00:00 +0000\nSubject: [PATCH] fix\n\n"
+)
+MAIL = MAIL_HEAD + "    body\n\npatchbox job 20261207-000000-aaaaaaaa\n---\n" + DIFF
+MAIL += "-- \npatchbox 0.1.0\n"
+EVIL = "diff --git a/evil.sh b/evil.sh\n--- /dev/null\n+++ b/evil.sh\n@@ -0,0 +1 @@\n+boom\n"
+
+
 def test_a_format_patch_mail_is_checked_by_its_diff() -> None:
-    mail = (
-        "From 0000 Mon Sep 17 00:00:00 2001\nFrom: patchbox <patchbox@localhost>\n"
-        "Subject: [PATCH] fix\n\n    body\n\npatchbox job J\n---\n" + DIFF + "-- \npatchbox 0.1.0\n"
-    )
-    assert diff_bytes(mail.encode()) == DIFF.encode()
+    assert diff_bytes(MAIL.encode()) == DIFF.encode()
     assert diff_bytes(DIFF.encode()) == DIFF.encode()
-    assert diff_bytes(mail.replace("+Hello", "+Hellp").encode()) != DIFF.encode()
+    assert diff_bytes(MAIL.replace("+Hello", "+Hellp").encode()) != DIFF.encode()
+    # a separator of its own before the real one: what follows is not the signed diff
+    early = MAIL.replace("    body\n", "    body\n---\n" + EVIL)
+    assert diff_bytes(early.encode()) != DIFF.encode()
+    bare = MAIL_HEAD + "patchbox job 20261207-000000-aaaaaaaa\n---\n" + DIFF
+    assert diff_bytes((bare + "-- \npatchbox 0.1.0\n").encode()) == DIFF.encode()
+
+
+@pytest.mark.parametrize(
+    "mail",
+    [
+        MAIL.replace("    body\n", EVIL),  # a second patch git am would apply, in the message
+        MAIL.replace("Subject: [PATCH] fix\n", "Subject: [PATCH] fix\nX-Evil: 1\n"),
+        MAIL + EVIL,  # after the signature
+        MAIL.replace("-- \npatchbox 0.1.0\n", ""),  # no signature: where the diff ends is unsaid
+    ],
+    ids=["patch-in-message", "extra-header", "after-signature", "unsigned"],
+)
+def test_a_mail_that_carries_more_than_its_diff_is_refused(mail: str) -> None:
+    with pytest.raises(PatchboxError) as info:
+        diff_bytes(mail.encode())
+    assert info.value.code is ErrorCode.VERIFY_INPUT_INVALID
 
 
 def test_bad_inputs_are_refused_with_their_code(tmp_path: Path, key: Path) -> None:
