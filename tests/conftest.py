@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,8 @@ from controller.sandbox.image import ImageBuilder
 from controller.sandbox.labels import CONTROLLER, OWNER_FILTER, current_identity, new_job_id
 from controller.sandbox.local import LocalSandbox
 from tests.support.harness import AgentWorkspace
+from tests.support.postgres import Cluster, server_bin, start_cluster
+from tests.support.postgres import required as postgres_required
 from tests.support.sandbox import SandboxFactory, _require_runsc
 
 RUNTIMES: list[Runtime] = ["runc", "runsc"]
@@ -195,3 +198,16 @@ def agent(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[AgentWorks
         return
     make: SandboxFactory = request.getfixturevalue("make_sandbox")
     yield AgentWorkspace("docker", make(), Path("/workspace"), "/tmp/outside")
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[Cluster]:
+    """A throwaway PostgreSQL cluster on loopback for the session (tests/support/postgres.py);
+    skipped without Debian's server programs, except under CI where that fails."""
+    if server_bin() is None:
+        if postgres_required():
+            pytest.fail("PostgreSQL's server programs are not installed (required under CI)")
+        pytest.skip("PostgreSQL's server programs are not installed")
+    cluster = start_cluster(Path(tempfile.mkdtemp(prefix="patchbox-pg-")))
+    yield cluster
+    cluster.stop()

@@ -172,11 +172,17 @@ def build(
     """The application for a configuration file (``--config``, default
     ``$PATCHBOX_HOME/config.toml``)."""
     from controller.service.config import load_service_config, with_service_key
-    from controller.service.store import SqliteStore
+    from controller.service.store import ServiceStore, SqliteStore
 
     host, config = load_service_config(config_path)
     host = with_service_key(host, config)
-    store = SqliteStore(config.database_path())
+    store: ServiceStore
+    if config.state == "postgres":
+        from controller.service.pgstore import PostgresStore
+
+        store = PostgresStore(config.database or "")
+    else:
+        store = SqliteStore(config.database_path())
     service = Service(store, host, config, Runner(store, host, config))
     return create_app(service, shutdown_timeout=shutdown_timeout), service
 

@@ -37,6 +37,7 @@ rest is validated as :class:`controller.config.host.HostConfig` (which forbids u
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Literal, Self
@@ -126,9 +127,12 @@ class ServiceConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    state: Literal["sqlite"] = "sqlite"
+    state: Literal["sqlite", "postgres"] = "sqlite"
+    """Where the service keeps its jobs, events and bundles' metadata: an embedded SQLite
+    file, or a PostgreSQL database several ``patchbox serve`` processes can share."""
     database: str | None = Field(default=None, max_length=4096)
-    """The SQLite file (default ``$PATCHBOX_HOME/service.db``)."""
+    """The SQLite file (default ``$PATCHBOX_HOME/service.db``), or with ``state =
+    "postgres"`` the database's URL (``postgresql://USER@HOST:PORT/NAME``; required)."""
     workers: int = Field(default=2, ge=0, le=64)
     """Jobs run at once across all tenants; 0 accepts and queues jobs but runs none."""
     tenants: list[TenantConfig] = Field(default_factory=list, max_length=10_000)
@@ -167,22 +171,40 @@ class ServiceConfig(BaseModel):
             raise ValueError("two tenants have the same token_sha256")
         if self.metrics_token_sha256 in hashes:
             raise ValueError("metrics_token_sha256 is a tenant's token_sha256")
+        if self.state == "postgres" and not (self.database or "").startswith(POSTGRES_URLS):
+            raise ValueError('state "postgres" needs database = "postgresql://..."')
         return self
 
     def database_path(self) -> Path:
+        """The SQLite file (``state = "sqlite"``)."""
         return Path(self.database) if self.database else patchbox_home() / "service.db"
+
+    def state_folder(self) -> Path:
+        """Where the service's own files go by default: beside the SQLite file, or
+        ``$PATCHBOX_HOME`` with PostgreSQL."""
+        return patchbox_home() if self.state == "postgres" else self.database_path().parent
+
+    def store_name(self) -> str:
+        """The store as the startup summary names it: the file, or the database's URL
+        without a password."""
+        if self.state != "postgres":
+            return str(self.database_path())
+        return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", self.database or "")
 
     def signing_key_path(self) -> Path:
         """The service's signing key (:attr:`signing_key`)."""
         if self.signing_key:
             return Path(self.signing_key).expanduser()
-        return self.database_path().parent / "service-provenance.key"
+        return self.state_folder() / "service-provenance.key"
 
     def data_path(self) -> Path:
         """The service's own folder (bundles and their clones)."""
         if self.data_dir:
             return Path(self.data_dir)
-        return self.database_path().parent / "service-data"
+        return self.state_folder() / "service-data"
+
+
+POSTGRES_URLS = ("postgresql://", "postgres://")
 
 
 def load_service_config(path: Path | None = None) -> tuple[HostConfig, ServiceConfig]:

@@ -41,7 +41,7 @@ def startup_lines(config_path: Path | None, host: HostConfig, service: ServiceCo
         where = f"configuration: {default}{state}"
     lines = [
         where,
-        f"store: {service.state} {service.database_path()}",
+        f"store: {service.state} {service.store_name()}",
         f"data: {service.data_path()}",
         f"workers: {service.workers}",
         f"tenants: {len(service.tenants)}",

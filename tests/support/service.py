@@ -65,19 +65,25 @@ def write_config(
     runtime: str | None = None,
     host: str = "",
     tenants: dict[str, str] | None = None,
+    postgres: str | None = None,
 ) -> Path:
     """A host configuration (no spare sandboxes) with tenants ``alpha`` and ``beta``, their
     repository roots ``folder/alpha`` and ``folder/beta``, the operator's metrics token
     :data:`METRICS_TOKEN`; ``bundle_max_bytes`` and the sandbox ``runtime`` when given, and
     more keys of the ``[service]`` table (``service``) and of each tenant (``tenant``).
     ``host`` is more of the host configuration (TOML before ``[service]``); ``tenants`` more
-    of a tenant's table by its name (its keys, then any sub-table)."""
+    of a tenant's table by its name (its keys, then any sub-table). ``postgres``: the
+    store is that PostgreSQL database (its URL) instead of a SQLite file in ``folder``."""
     lines = [
         "spare_sandboxes = 0",
         *([f'runtime = "{runtime}"'] if runtime else []),
         host,
         "[service]",
-        f'database = "{folder / "service.db"}"',
+        *(
+            ['state = "postgres"', f'database = "{postgres}"']
+            if postgres
+            else [f'database = "{folder / "service.db"}"']
+        ),
         f"workers = {workers}",
         f'metrics_token_sha256 = "{hashlib.sha256(METRICS_TOKEN.encode()).hexdigest()}"',
     ]
