@@ -61,10 +61,16 @@ def init_key(path: Path | None = None, *, scheme: Scheme = "ed25519", force: boo
             out.write(signer.private_bytes)
             out.flush()
             os.fsync(out.fileno())
-        tmp.replace(target)
-    except BaseException:
+        if force:
+            tmp.replace(target)
+        else:  # a link fails if a key appeared meanwhile (another process made one): kept
+            try:
+                os.link(tmp, target)
+            except FileExistsError:
+                msg = f"a signing key already exists at {str(target)!r}; it is kept"
+                raise _key_error(ErrorCode.SIGNING_KEY_EXISTS, msg) from None
+    finally:
         tmp.unlink(missing_ok=True)
-        raise
     public_path(target).write_text(public_pem(target))
     return target
 

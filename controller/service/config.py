@@ -37,6 +37,7 @@ rest is validated as :class:`controller.config.host.HostConfig` (which forbids u
 
 from __future__ import annotations
 
+import contextlib
 import re
 import tomllib
 from pathlib import Path
@@ -49,7 +50,7 @@ from controller.config.fields import ImageRef
 from controller.config.host import HostConfig, ProvenanceConfig
 from controller.config.network import EgressPattern
 from controller.errormap import describe_validation
-from controller.errors import UsageError
+from controller.errors import PatchboxError, UsageError
 from controller.paths import patchbox_home
 from controller.provenance.keys import init_key, load_signer
 
@@ -134,6 +135,10 @@ class ServiceConfig(BaseModel):
     """The SQLite file (default ``$PATCHBOX_HOME/service.db``), or with ``state =
     "postgres"`` the database's URL (``postgresql://USER@HOST:PORT/NAME``; required)."""
     workers: int = Field(default=2, ge=0, le=64)
+    lease_seconds: float = Field(default=30.0, ge=3, le=600)
+    """How long a replica's claim on a running job holds without being renewed (it is
+    renewed every third of it): past it, another replica on the same database ends the job
+    ``INTERRUPTED`` and runs the queue."""
     """Jobs run at once across all tenants; 0 accepts and queues jobs but runs none."""
     tenants: list[TenantConfig] = Field(default_factory=list, max_length=10_000)
     data_dir: str | None = Field(default=None, max_length=4096)
@@ -256,6 +261,7 @@ def with_service_key(host: HostConfig, config: ServiceConfig) -> HostConfig:
     made at the first start when the default one does not exist yet."""
     path = config.signing_key_path()
     if config.signing_key is None and not path.exists():
-        init_key(path)
+        with contextlib.suppress(PatchboxError):  # another replica made it first: its key
+            init_key(path)
     load_signer(path)  # a key that cannot sign stops the start, not every job
     return host.model_copy(update={"provenance": ProvenanceConfig(key=str(path))})

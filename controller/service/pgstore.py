@@ -20,10 +20,12 @@ from controller.errors import NotReadyError
 from controller.service.store import (
     PENDING_STATES,
     QUEUED,
+    RUNNING_STATES,
     Bundle,
     Event,
     EventData,
     JobRow,
+    Lease,
     StoredRequest,
 )
 
@@ -52,6 +54,10 @@ MIGRATIONS: list[str] = [
         size BIGINT NOT NULL,
         created DOUBLE PRECISION NOT NULL
     );
+    """,
+    """
+    ALTER TABLE jobs ADD COLUMN owner TEXT, ADD COLUMN lease_until DOUBLE PRECISION;
+    CREATE INDEX jobs_repo_state ON jobs (repo, state);
     """,
 ]
 """The schema, one step per version (version N is ``MIGRATIONS[N - 1]``); a step is never
@@ -113,7 +119,8 @@ class PostgresStore:
     def insert_job(self, row: JobRow) -> None:
         with self._lock:
             self._db.execute(
-                "INSERT INTO jobs VALUES (%s, %s, %s, %s, %s, %s)",
+                "INSERT INTO jobs (id, tenant, repo, request, state, created)"
+                " VALUES (%s, %s, %s, %s, %s, %s)",
                 (
                     row.job_id,
                     row.tenant,
@@ -153,7 +160,8 @@ class PostgresStore:
             if int(count) >= max_pending:
                 return False
             self._db.execute(
-                "INSERT INTO jobs VALUES (%s, %s, %s, %s, %s, %s)",
+                "INSERT INTO jobs (id, tenant, repo, request, state, created)"
+                " VALUES (%s, %s, %s, %s, %s, %s)",
                 (
                     row.job_id,
                     row.tenant,
@@ -226,6 +234,67 @@ class PostgresStore:
 
     def bundles_before(self, created: float) -> list[Bundle]:
         return self._bundles("created < %s", (created,))
+
+    def claim(self, job_id: str, owner: str, lease_until: float, max_running: int) -> bool:
+        """Moves a queued job to ``created`` for ``owner`` until ``lease_until``, when its
+        tenant runs fewer than ``max_running`` jobs and no job runs on its repository, in one
+        transaction under the tenant's and the repository's locks (taken in that order by
+        every replica). False when not (nothing changed)."""
+        running = sorted(RUNNING_STATES)
+        with self._lock, self._db.transaction():
+            found = self._db.execute(
+                "SELECT tenant, repo FROM jobs WHERE id = %s AND state = %s", (job_id, QUEUED)
+            ).fetchone()
+            if found is None:
+                return False
+            tenant, repo = found
+            self._db.execute(LOCK_ON, ("tenant:" + tenant,))
+            self._db.execute(LOCK_ON, ("repo:" + repo,))
+            count = _one(
+                self._db.execute(
+                    "SELECT COUNT(*) FROM jobs WHERE tenant = %s AND state = ANY(%s)",
+                    (tenant, running),
+                ).fetchone()
+            )
+            busy = _one(
+                self._db.execute(
+                    "SELECT COUNT(*) FROM jobs WHERE repo = %s AND state = ANY(%s)", (repo, running)
+                ).fetchone()
+            )
+            if int(count) >= max_running or int(busy) > 0:
+                return False
+            moved = self._db.execute(
+                "UPDATE jobs SET state = 'created', owner = %s, lease_until = %s"
+                " WHERE id = %s AND state = %s",
+                (owner, lease_until, job_id, QUEUED),
+            )
+            return moved.rowcount == 1
+
+    def renew(self, owner: str, lease_until: float) -> None:
+        with self._lock:
+            self._db.execute(
+                "UPDATE jobs SET lease_until = %s WHERE owner = %s AND state = ANY(%s)",
+                (lease_until, owner, sorted(RUNNING_STATES)),
+            )
+
+    def leases(self) -> list[Lease]:
+        """The running jobs' leases."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, owner, lease_until FROM jobs WHERE state = ANY(%s) ORDER BY id",
+                (sorted(RUNNING_STATES),),
+            ).fetchall()
+        return [Lease(i, o, None if u is None else float(u)) for i, o, u in rows]
+
+    def take_over(self, job_id: str, old_owner: str | None, owner: str) -> bool:
+        """Makes ``owner`` the job's owner if ``old_owner`` still is: one replica of those
+        that found the lease run out wins."""
+        with self._lock:
+            moved = self._db.execute(
+                "UPDATE jobs SET owner = %s WHERE id = %s AND owner IS NOT DISTINCT FROM %s",
+                (owner, job_id, old_owner),
+            )
+        return moved.rowcount == 1
 
     def close(self) -> None:
         with self._lock:

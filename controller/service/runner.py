@@ -26,12 +26,14 @@ import structlog
 
 from controller import api
 from controller.errors import ErrorCode
+from controller.identity import current_identity
 from controller.jobs.periodic import periodically
 from controller.jobs.records import CheckResult, JobRecord, ToolCallRecord
 from controller.jobs.store import JobStore
 from controller.logs import Scrubber
 from controller.repo.pin import Confinement, RepoPin, pin_repo
 from controller.service.bundles import checkout, remove_clone, sweep
+from controller.service.leases import Leases, interrupt, owner_of
 from controller.service.origin import Lineage, choose
 from controller.service.policy import check_containers, check_egress_of, check_task, containers_of
 from controller.service.store import (
@@ -73,6 +75,9 @@ LOOP_DONE = frozenset(
 BY_TENANT = "cancelled by the user (a cancel request)"
 STOPPING = "cancelled: the service is stopping"
 """A cancelled job's error message: a tenant's cancel, the service's shutdown."""
+HEARTBEAT_SECONDS = 2.0
+"""At most this long between two renewals of a replica's leases (and two looks at the queue
+other replicas fill)."""
 DECIDED = frozenset({"awaiting_review", "applied", "no_change", "failed", "cancelled"})
 """States after the checks: every check result is emitted before them."""
 
@@ -246,26 +251,24 @@ class Runner:
         self._pool = ThreadPoolExecutor(
             max_workers=max(service.workers, 1), thread_name_prefix="patchbox-worker"
         )
+        self.leases = Leases(store, owner_of(current_identity()), service.lease_seconds)
+        self._beat_stop = threading.Event()
+        self._beat = threading.Thread(target=self._heartbeat, name="patchbox-lease", daemon=True)
 
     # -- start and stop -------------------------------------------------------------------
 
     def start(self) -> None:
-        """Settles what a previous service process left: its jobs that were running end
-        ``failed`` with ``INTERRUPTED`` (the engine's rule), an apply or a revert it did not
-        finish is settled from the journal and the job's state follows its record, its
-        containers are removed; then the queued jobs start."""
+        """Settles what a replica that is gone left (a previous process of this service, or
+        another replica whose lease ran out): its jobs that were running end ``failed`` with
+        ``INTERRUPTED`` (the engine's rule; their state follows the engine's record when it
+        had moved on), an apply or a revert it did not finish is settled from the journal,
+        its containers on this host are removed; then the queued jobs start, and a
+        heartbeat renews this replica's leases, takes over those of replicas that are gone
+        and starts the jobs other replicas queued."""
         api.settle_leftovers(connect=self._connect)
         store = JobStore()
-        for row in self.store.jobs_in(RUNNING_STATES):
-            state = "failed"
-            with contextlib.suppress(Exception):
-                state = store.load(row.job_id).state
-            if state in RUNNING_STATES:  # no engine record moved on: it never really started
-                state = "failed"
-            self.store.append_event(
-                row.job_id, "state", {"state": state, "reason": str(ErrorCode.INTERRUPTED)}
-            )
-            self.store.update_state(row.job_id, state)
+        for job_id in self.leases.take_orphans():
+            interrupt(self.store, job_id)
         for row in self.store.jobs_in(REVIEWED_STATES):  # an apply or revert cut short
             with contextlib.suppress(Exception):
                 state = store.load(row.job_id).state  # settled from the journal above
@@ -274,6 +277,18 @@ class Runner:
                     self.store.update_state(row.job_id, state)
         sweep(self.store, self.service, clones=True)
         self.dispatch()
+        self._beat.start()
+
+    def _heartbeat(self) -> None:
+        while not self._beat_stop.wait(min(self.leases.seconds / 3, HEARTBEAT_SECONDS)):
+            with contextlib.suppress(Exception):  # a database that does not answer: next time
+                self.leases.renew()
+                taken = self.leases.take_orphans()
+                for job_id in taken:
+                    interrupt(self.store, job_id)
+                if taken:  # their containers on this host, their replica being gone
+                    api.settle_leftovers(connect=self._connect)
+                self.dispatch()
 
     def release(self, row: JobRow) -> None:
         """A bundle job's clone goes once the job no longer runs."""
@@ -284,6 +299,7 @@ class Runner:
         """Cancels every running job and waits up to ``timeout`` seconds for their workers
         (each removes its containers). Queued jobs stay queued. Returns the ids of jobs
         still running at the end (none, normally)."""
+        self._beat_stop.set()
         with self._lock:
             self._stopping = True
             running = list(self._running.values())
@@ -321,19 +337,25 @@ class Runner:
             )
 
     def dispatch(self) -> None:
-        """Starts as many queued jobs as the limits allow, round robin over tenants."""
+        """Starts as many queued jobs as the limits allow, round robin over tenants; each
+        claimed in the database first (another replica may take it, or run the tenant's
+        last allowed job, or a job on its repository)."""
         with self._lock:
+            tried: set[str] = set()
             while not self._stopping and len(self._running) < self.service.workers:
-                row = self._pick()
+                row = self._pick(frozenset(tried))
                 if row is None:
                     return
+                tried.add(row.repo)
+                limit = self.tenants[row.tenant].job_limit()
+                if not self.store.claim(row.job_id, self.leases.owner, self.leases.until(), limit):
+                    continue
                 item = Running(row)
                 self._running[row.job_id] = item
-                self.store.update_state(row.job_id, "created")
                 item.future = self._pool.submit(self._work, item)
 
-    def _pick(self) -> JobRow | None:
-        busy = frozenset(r.row.repo for r in self._running.values())
+    def _pick(self, tried: frozenset[str] = frozenset()) -> JobRow | None:
+        busy = tried | frozenset(r.row.repo for r in self._running.values())
         count = len(self._order)
         for step in range(count):
             name = self._order[(self._next + step) % count]
@@ -357,6 +379,9 @@ class Runner:
             item = self._running.get(job_id)
             if item is None:
                 row = self.store.get_job(job_id)
+                if row is not None and row.state in RUNNING_STATES:  # another replica's
+                    JobStore().request_cancel(job_id)
+                    return "cancelling"
                 if row is None or row.state != QUEUED:
                     return None
                 self.release(row)

@@ -177,7 +177,25 @@ class ServiceStore(Protocol):
 
     def bundles_before(self, created: float) -> list[Bundle]: ...
 
+    def claim(self, job_id: str, owner: str, lease_until: float, max_running: int) -> bool: ...
+
+    def renew(self, owner: str, lease_until: float) -> None: ...
+
+    def leases(self) -> list[Lease]: ...
+
+    def take_over(self, job_id: str, old_owner: str | None, owner: str) -> bool: ...
+
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Who runs a job (a replica's ``HOST TOKEN``; None: a job started by a version without
+    leases) and until when it has said so."""
+
+    job_id: str
+    owner: str | None
+    until: float | None
 
 
 SCHEMA = """
@@ -217,6 +235,10 @@ class SqliteStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
+        columns = {r[1] for r in self._db.execute("PRAGMA table_info(jobs)").fetchall()}
+        if "owner" not in columns:  # a file made before leases: the two columns added
+            self._db.execute("ALTER TABLE jobs ADD COLUMN owner TEXT")
+            self._db.execute("ALTER TABLE jobs ADD COLUMN lease_until REAL")
 
     @staticmethod
     def _row(values: tuple[Any, ...]) -> JobRow:
@@ -234,7 +256,7 @@ class SqliteStore:
     def insert_job(self, row: JobRow) -> None:
         with self._lock:
             self._db.execute(
-                "INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO jobs ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",  # noqa: S608 - constant
                 (
                     row.job_id,
                     row.tenant,
@@ -275,7 +297,7 @@ class SqliteStore:
                     self._db.execute("ROLLBACK")
                     return False
                 self._db.execute(
-                    "INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?)",
+                    f"INSERT INTO jobs ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",  # noqa: S608 - constant
                     (
                         row.job_id,
                         row.tenant,
@@ -355,9 +377,69 @@ class SqliteStore:
     def bundles_before(self, created: float) -> list[Bundle]:
         return self._bundles("created < ?", (created,))
 
+    def claim(self, job_id: str, owner: str, lease_until: float, max_running: int) -> bool:
+        """Moves a queued job to ``created`` for ``owner`` until ``lease_until``, when its
+        tenant runs fewer than ``max_running`` jobs and no job runs on its repository: all
+        decided in one transaction. False when not (nothing changed)."""
+        running = tuple(sorted(RUNNING_STATES))
+        marks = ", ".join("?" * len(running))
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                found = self._db.execute(
+                    "SELECT tenant, repo FROM jobs WHERE id = ? AND state = ?", (job_id, QUEUED)
+                ).fetchone()
+                ok = found is not None
+                if ok:
+                    tenant, repo = found
+                    count_sql = f"SELECT COUNT(*) FROM jobs WHERE tenant = ? AND state IN ({marks})"  # noqa: S608 - placeholders only
+                    busy_sql = f"SELECT COUNT(*) FROM jobs WHERE repo = ? AND state IN ({marks})"  # noqa: S608 - placeholders only
+                    (count,) = self._db.execute(count_sql, (tenant, *running)).fetchone()
+                    (busy,) = self._db.execute(busy_sql, (repo, *running)).fetchone()
+                    ok = int(count) < max_running and int(busy) == 0
+                if ok:
+                    self._db.execute(
+                        "UPDATE jobs SET state = 'created', owner = ?, lease_until = ?"
+                        " WHERE id = ?",
+                        (owner, lease_until, job_id),
+                    )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return ok
+
+    def renew(self, owner: str, lease_until: float) -> None:
+        running = tuple(sorted(RUNNING_STATES))
+        marks = ", ".join("?" * len(running))
+        sql = f"UPDATE jobs SET lease_until = ? WHERE owner = ? AND state IN ({marks})"  # noqa: S608 - placeholders only
+        with self._lock:
+            self._db.execute(sql, (lease_until, owner, *running))
+
+    def leases(self) -> list[Lease]:
+        """The running jobs' leases."""
+        running = tuple(sorted(RUNNING_STATES))
+        marks = ", ".join("?" * len(running))
+        sql = f"SELECT id, owner, lease_until FROM jobs WHERE state IN ({marks}) ORDER BY id"  # noqa: S608 - placeholders only
+        with self._lock:
+            rows = self._db.execute(sql, running).fetchall()
+        return [Lease(i, o, None if u is None else float(u)) for i, o, u in rows]
+
+    def take_over(self, job_id: str, old_owner: str | None, owner: str) -> bool:
+        """Makes ``owner`` the job's owner if ``old_owner`` still is: one replica of those
+        that found the lease run out wins."""
+        with self._lock:
+            cursor = self._db.execute(
+                "UPDATE jobs SET owner = ? WHERE id = ? AND owner IS ?", (owner, job_id, old_owner)
+            )
+        return cursor.rowcount == 1
+
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+COLUMNS = "id, tenant, repo, request, state, created"
 
 
 def now() -> float:

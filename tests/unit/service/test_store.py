@@ -190,3 +190,69 @@ def test_postgres_counts_a_tenants_jobs_under_the_tenants_lock(postgres_cluster:
     assert [r.job_id for r in store.list_jobs("alpha")] == ["20260101-000000-aaaa0001"]
     other.close()
     store.close()
+
+
+def test_a_claim_is_decided_in_the_database(store: ServiceStore) -> None:
+    """A queued job is claimed once; the tenant's running limit and the one job per
+    repository hold whoever claims; a lease is renewed by its owner and taken over by one
+    replica only."""
+    for n, (job_id, repo) in enumerate(
+        [
+            ("20260101-000000-aaaa0001", "/r/a"),
+            ("20260101-000000-aaaa0002", "/r/a"),
+            ("20260101-000000-aaaa0003", "/r/b"),
+            ("20260101-000000-aaaa0004", "/r/c"),
+        ]
+    ):
+        store.insert_job(_row(job_id, repo=repo, n=n))
+    assert store.claim("20260101-000000-aaaa0001", "h one", T + 30, max_running=2)
+    assert not store.claim("20260101-000000-aaaa0001", "h two", T + 30, max_running=2)
+    assert not store.claim("20260101-000000-aaaa0002", "h two", T + 30, max_running=2)  # /r/a
+    assert store.claim("20260101-000000-aaaa0003", "h two", T + 30, max_running=2)
+    assert not store.claim("20260101-000000-aaaa0004", "h two", T + 30, max_running=2)  # limit
+    claimed = store.get_job("20260101-000000-aaaa0001")
+    assert claimed is not None
+    assert claimed.state == "created"
+    store.update_state("20260101-000000-aaaa0003", "running")
+    store.renew("h two", T + 90)
+    leases = {lease.job_id: (lease.owner, lease.until) for lease in store.leases()}
+    assert leases == {
+        "20260101-000000-aaaa0001": ("h one", T + 30),
+        "20260101-000000-aaaa0003": ("h two", T + 90),
+    }
+    assert store.take_over("20260101-000000-aaaa0001", "h one", "h two")
+    assert not store.take_over("20260101-000000-aaaa0001", "h one", "h three")  # one wins
+    store.update_state("20260101-000000-aaaa0001", "failed")
+    assert store.claim("20260101-000000-aaaa0002", "h three", T + 30, max_running=2)
+    assert [lease.job_id for lease in store.leases()] == [
+        "20260101-000000-aaaa0002",
+        "20260101-000000-aaaa0003",
+    ]
+
+
+def test_many_replicas_claiming_at_once_run_each_job_once(backend: tuple[str, str]) -> None:
+    """Six writers race to claim 12 queued jobs on 12 repositories with a running limit of
+    4: 4 claims succeed, each job at most once."""
+    first = _open(backend)
+    for n in range(12):
+        first.insert_job(_row(f"20260101-000000-cccc{n:04d}", repo=f"/r/{n}", n=n))
+    writers = [_open(backend) for _ in range(6)]
+    won: list[tuple[int, str]] = []
+    lock = threading.Lock()
+
+    def race(index: int) -> None:
+        for n in range(12):
+            job_id = f"20260101-000000-cccc{n:04d}"
+            if writers[index].claim(job_id, f"h w{index}", T + 30, max_running=4):
+                with lock:
+                    won.append((index, job_id))
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 4
+    assert len({job_id for _, job_id in won}) == 4
+    for w in [first, *writers]:
+        w.close()
