@@ -26,7 +26,8 @@ from controller.service.store import (
     EventData,
     JobRow,
     Lease,
-    StoredRequest,
+    job_values,
+    row_of,
 )
 
 MIGRATIONS: list[str] = [
@@ -67,6 +68,9 @@ MIGRATION_LOCK = 0x70627831
 """The advisory lock the migrations are applied under (any number; patchbox's own)."""
 
 _COLUMNS = "id, tenant, repo, request, state, created"
+INSERT_JOB = (
+    "INSERT INTO jobs (id, tenant, repo, request, state, created) VALUES (%s, %s, %s, %s, %s, %s)"
+)
 LOCK_ON = "SELECT pg_advisory_xact_lock(hashtext(%s))"
 """A lock on a name (``tenant:NAME``, ``job:ID``) until the transaction ends."""
 
@@ -103,33 +107,15 @@ class PostgresStore:
                 )
         return len(MIGRATIONS)
 
-    @staticmethod
-    def _row(values: tuple[Any, ...]) -> JobRow:
-        job_id, tenant, repo, request, state, created = values
-        return JobRow(
-            job_id, tenant, repo, StoredRequest.model_validate_json(request), state, float(created)
-        )
-
     def _select(self, where: str, args: tuple[Any, ...]) -> list[JobRow]:
         sql = f"SELECT {_COLUMNS} FROM jobs WHERE {where} ORDER BY created, id"  # noqa: S608 - the clauses are this module's constants
         with self._lock:
             rows = self._db.execute(sql.encode(), args).fetchall()
-        return [self._row(tuple(r)) for r in rows]
+        return [row_of(tuple(r)) for r in rows]
 
     def insert_job(self, row: JobRow) -> None:
         with self._lock:
-            self._db.execute(
-                "INSERT INTO jobs (id, tenant, repo, request, state, created)"
-                " VALUES (%s, %s, %s, %s, %s, %s)",
-                (
-                    row.job_id,
-                    row.tenant,
-                    row.repo,
-                    row.request.model_dump_json(exclude_none=True),
-                    row.state,
-                    row.created,
-                ),
-            )
+            self._db.execute(INSERT_JOB, job_values(row))
 
     def update_state(self, job_id: str, state: str) -> None:
         with self._lock:
@@ -159,18 +145,7 @@ class PostgresStore:
             )
             if int(count) >= max_pending:
                 return False
-            self._db.execute(
-                "INSERT INTO jobs (id, tenant, repo, request, state, created)"
-                " VALUES (%s, %s, %s, %s, %s, %s)",
-                (
-                    row.job_id,
-                    row.tenant,
-                    row.repo,
-                    row.request.model_dump_json(exclude_none=True),
-                    QUEUED,
-                    row.created,
-                ),
-            )
+            self._db.execute(INSERT_JOB, job_values(row, QUEUED))
             self._db.execute(
                 "INSERT INTO events VALUES (%s, 1, 'state', %s)",
                 (row.job_id, json.dumps({"state": QUEUED}, sort_keys=True)),

@@ -240,31 +240,17 @@ class SqliteStore:
             self._db.execute("ALTER TABLE jobs ADD COLUMN owner TEXT")
             self._db.execute("ALTER TABLE jobs ADD COLUMN lease_until REAL")
 
-    @staticmethod
-    def _row(values: tuple[Any, ...]) -> JobRow:
-        job_id, tenant, repo, request, state, created = values
-        return JobRow(
-            job_id, tenant, repo, StoredRequest.model_validate_json(request), state, float(created)
-        )
-
     def _select(self, where: str, args: tuple[Any, ...]) -> list[JobRow]:
         sql = f"SELECT id, tenant, repo, request, state, created FROM jobs WHERE {where}"  # noqa: S608 - the clauses are this module's constants
         with self._lock:
             rows = self._db.execute(sql + " ORDER BY created, id", args).fetchall()
-        return [self._row(r) for r in rows]
+        return [row_of(r) for r in rows]
 
     def insert_job(self, row: JobRow) -> None:
         with self._lock:
             self._db.execute(
                 f"INSERT INTO jobs ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",  # noqa: S608 - constant
-                (
-                    row.job_id,
-                    row.tenant,
-                    row.repo,
-                    row.request.model_dump_json(exclude_none=True),
-                    row.state,
-                    row.created,
-                ),
+                job_values(row),
             )
 
     def update_state(self, job_id: str, state: str) -> None:
@@ -298,14 +284,7 @@ class SqliteStore:
                     return False
                 self._db.execute(
                     f"INSERT INTO jobs ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",  # noqa: S608 - constant
-                    (
-                        row.job_id,
-                        row.tenant,
-                        row.repo,
-                        row.request.model_dump_json(exclude_none=True),
-                        QUEUED,
-                        row.created,
-                    ),
+                    job_values(row, QUEUED),
                 )
                 self._db.execute(
                     "INSERT INTO events VALUES (?, 1, 'state', ?)",
@@ -440,6 +419,20 @@ class SqliteStore:
 
 
 COLUMNS = "id, tenant, repo, request, state, created"
+
+
+def job_values(row: JobRow, state: str | None = None) -> tuple[str, str, str, str, str, float]:
+    """``row`` as the ``jobs`` table's :data:`COLUMNS` hold it (with ``state`` when given)."""
+    request = row.request.model_dump_json(exclude_none=True)
+    return (row.job_id, row.tenant, row.repo, request, state or row.state, row.created)
+
+
+def row_of(values: tuple[Any, ...]) -> JobRow:
+    """A job read back from the ``jobs`` table's :data:`COLUMNS`."""
+    job_id, tenant, repo, request, state, created = values
+    return JobRow(
+        job_id, tenant, repo, StoredRequest.model_validate_json(request), state, float(created)
+    )
 
 
 def now() -> float:
