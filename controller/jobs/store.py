@@ -193,6 +193,12 @@ def mark_interrupted(store: JobStore, record: JobRecord) -> JobRecord:
     Safe to race with another process doing the same."""
     if not is_orphaned(record):
         return record
+    return end_interrupted(store, record)
+
+
+def end_interrupted(store: JobStore, record: JobRecord) -> JobRecord:
+    """Ends an active job ``failed`` with ``INTERRUPTED``, whoever ran it (the caller knows
+    it is gone: :func:`mark_interrupted`, or a service replica that took its job over)."""
     record.error = ErrorInfo(code=str(ErrorCode.INTERRUPTED), message=INTERRUPTED_MESSAGE)
     record.move("failed")
     store.save(record)

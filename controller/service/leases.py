@@ -15,11 +15,10 @@ import contextlib
 import time
 from dataclasses import dataclass
 
-from controller.errorinfo import ErrorInfo
 from controller.errors import ErrorCode
 from controller.identity import ControllerIdentity, controller_alive
 from controller.jobs.records import ACTIVE
-from controller.jobs.store import INTERRUPTED_MESSAGE, JobStore
+from controller.jobs.store import JobStore, end_interrupted
 from controller.service.store import RUNNING_STATES, Lease, ServiceStore
 
 
@@ -72,9 +71,7 @@ def interrupt(store: ServiceStore, job_id: str) -> str:
     with contextlib.suppress(Exception):
         record = records.load(job_id)
         if record.state in ACTIVE:
-            record.error = ErrorInfo(code=str(ErrorCode.INTERRUPTED), message=INTERRUPTED_MESSAGE)
-            record.move("failed")
-            records.save(record)
+            record = end_interrupted(records, record)
         state = record.state
     if state in RUNNING_STATES:
         state = "failed"

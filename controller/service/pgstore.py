@@ -26,6 +26,7 @@ from controller.service.store import (
     EventData,
     JobRow,
     Lease,
+    first_startable,
     job_values,
     row_of,
 )
@@ -157,10 +158,11 @@ class PostgresStore:
     ) -> JobRow | None:
         """The tenant's oldest queued job whose repository no running job holds; without
         ``bundles``, not a job on an uploaded bundle."""
-        for row in self._select("tenant = %s AND state = %s", (tenant, QUEUED)):
-            if row.repo not in busy_repos and (bundles or not row.request.bundle):
-                return row
-        return None
+        return first_startable(
+            self._select("tenant = %s AND state = %s", (tenant, QUEUED)),
+            busy_repos,
+            bundles=bundles,
+        )
 
     def append_event(self, job_id: str, type_: str, data: EventData) -> Event:
         text = json.dumps(data, sort_keys=True)

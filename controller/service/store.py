@@ -301,10 +301,9 @@ class SqliteStore:
     ) -> JobRow | None:
         """The tenant's oldest queued job whose repository no running job holds; without
         ``bundles``, not a job on an uploaded bundle."""
-        for row in self._select("tenant = ? AND state = ?", (tenant, QUEUED)):
-            if row.repo not in busy_repos and (bundles or not row.request.bundle):
-                return row
-        return None
+        return first_startable(
+            self._select("tenant = ? AND state = ?", (tenant, QUEUED)), busy_repos, bundles=bundles
+        )
 
     def append_event(self, job_id: str, type_: str, data: EventData) -> Event:
         text = json.dumps(data, sort_keys=True)
@@ -425,6 +424,17 @@ def job_values(row: JobRow, state: str | None = None) -> tuple[str, str, str, st
     """``row`` as the ``jobs`` table's :data:`COLUMNS` hold it (with ``state`` when given)."""
     request = row.request.model_dump_json(exclude_none=True)
     return (row.job_id, row.tenant, row.repo, request, state or row.state, row.created)
+
+
+def first_startable(
+    queued: list[JobRow], busy_repos: frozenset[str], *, bundles: bool
+) -> JobRow | None:
+    """The first of ``queued`` (oldest first) on a repository no running job holds; without
+    ``bundles``, not a job on an uploaded bundle."""
+    for row in queued:
+        if row.repo not in busy_repos and (bundles or not row.request.bundle):
+            return row
+    return None
 
 
 def row_of(values: tuple[Any, ...]) -> JobRow:

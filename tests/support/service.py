@@ -49,6 +49,9 @@ def slow_task(seconds: int) -> dict[str, Any]:
     }
 
 
+END = {"awaiting_review", "failed", "cancelled", "no_change", "applied"}
+"""The states a service job stays in once its run ended."""
+
 TOKENS = {"alpha": "alpha-token-0123456789", "beta": "beta-token-9876543210"}
 METRICS_TOKEN = "operator-metrics-token-5555"  # noqa: S105 - the tests' operator token
 

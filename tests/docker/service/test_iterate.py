@@ -14,10 +14,8 @@ import pytest
 
 from tests.support.git import Repo, git_env
 from tests.support.jobs import APP_AFTER, FILES, make_repo
-from tests.support.service import CALLS, serving, wait_status, write_config
+from tests.support.service import CALLS, END, serving, wait_status, write_config
 from tests.support.service_http import submit
-
-END = {"awaiting_review", "failed", "cancelled", "no_change", "applied"}
 
 
 @pytest.mark.docker

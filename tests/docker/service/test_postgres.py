@@ -12,10 +12,8 @@ import pytest
 
 from tests.support.jobs import make_repo
 from tests.support.postgres import Cluster
-from tests.support.service import CALLS, events, serving, wait_status, write_config
+from tests.support.service import CALLS, END, events, serving, wait_status, write_config
 from tests.support.service_http import error_of, submit
-
-END = {"awaiting_review", "failed", "cancelled", "no_change", "applied"}
 
 
 @pytest.mark.docker

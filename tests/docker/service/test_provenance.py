@@ -13,10 +13,8 @@ from controller.provenance.verify import Rule, verify
 from tests.support.cli import patchbox
 from tests.support.jobs import make_repo
 from tests.support.provenance import independently_verified, public_key
-from tests.support.service import CALLS, TOKENS, serving, wait_status, write_config
+from tests.support.service import CALLS, END, TOKENS, serving, wait_status, write_config
 from tests.support.service_http import error_of, submit
-
-END = {"awaiting_review", "failed", "cancelled", "no_change", "applied"}
 
 
 @pytest.mark.docker

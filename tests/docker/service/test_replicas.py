@@ -18,11 +18,10 @@ from controller.jobs.store import JobStore
 from tests.support.jobs import containers_of, make_repo
 from tests.support.postgres import Cluster
 from tests.support.replicas import Replica, start_replica
-from tests.support.service import CALLS, SLOW_CALLS, slow_task, write_config
+from tests.support.service import CALLS, END, SLOW_CALLS, slow_task, write_config
 from tests.support.service_http import submit
 
 pytestmark = pytest.mark.docker
-END = {"awaiting_review", "failed", "cancelled", "no_change", "applied"}
 
 
 def _wait(
