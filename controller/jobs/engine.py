@@ -93,7 +93,7 @@ class Job:
         self.output = output
         """Told each line of a running check's output as it comes (the live output)."""
         self.cancelled = threading.Event()
-        self._cancel_reason = CANCELLED_MESSAGE
+        self._cancel_reason, self._cancel_code = CANCELLED_MESSAGE, ErrorCode.CANCELLED
         self._late_denial: str | None = None
         self.failure: PatchboxError | None = None
         """The error the job failed with (its record keeps it as data)."""
@@ -120,13 +120,16 @@ class Job:
     def _apply_denied(self) -> str | None:
         return self.request.apply_denied or self._late_denial
 
-    def cancel(self, reason: str = CANCELLED_MESSAGE) -> None:
+    def cancel(
+        self, reason: str = CANCELLED_MESSAGE, code: ErrorCode = ErrorCode.CANCELLED
+    ) -> None:
         """Stops the job: the provider request is aborted, the running tool or check is
-        killed with its container. The job ends ``cancelled`` with its diagnostics, and
-        ``reason`` as its error's message (the first cancel's: whatever error the stopped
-        step raised, a closed channel or a killed check, is the cancel's doing)."""
+        killed with its container. The job ends ``cancelled`` (``failed`` for another
+        ``code``, such as ``INTERRUPTED``) with its diagnostics, and ``reason`` as its error's
+        message (the first cancel's: whatever error the stopped step raised, a closed
+        channel or a killed check, is the cancel's doing)."""
         if not self.cancelled.is_set():
-            self._cancel_reason = reason
+            self._cancel_reason, self._cancel_code = reason, code
         self.cancelled.set()
         self.request.provider.cancel()
         box = self._box
@@ -254,11 +257,10 @@ class Job:
         self.progress(state.replace("_", " "))
 
     def _fail(self, exc: PatchboxError) -> None:
-        cancelled = exc.code is ErrorCode.CANCELLED or self.cancelled.is_set()
-        code = ErrorCode.CANCELLED if cancelled else exc.code
-        message, hint = exc.message, exc.hint
+        code, message, hint = exc.code, exc.message, exc.hint
         if self.cancelled.is_set():  # what the stopped step raised is the cancel's doing
-            message, hint = self._cancel_reason, None
+            code, message, hint = self._cancel_code, self._cancel_reason, None
+        cancelled = code is ErrorCode.CANCELLED
         self.record.error = ErrorInfo(code=str(code), message=message, hint=hint)
         self.failure = exc
         for name in ("reasons", "conflicts"):  # why a change set or a rebase was refused

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ import docker
 import docker.errors
 import structlog
 
+from controller.identity import JOB
 from controller.paths import MOUNT_PREFIX, mount_staging_root
 from controller.sandbox.dockerclient import removal_in_progress
 from controller.sandbox.labels import (
@@ -188,3 +190,20 @@ def reap(
             folders=len(report.folders),
         )
     return report
+
+
+def remove_jobs(client: docker.DockerClient, job_ids: set[str]) -> list[str]:
+    """Removes the labelled containers of ``job_ids`` (jobs that ended while their engine did
+    not answer, whose controller still runs); returns their short ids."""
+    removed: list[str] = []
+    if not job_ids:
+        return removed
+    found = client.containers.list(all=True, filters={"label": OWNER_FILTER}, sparse=True)
+    for container in found:
+        cid = container.id or ""
+        if labels_of(container).get(JOB) not in job_ids:
+            continue
+        with contextlib.suppress(docker.errors.NotFound):
+            client.api.remove_container(cid, force=True, v=True)
+            removed.append(cid[:12])
+    return removed

@@ -135,11 +135,15 @@ class ServiceConfig(BaseModel):
     """The SQLite file (default ``$PATCHBOX_HOME/service.db``), or with ``state =
     "postgres"`` the database's URL (``postgresql://USER@HOST:PORT/NAME``; required)."""
     workers: int = Field(default=2, ge=0, le=64)
+    """Jobs run at once across all tenants; 0 accepts and queues jobs but runs none."""
     lease_seconds: float = Field(default=30.0, ge=3, le=600)
     """How long a replica's claim on a running job holds without being renewed (it is
     renewed every third of it): past it, another replica on the same database ends the job
-    ``INTERRUPTED`` and runs the queue."""
-    """Jobs run at once across all tenants; 0 accepts and queues jobs but runs none."""
+    ``INTERRUPTED`` and runs the queue, and the replica itself stops the job."""
+    visible_roots: list[str] | None = Field(default=None, max_length=256)
+    """The repository roots this process can see (absolute paths): it claims only jobs on a
+    repository under one of them (and jobs on uploaded bundles). Default: the tenants'
+    ``repo_roots`` that are folders on its host."""
     tenants: list[TenantConfig] = Field(default_factory=list, max_length=10_000)
     data_dir: str | None = Field(default=None, max_length=4096)
     """The service's own folder: uploaded bundles and the clones bundle jobs run on, one
@@ -168,6 +172,8 @@ class ServiceConfig(BaseModel):
 
     @model_validator(mode="after")
     def _unique(self) -> Self:
+        if any(not root.startswith("/") for root in self.visible_roots or []):
+            raise ValueError("visible_roots must be absolute paths")
         names = [t.name for t in self.tenants]
         if len(set(names)) != len(names):
             raise ValueError("tenant names must be unique")

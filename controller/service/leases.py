@@ -37,8 +37,9 @@ class Leases:
         """A new lease's end."""
         return time.time() + self.seconds
 
-    def renew(self) -> None:
-        self.store.renew(self.owner, self.until())
+    def renew(self) -> list[str]:
+        """Renews this replica's leases; the jobs it still holds."""
+        return self.store.renew(self.owner, self.until())
 
     def take_orphans(self, now: float | None = None) -> list[str]:
         """The running jobs whose replica is gone, each taken over by this one (another

@@ -26,8 +26,11 @@ from controller.service.store import (
     EventData,
     JobRow,
     Lease,
+    ReplicaInfo,
     first_startable,
     job_values,
+    now,
+    replica_of,
     row_of,
 )
 
@@ -60,6 +63,15 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE jobs ADD COLUMN owner TEXT, ADD COLUMN lease_until DOUBLE PRECISION;
     CREATE INDEX jobs_repo_state ON jobs (repo, state);
+    """,
+    """
+    CREATE TABLE replicas (
+        name TEXT PRIMARY KEY,
+        roots TEXT NOT NULL,
+        engine TEXT NOT NULL,
+        engine_ok BOOLEAN NOT NULL,
+        until DOUBLE PRECISION NOT NULL
+    );
     """,
 ]
 """The schema, one step per version (version N is ``MIGRATIONS[N - 1]``); a step is never
@@ -247,12 +259,32 @@ class PostgresStore:
             )
             return moved.rowcount == 1
 
-    def renew(self, owner: str, lease_until: float) -> None:
+    def renew(self, owner: str, lease_until: float) -> list[str]:
+        """Renews the leases ``owner`` holds; returns their jobs (a job missing from them
+        is no longer the owner's: another replica took it over)."""
         with self._lock:
-            self._db.execute(
-                "UPDATE jobs SET lease_until = %s WHERE owner = %s AND state = ANY(%s)",
+            rows = self._db.execute(
+                "UPDATE jobs SET lease_until = %s WHERE owner = %s AND state = ANY(%s)"
+                " RETURNING id",
                 (lease_until, owner, sorted(RUNNING_STATES)),
+            ).fetchall()
+        return sorted(r[0] for r in rows)
+
+    def register(self, replica: ReplicaInfo) -> None:
+        values = (replica.name, json.dumps(replica.roots), replica.engine, replica.engine_ok)
+        with self._lock, self._db.transaction():
+            self._db.execute(
+                "INSERT INTO replicas VALUES (%s, %s, %s, %s, %s) ON CONFLICT (name) DO UPDATE"
+                " SET roots = excluded.roots, engine = excluded.engine,"
+                " engine_ok = excluded.engine_ok, until = excluded.until",
+                (*values, replica.until),
             )
+            self._db.execute("DELETE FROM replicas WHERE until < %s", (now() - 86400,))
+
+    def replicas(self) -> list[ReplicaInfo]:
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM replicas ORDER BY name").fetchall()
+        return [replica_of(r) for r in rows]
 
     def leases(self) -> list[Lease]:
         """The running jobs' leases."""

@@ -3,7 +3,7 @@ operator's: untrusted input, held to the tenant's configuration before it is que
 again when its job starts (the configuration may have changed in between).
 
 - ``mode``: ``review`` and ``auto`` (which applies only with ``allow_apply``, see
-  :func:`controller.service.runner.apply_denied`); ``trusted-auto`` is the operator's.
+  :func:`apply_denied`); ``trusted-auto`` is the operator's.
 - ``environment``: a name on the tenant's ``environments``; a block of its own only with
   ``allow_inline_environment``, its ``base`` one of ``inline_environment_bases`` (or none,
   the default sandbox base), its build within ``max_limits``.
@@ -25,7 +25,9 @@ from controller.config.host import HostConfig
 from controller.config.network import NetworkConfig, setup_rules
 from controller.config.task import TaskSpec
 from controller.errors import ErrorCode, PatchboxError
-from controller.service.config import LimitCaps, TenantConfig
+from controller.repo.pin import Confinement, RepoPin, pin_repo
+from controller.service.config import LimitCaps, ServiceConfig, TenantConfig
+from controller.service.store import JobRow
 
 
 def _listed(key: str, values: list[str]) -> str:
@@ -161,3 +163,39 @@ def check_task(task: TaskSpec, tenant: TenantConfig) -> None:
     if problems:
         msg = f"tenant {tenant.name!r} may not run this task: " + "; ".join(problems)
         raise PatchboxError(msg[:2000], code=ErrorCode.TASK_NOT_ALLOWED)
+
+
+def host_config_for(host: HostConfig, tenant: TenantConfig, row: JobRow) -> HostConfig:
+    """The host configuration a job runs with: no spare sandbox for a bundle job (its clone
+    goes when it ends) or for a tenant with ``max_sandboxes`` (a spare outlives its job)."""
+    if row.request.bundle or tenant.max_sandboxes is not None:
+        return host.model_copy(update={"spare_sandboxes": 0})
+    return host
+
+
+def confinement_of(service: ServiceConfig, tenant: TenantConfig) -> Confinement:
+    """Where the tenant's repositories and their git data may be: its ``repo_roots``, never
+    the service's own ``data_dir``."""
+    return Confinement.of(tenant.name, tenant.repo_roots, [str(service.data_path())])
+
+
+def pin_of(confinement: Confinement, row: JobRow) -> RepoPin | None:
+    """The pin of a job on a tenant's repository as its submit stored it (None for a job
+    on a bundle's clone); a job queued without one (by an older service) is pinned now."""
+    if row.request.bundle:
+        return None
+    stored = row.request.pin
+    if stored is None:
+        return pin_repo(confinement, row.repo)
+    return RepoPin.of_record(row.repo, stored, confinement)
+
+
+def apply_denied(tenant: TenantConfig, row: JobRow) -> str | None:
+    """Why the job's ``auto`` or ``trusted-auto`` may not apply it (None: it may): the
+    tenant has no ``allow_apply``, or the job runs on an uploaded bundle's clone, which is
+    no work tree of the tenant's. The engine's decision then stops for review."""
+    if not tenant.allow_apply:
+        return f"tenant {tenant.name!r} may not apply jobs (allow_apply = false)"
+    if row.request.bundle:
+        return "the job ran on an uploaded bundle: the service has no work tree to apply it in"
+    return None

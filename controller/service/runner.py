@@ -25,26 +25,43 @@ from typing import TYPE_CHECKING
 import structlog
 
 from controller import api
+from controller.errorinfo import ErrorInfo
 from controller.errors import ErrorCode
 from controller.identity import current_identity
 from controller.jobs.periodic import periodically
-from controller.jobs.records import CheckResult, JobRecord, ToolCallRecord
 from controller.jobs.store import JobStore
 from controller.logs import Scrubber
-from controller.repo.pin import Confinement, RepoPin, pin_repo
+from controller.sandbox.reaper import remove_jobs
 from controller.service.bundles import checkout, remove_clone, sweep
+from controller.service.engines import (
+    ENGINE_CODES,
+    EngineWatch,
+    answers,
+    can_see,
+    engine_name,
+    ping_engine,
+    roots_of,
+)
+from controller.service.feed import EventFeed
 from controller.service.leases import Leases, interrupt, owner_of
 from controller.service.origin import Lineage, choose
-from controller.service.policy import check_containers, check_egress_of, check_task, containers_of
+from controller.service.policy import (
+    apply_denied,
+    check_containers,
+    check_egress_of,
+    check_task,
+    confinement_of,
+    containers_of,
+    host_config_for,
+    pin_of,
+)
 from controller.service.store import (
     QUEUED,
     RUNNING_STATES,
-    CheckData,
-    CheckOutputData,
     ErrorData,
     JobRow,
+    ReplicaInfo,
     ServiceStore,
-    ToolCallData,
 )
 
 if TYPE_CHECKING:
@@ -54,7 +71,6 @@ if TYPE_CHECKING:
     from controller.jobs.engine import Job
     from controller.providers.base import Provider
     from controller.service.config import ServiceConfig, TenantConfig
-    from controller.tools.watch import CheckLine
 
 log = structlog.get_logger(__name__)
 
@@ -62,160 +78,18 @@ REVIEWED_STATES = frozenset({"awaiting_review", "applied"})
 """A job's states an apply or a revert moves it from: a service killed while it applied or
 reverted one may have left its row behind its record."""
 WATCH_SECONDS = 0.25
-OUTPUT_EVERY = 0.5
-"""Seconds between two ``check_output`` events of a running check (its lines since the
-last one in each)."""
-OUTPUT_LINES = 200
-"""Lines one ``check_output`` event keeps (the newest)."""
 """How often a running job's record is looked at for new tool calls."""
-LOOP_DONE = frozenset(
-    {"validating", "checking", "awaiting_review", "applied", "no_change", "failed"}
-)
-"""States after the tool loop: every tool call is emitted before them."""
 BY_TENANT = "cancelled by the user (a cancel request)"
 STOPPING = "cancelled: the service is stopping"
 """A cancelled job's error message: a tenant's cancel, the service's shutdown."""
+LEASE_LOST = "interrupted: this replica could not renew its lease on the job in time"
+"""A job its replica stops because another replica may own it now (a fenced replica)."""
+HOLD_SHARE = 0.8
+"""The share of ``lease_seconds`` since the last renewal past which a replica no longer
+acts on its jobs: another replica takes them over once the whole lease ran out."""
 HEARTBEAT_SECONDS = 2.0
 """At most this long between two renewals of a replica's leases (and two looks at the queue
 other replicas fill)."""
-DECIDED = frozenset({"awaiting_review", "applied", "no_change", "failed", "cancelled"})
-"""States after the checks: every check result is emitted before them."""
-
-
-def host_config_for(host: HostConfig, tenant: TenantConfig, row: JobRow) -> HostConfig:
-    """The host configuration a job runs with: no spare sandbox for a bundle job (its clone
-    goes when it ends) or for a tenant with ``max_sandboxes`` (a spare outlives its job)."""
-    if row.request.bundle or tenant.max_sandboxes is not None:
-        return host.model_copy(update={"spare_sandboxes": 0})
-    return host
-
-
-def confinement_of(service: ServiceConfig, tenant: TenantConfig) -> Confinement:
-    """Where the tenant's repositories and their git data may be: its ``repo_roots``, never
-    the service's own ``data_dir``."""
-    return Confinement.of(tenant.name, tenant.repo_roots, [str(service.data_path())])
-
-
-def pin_of(confinement: Confinement, row: JobRow) -> RepoPin | None:
-    """The pin of a job on a tenant's repository as its submit stored it (None for a job
-    on a bundle's clone); a job queued without one (by an older service) is pinned now."""
-    if row.request.bundle:
-        return None
-    stored = row.request.pin
-    if stored is None:
-        return pin_repo(confinement, row.repo)
-    return RepoPin.of_record(row.repo, stored, confinement)
-
-
-def apply_denied(tenant: TenantConfig, row: JobRow) -> str | None:
-    """Why the job's ``auto`` or ``trusted-auto`` may not apply it (None: it may): the
-    tenant has no ``allow_apply``, or the job runs on an uploaded bundle's clone, which is
-    no work tree of the tenant's. The engine's decision then stops for review."""
-    if not tenant.allow_apply:
-        return f"tenant {tenant.name!r} may not apply jobs (allow_apply = false)"
-    if row.request.bundle:
-        return "the job ran on an uploaded bundle: the service has no work tree to apply it in"
-    return None
-
-
-def tool_call_event(call: ToolCallRecord) -> ToolCallData:
-    data = ToolCallData(
-        turn=call.turn, id=call.id, name=call.name, ok=call.ok, error_code=call.error_code
-    )
-    if call.verdict is not None:
-        data["verdict"] = call.verdict
-    return data
-
-
-def check_event(check: CheckResult) -> CheckData:
-    return CheckData(
-        id=check.id, status=check.status, exit_code=check.exit_code, duration_ms=check.duration_ms
-    )
-
-
-class EventFeed:
-    """Turns one job record's progress into events, in order, each once: state changes (the
-    record's history), then its tool calls before the loop ends, its checks before the
-    decision. Safe to call from several threads."""
-
-    def __init__(self, store: ServiceStore, job_id: str) -> None:
-        self._store = store
-        self._job_id = job_id
-        self._lock = threading.Lock()
-        self._states = 0
-        self._calls = 0
-        self._checks_done = False
-        self._output: list[CheckLine] = []
-        self._dropped = 0
-        self._flushed = time.monotonic()
-
-    def output(self, line: CheckLine) -> None:
-        """A line of the running check's output: kept for the next ``check_output`` event,
-        emitted once :data:`OUTPUT_EVERY` seconds passed since the last one."""
-        with self._lock:
-            self._output.append(line)
-            if len(self._output) > OUTPUT_LINES:
-                del self._output[0]
-                self._dropped += 1
-            if time.monotonic() - self._flushed >= OUTPUT_EVERY:
-                self._emit_output()
-
-    def _emit_output(self) -> None:
-        """Under the lock: the kept lines as ``check_output`` events (one per check run)."""
-        self._flushed = time.monotonic()
-        lines, self._output = self._output, []
-        dropped, self._dropped = self._dropped, 0
-        while lines:
-            first = lines[0]
-            same = [x for x in lines if x.handle == first.handle]
-            lines = [x for x in lines if x.handle != first.handle]
-            data = CheckOutputData(
-                check_id=first.check_id,
-                handle=first.handle,
-                lines=[x.line for x in same],
-                dropped=dropped,
-            )
-            dropped = 0
-            self._store.append_event(self._job_id, "check_output", data)
-
-    def sync(self, record: JobRecord, *, final: bool = False) -> None:
-        """Emits what is new. The job's end state is held back until ``final`` (its worker
-        returned: containers removed, evidence written), so a client that sees it, or whose
-        stream ends, finds nothing of the job still running."""
-        with self._lock:
-            if self._output:
-                self._emit_output()  # before the call that ran the check
-            history = list(record.history)
-            calls = record.tool_calls[self._calls :]  # only what is new: a long job stays cheap
-            checks = list(record.checks)
-            while self._states < len(history):
-                state = history[self._states][0]
-                if not final and state not in RUNNING_STATES:
-                    break
-                if state in LOOP_DONE | DECIDED:
-                    self._emit_calls(calls)
-                if state in DECIDED:
-                    self._emit_checks(checks)
-                self._store.append_event(self._job_id, "state", {"state": state})
-                self._store.update_state(self._job_id, state)
-                self._states += 1
-            if self._states and history[self._states - 1][0] == "running":
-                self._emit_calls(calls)
-
-    def _emit_calls(self, new: list[ToolCallRecord]) -> None:
-        """Emits the calls of ``new`` (the record's calls from the first not emitted at the
-        start of this sync) that are not emitted yet."""
-        for call in new:
-            self._store.append_event(self._job_id, "tool_call", tool_call_event(call))
-        self._calls += len(new)
-        new.clear()
-
-    def _emit_checks(self, checks: list[CheckResult]) -> None:
-        if self._checks_done:
-            return
-        for check in checks:
-            self._store.append_event(self._job_id, "check", check_event(check))
-        self._checks_done = True
 
 
 @dataclass
@@ -223,6 +97,11 @@ class Running:
     row: JobRow
     job: Job | None = None
     cancelled: bool = False
+    interrupted: str | None = None
+    """Why the job is stopped ``INTERRUPTED`` (its engine lost, its lease lost)."""
+    fenced: bool = False
+    """The job may be another replica's now: nothing of it is written to the store."""
+    finishing: bool = False
     future: Future[None] | None = field(default=None, repr=False)
 
 
@@ -236,6 +115,7 @@ class Runner:
         service: ServiceConfig,
         *,
         connect: Callable[[], docker.DockerClient] | None = None,
+        ping: Callable[[], bool] | None = None,
     ) -> None:
         self.store = store
         self.host = host
@@ -252,6 +132,13 @@ class Runner:
             max_workers=max(service.workers, 1), thread_name_prefix="patchbox-worker"
         )
         self.leases = Leases(store, owner_of(current_identity()), service.lease_seconds)
+        if ping is None:
+            ping = ping_engine if connect is None else answers(self._connect)
+        self.engine = EngineWatch(engine_name(), ping)
+        self._renewed = time.monotonic()
+        self._left: set[str] = set()
+        """The jobs that ran when the engine stopped answering: their containers are removed
+        once it answers again."""
         self._beat_stop = threading.Event()
         self._beat = threading.Thread(target=self._heartbeat, name="patchbox-lease", daemon=True)
 
@@ -276,19 +163,91 @@ class Runner:
                     self.store.append_event(row.job_id, "state", {"state": state})
                     self.store.update_state(row.job_id, state)
         sweep(self.store, self.service, clones=True)
+        self.engine.look()
+        self._register()
         self.dispatch()
         self._beat.start()
 
     def _heartbeat(self) -> None:
         while not self._beat_stop.wait(min(self.leases.seconds / 3, HEARTBEAT_SECONDS)):
             with contextlib.suppress(Exception):  # a database that does not answer: next time
-                self.leases.renew()
-                taken = self.leases.take_orphans()
-                for job_id in taken:
-                    interrupt(self.store, job_id)
-                if taken:  # their containers on this host, their replica being gone
-                    api.settle_leftovers(connect=self._connect)
-                self.dispatch()
+                self.beat()
+
+    def beat(self) -> None:
+        """One heartbeat: the engine pinged (its loss stops this replica's jobs, its return
+        removes what they left), the leases renewed (a job whose lease another replica took,
+        or all of them when no renewal came in time, is stopped and no longer written: the
+        replica is fenced off it), the replica's roots and engine told to the store, the
+        jobs of replicas that are gone taken over, the queue looked at."""
+        if not self.holding():
+            self._interrupt([i for i in self._items() if not i.finishing], LEASE_LOST, fence=True)
+        change = self.engine.look()
+        if change == "lost":
+            items = self._items()
+            self._left.update(i.row.job_id for i in items)
+            self._interrupt(items, self.engine.lost())
+        elif change == "back":  # what the interrupted jobs left on it
+            self._remove_left()
+        with self._lock:
+            renewed = set(self.leases.renew())
+            self._renewed = time.monotonic()
+            lost = [i for i in self._running.values() if i.row.job_id not in renewed]
+            for item in self._running.values():
+                if item.row.job_id in renewed:
+                    item.fenced = False  # still this replica's: its end is written
+        self._interrupt([i for i in lost if not i.finishing], LEASE_LOST, fence=True)
+        self._register()
+        taken = self.leases.take_orphans()
+        for job_id in taken:
+            interrupt(self.store, job_id)
+        if taken:  # their containers on this host, their replica being gone
+            api.settle_leftovers(connect=self._connect)
+        self.dispatch()
+
+    def _remove_left(self) -> None:
+        with self._lock:
+            ended = self._left - set(self._running)
+        client = self._connect()
+        try:
+            remove_jobs(client, ended)
+        finally:
+            client.close()
+        self._left -= ended
+
+    def holding(self) -> bool:
+        """Whether this replica's leases were renewed recently enough to act on its jobs."""
+        return time.monotonic() - self._renewed < self.leases.seconds * HOLD_SHARE
+
+    def _items(self) -> list[Running]:
+        with self._lock:
+            return list(self._running.values())
+
+    def _interrupt(self, items: list[Running], why: str, *, fence: bool = False) -> None:
+        """Stops ``items`` ``INTERRUPTED`` with ``why``; ``fence``: nothing more of them is
+        written to the store (another replica may own them)."""
+        for item in items:
+            with self._lock:
+                item.fenced = item.fenced or fence
+                if item.interrupted is None:
+                    item.interrupted = why
+                job = item.job
+            if job is not None:
+                job.cancel(item.interrupted, ErrorCode.INTERRUPTED)
+
+    def serves(self, row: JobRow) -> bool:
+        """Whether this replica can run ``row``: a bundle's job, or a repository under a
+        root it can see."""
+        return bool(row.request.bundle) or can_see(roots_of(self.service), row.repo)
+
+    def _register(self) -> None:
+        info = ReplicaInfo(
+            self.leases.owner,
+            roots_of(self.service),
+            self.engine.name,
+            not self.engine.down,
+            self.leases.until(),
+        )
+        self.store.register(info)
 
     def release(self, row: JobRow) -> None:
         """A bundle job's clone goes once the job no longer runs."""
@@ -342,7 +301,11 @@ class Runner:
         last allowed job, or a job on its repository)."""
         with self._lock:
             tried: set[str] = set()
-            while not self._stopping and len(self._running) < self.service.workers:
+            while (
+                not self._stopping
+                and not self.engine.down
+                and len(self._running) < self.service.workers
+            ):
                 row = self._pick(frozenset(tried))
                 if row is None:
                     return
@@ -364,6 +327,9 @@ class Runner:
                 continue
             bundles = self.clone_count(name) < tenant.max_clones
             row = self.store.next_queued(name, busy, bundles=bundles)
+            while row is not None and not self.serves(row):  # another replica's to run
+                busy = busy | {row.repo}
+                row = self.store.next_queued(name, busy, bundles=bundles)
             if row is not None and tenant.max_sandboxes is not None:
                 held = self.container_count(name)
                 if held + containers_of(row.request.task, self.host) > tenant.max_sandboxes:
@@ -398,7 +364,7 @@ class Runner:
 
     def _work(self, item: Running) -> None:
         row = item.row
-        feed = EventFeed(self.store, row.job_id)
+        feed = EventFeed(self.store, row.job_id, lambda: not item.fenced and self.holding())
         client: docker.DockerClient | None = None
         provider: Provider | None = None
         try:
@@ -417,22 +383,15 @@ class Runner:
             with self._lock:
                 item.job = job
                 cancelled = item.cancelled or self._stopping
-            if cancelled:
+            if item.interrupted is not None:
+                job.cancel(item.interrupted, ErrorCode.INTERRUPTED)
+            elif cancelled:
                 job.cancel(STOPPING if self._stopping else BY_TENANT)
-            self._run(job, feed, lambda: self.release(row))
+            self._run(job, feed, item)
             if lineage.carried is not None:
                 api.mark_rebased(lineage.carried, job.record)
         except Exception as exc:  # the job could not even be made: recorded as an event
-            log.warning("service job failed to start", job_id=row.job_id, error=str(exc)[:500])
-            self.release(row)
-            state = "cancelled" if item.cancelled else "failed"
-            code = getattr(exc, "code", ErrorCode.INTERNAL_ERROR)
-            message = str(exc)
-            if row.request.bundle:  # the clone's path is the service's, not the tenant's
-                message = Scrubber(row.repo).text(message)
-            error = ErrorData(code=str(code), message=message[:1000])
-            self.store.append_event(row.job_id, "state", {"state": state, "error": error})
-            self.store.update_state(row.job_id, state)
+            self._not_started(item, exc)
         finally:
             if provider is not None:
                 with contextlib.suppress(Exception):
@@ -443,6 +402,29 @@ class Runner:
             with self._lock:
                 self._running.pop(row.job_id, None)
             self.dispatch()
+
+    def _not_started(self, item: Running, exc: Exception) -> None:
+        row = item.row
+        log.warning("service job failed to start", job_id=row.job_id, error=str(exc)[:500])
+        self.release(row)
+        state = "cancelled" if item.cancelled else "failed"
+        code = getattr(exc, "code", ErrorCode.INTERNAL_ERROR)
+        message = str(exc)
+        if item.interrupted is None and code in ENGINE_CODES and self._engine_lost_now():
+            item.interrupted = self.engine.lost()
+        if item.interrupted is not None:
+            state, code, message = "failed", ErrorCode.INTERRUPTED, item.interrupted
+        if row.request.bundle:  # the clone's path is the service's, not the tenant's
+            message = Scrubber(row.repo).text(message)
+        if item.fenced or not self.holding():
+            return  # another replica's to end
+        error = ErrorData(code=str(code), message=message[:1000])
+        self.store.append_event(row.job_id, "state", {"state": state, "error": error})
+        self.store.update_state(row.job_id, state)
+
+    def _engine_lost_now(self) -> bool:
+        """Whether the engine, answering at the heartbeat's last look, does not now."""
+        return not self.engine.down and not self.engine.ping()
 
     def _make(
         self,
@@ -476,7 +458,7 @@ class Runner:
         holder.append(job)
         return job
 
-    def _run(self, job: Job, feed: EventFeed, release: Callable[[], None]) -> None:
+    def _run(self, job: Job, feed: EventFeed, item: Running) -> None:
         def watch() -> bool:
             with contextlib.suppress(Exception):
                 feed.sync(job.record)
@@ -489,8 +471,26 @@ class Runner:
             log.warning("service job ended with an error", job_id=job.record.job_id, error=str(exc))
         finally:
             with contextlib.suppress(Exception):
-                release()
+                self.release(item.row)
+            with contextlib.suppress(Exception):
+                self._blame_engine(job)
+            item.finishing = True
             feed.sync(job.record, final=True)
+
+    def _blame_engine(self, job: Job) -> None:
+        """A job that failed while its engine stopped answering (a lost connection, a
+        container gone with its engine) ends ``INTERRUPTED`` naming the engine; the error
+        the step saw is kept in its diagnostics."""
+        record, error = job.record, job.record.error
+        if record.state != "failed" or error is None:
+            return
+        if error.code in {ErrorCode.INTERRUPTED, ErrorCode.CANCELLED}:
+            return
+        if not self.engine.down and self.engine.ping():
+            return
+        record.diagnostics["engine_error"] = error.model_dump()
+        record.error = ErrorInfo(code=str(ErrorCode.INTERRUPTED), message=self.engine.lost())
+        job.store.save(record)
 
 
 def _connect() -> docker.DockerClient:

@@ -21,7 +21,7 @@ from controller.logs import Scrubber
 from controller.repo.pin import RepoPin, pin_repo
 from controller.service.bundles import BUNDLE_ID, clone_path
 from controller.service.metrics import Metrics
-from controller.service.runner import pin_of
+from controller.service.policy import pin_of
 
 if TYPE_CHECKING:
     from starlette.requests import Request

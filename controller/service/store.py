@@ -179,7 +179,11 @@ class ServiceStore(Protocol):
 
     def claim(self, job_id: str, owner: str, lease_until: float, max_running: int) -> bool: ...
 
-    def renew(self, owner: str, lease_until: float) -> None: ...
+    def renew(self, owner: str, lease_until: float) -> list[str]: ...
+
+    def register(self, replica: ReplicaInfo) -> None: ...
+
+    def replicas(self) -> list[ReplicaInfo]: ...
 
     def leases(self) -> list[Lease]: ...
 
@@ -196,6 +200,19 @@ class Lease:
     job_id: str
     owner: str | None
     until: float | None
+
+
+@dataclass(frozen=True)
+class ReplicaInfo:
+    """What a replica tells the store each heartbeat: its name (``HOST TOKEN``), the
+    repository roots it can see, its Docker engine and whether that answered, and until
+    when this holds."""
+
+    name: str
+    roots: tuple[str, ...]
+    engine: str
+    engine_ok: bool
+    until: float
 
 
 SCHEMA = """
@@ -221,6 +238,13 @@ CREATE TABLE IF NOT EXISTS bundles (
     head TEXT NOT NULL,
     size INTEGER NOT NULL,
     created REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS replicas (
+    name TEXT PRIMARY KEY,
+    roots TEXT NOT NULL,
+    engine TEXT NOT NULL,
+    engine_ok INTEGER NOT NULL,
+    until REAL NOT NULL
 );
 """
 
@@ -387,12 +411,30 @@ class SqliteStore:
                 raise
         return ok
 
-    def renew(self, owner: str, lease_until: float) -> None:
+    def renew(self, owner: str, lease_until: float) -> list[str]:
+        """Renews the leases ``owner`` holds; returns their jobs (a job missing from them
+        is no longer the owner's: another replica took it over)."""
         running = tuple(sorted(RUNNING_STATES))
         marks = ", ".join("?" * len(running))
-        sql = f"UPDATE jobs SET lease_until = ? WHERE owner = ? AND state IN ({marks})"  # noqa: S608 - placeholders only
+        sql = f"UPDATE jobs SET lease_until = ? WHERE owner = ? AND state IN ({marks}) RETURNING id"  # noqa: S608 - placeholders only
         with self._lock:
-            self._db.execute(sql, (lease_until, owner, *running))
+            return sorted(r[0] for r in self._db.execute(sql, (lease_until, owner, *running)))
+
+    def register(self, replica: ReplicaInfo) -> None:
+        values = (replica.name, json.dumps(replica.roots), replica.engine, int(replica.engine_ok))
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO replicas VALUES (?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET"
+                " roots = excluded.roots, engine = excluded.engine,"
+                " engine_ok = excluded.engine_ok, until = excluded.until",
+                (*values, replica.until),
+            )
+            self._db.execute("DELETE FROM replicas WHERE until < ?", (now() - 86400,))
+
+    def replicas(self) -> list[ReplicaInfo]:
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM replicas ORDER BY name").fetchall()
+        return [replica_of(r) for r in rows]
 
     def leases(self) -> list[Lease]:
         """The running jobs' leases."""
@@ -443,6 +485,12 @@ def row_of(values: tuple[Any, ...]) -> JobRow:
     return JobRow(
         job_id, tenant, repo, StoredRequest.model_validate_json(request), state, float(created)
     )
+
+
+def replica_of(values: tuple[Any, ...]) -> ReplicaInfo:
+    """A replica read back from the ``replicas`` table."""
+    name, roots, engine, engine_ok, until = values
+    return ReplicaInfo(name, tuple(json.loads(roots)), engine, bool(engine_ok), float(until))
 
 
 def now() -> float:

@@ -3,11 +3,13 @@ ports, sharing the test run's ``$PATCHBOX_HOME`` and one PostgreSQL database."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,15 +44,20 @@ class Replica:
         self.proc.wait()
 
 
-def start_replica(config: Path, log: Path) -> Replica:
-    """``patchbox serve --config CONFIG`` on a free port, once it answers ``/healthz``."""
+def start_replica(config: Path, log: Path, env: dict[str, str] | None = None) -> Replica:
+    """``patchbox serve --config CONFIG`` on a free port, once it answers ``/healthz``
+    (``env``: more of its environment, such as its ``DOCKER_HOST``)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     argv = [sys.executable, "-m", "controller", "serve", "--config", str(config)]
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            [*argv, "--port", str(port)], cwd=ROOT, stdout=out, stderr=out, env=dict(os.environ)
+            [*argv, "--port", str(port)],
+            cwd=ROOT,
+            stdout=out,
+            stderr=out,
+            env={**os.environ, **(env or {})},
         )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -64,3 +71,63 @@ def start_replica(config: Path, log: Path) -> Replica:
                 msg = f"patchbox serve did not start: {log.read_text()[-2000:]}"
                 raise RuntimeError(msg) from None
             time.sleep(0.1)
+
+
+class EngineGate:
+    """The machine's Docker daemon behind a loopback TCP port that can stop answering: a
+    replica's own engine (``DOCKER_HOST=tcp://127.0.0.1:PORT``) that the test takes away
+    (every connection cut, new ones refused) and gives back on the same port."""
+
+    def __init__(self, unix_path: str = "/var/run/docker.sock") -> None:
+        self.unix_path = unix_path
+        self._lock = threading.Lock()
+        self._open: list[socket.socket] = []
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = self._server.getsockname()[1]
+        self.url = f"tcp://127.0.0.1:{self.port}"
+        self._serve(self._server)
+
+    def _serve(self, server: socket.socket) -> None:
+        threading.Thread(target=self._accept, args=(server,), daemon=True).start()
+
+    def _accept(self, server: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return
+            upstream = socket.socket(socket.AF_UNIX)
+            upstream.connect(self.unix_path)
+            with self._lock:
+                self._open += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+
+    def cut(self) -> None:
+        """The engine stops answering: the listener closed, every open connection reset."""
+        self._server.close()
+        with self._lock:
+            sockets, self._open = self._open, []
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def restore(self) -> None:
+        """The engine answers again, on the same port."""
+        self._server = socket.create_server(("127.0.0.1", self.port))
+        self._serve(self._server)
+
+    def close(self) -> None:
+        self.cut()

@@ -63,7 +63,7 @@ def write_config(
     allow_apply: bool = True,
     max_queued_jobs: int = 10,
     bundle_max_bytes: int | None = None,
-    service: Mapping[str, float] | None = None,
+    service: Mapping[str, float | list[str]] | None = None,
     tenant: Mapping[str, int] | None = None,
     runtime: str | None = None,
     host: str = "",
@@ -92,7 +92,7 @@ def write_config(
     ]
     if bundle_max_bytes is not None:
         lines.append(f"bundle_max_bytes = {bundle_max_bytes}")
-    lines += [f"{key} = {value}" for key, value in (service or {}).items()]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in (service or {}).items()]
     for name, token in TOKENS.items():
         root = folder / name
         root.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,11 @@
-"""Several ``patchbox serve`` processes (replicas) on one PostgreSQL database and one Docker
-daemon, sharing ``$PATCHBOX_HOME``: one queue, each job run once by one replica, a tenant's
+"""Several ``patchbox serve`` processes (replicas) on one PostgreSQL database, sharing
+``$PATCHBOX_HOME``: one queue, each job run once by one replica, a tenant's
 ``max_concurrent_jobs`` held across replicas; a replica killed with SIGKILL loses its jobs
 when its lease runs out (they end ``failed`` with ``INTERRUPTED``, their containers removed
-by the other replica) and its queued jobs run on the other."""
+by the other replica) and its queued jobs run on the other; a replica whose own engine
+stops answering claims nothing, its jobs end ``INTERRUPTED`` naming the engine, the other
+replica runs the queue, and once the engine answers again nothing of them is left on it; a
+replica claims only jobs under the repository roots it can see."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import pytest
 from controller.jobs.store import JobStore
 from tests.support.jobs import containers_of, make_repo
 from tests.support.postgres import Cluster
-from tests.support.replicas import Replica, start_replica
+from tests.support.replicas import EngineGate, Replica, start_replica
 from tests.support.service import CALLS, END, SLOW_CALLS, slow_task, write_config
 from tests.support.service_http import submit
 
@@ -131,3 +134,97 @@ def test_a_killed_replicas_jobs_end_interrupted_and_its_queue_runs_on_the_other(
             "SELECT COUNT(*) FROM events WHERE data LIKE '%INTERRUPTED%'"
         ).fetchone()
     assert reasons == (2,)
+
+
+def test_a_replicas_engine_that_stops_answering_interrupts_its_jobs_and_the_other_goes_on(
+    docker_client: docker.DockerClient,
+    sandbox_image: str,
+    tmp_path: Path,
+    postgres_cluster: Cluster,
+) -> None:
+    del sandbox_image
+    dsn = postgres_cluster.database()
+    config = write_config(tmp_path, postgres=dsn, service={"lease_seconds": 3})
+    gate = EngineGate()
+    first = start_replica(config, tmp_path / "first.log", env={"DOCKER_HOST": gate.url})
+    second: Replica | None = None
+    try:
+        with first.client() as alpha:
+            slow = []
+            for n in range(2):
+                repo = make_repo(tmp_path / "alpha" / f"slow-{n}")
+                answer = submit(alpha, repo, task=slow_task(120), calls=SLOW_CALLS)
+                slow.append(answer.json()["job_id"])
+            for job_id in slow:
+                _wait(first, "alpha", job_id, {"running"})
+            fast = [
+                submit(alpha, make_repo(tmp_path / "alpha" / f"fast-{n}"), calls=CALLS).json()[
+                    "job_id"
+                ]
+                for n in range(2)
+            ]
+        second = start_replica(config, tmp_path / "second.log")
+        gate.cut()
+        ended = [_wait(second, "alpha", job_id, END, timeout=60) for job_id in slow]
+        done = [_wait(second, "alpha", job_id, END) for job_id in fast]
+        with psycopg.connect(dsn) as conn:
+            owners: dict[str, str] = dict(conn.execute("SELECT id, owner FROM jobs").fetchall())
+            engine_ok: dict[str, bool] = dict(
+                conn.execute("SELECT engine, engine_ok FROM replicas").fetchall()
+            )
+        assert engine_ok[gate.url] is False
+        gate.restore()
+        deadline = time.monotonic() + 30
+        while any(containers_of(docker_client, j) for j in slow) and time.monotonic() < deadline:
+            time.sleep(0.5)
+    finally:
+        first.stop()
+        gate.close()
+        if second is not None:
+            second.stop()
+    lost = f"interrupted: the Docker engine {gate.url} stopped answering"
+    assert [(v["status"], v["error"]["code"], v["error"]["message"]) for v in ended] == [
+        ("failed", "INTERRUPTED", lost)
+    ] * 2
+    assert [v["status"] for v in done] == ["awaiting_review"] * 2
+    assert owners[slow[0]] == owners[slow[1]] != owners[fast[0]] == owners[fast[1]]
+    for job_id in slow:
+        assert containers_of(docker_client, job_id) == []
+
+
+def test_a_replica_claims_only_jobs_under_the_roots_it_can_see(
+    docker_client: docker.DockerClient,
+    sandbox_image: str,
+    tmp_path: Path,
+    postgres_cluster: Cluster,
+) -> None:
+    del docker_client, sandbox_image
+    dsn = postgres_cluster.database()
+    alpha_root = str(tmp_path / "alpha")
+    narrow = tmp_path / "narrow.toml"
+    write_config(tmp_path, postgres=dsn, service={"visible_roots": ["/nowhere"]}).rename(narrow)
+    wide = write_config(tmp_path, postgres=dsn)
+    first = start_replica(narrow, tmp_path / "narrow.log")
+    second: Replica | None = None
+    try:
+        with first.client() as alpha:
+            job_id = submit(alpha, make_repo(tmp_path / "alpha" / "seen"), calls=CALLS).json()[
+                "job_id"
+            ]
+        time.sleep(3)
+        with first.client() as alpha:
+            assert alpha.get(f"/v1/jobs/{job_id}").json()["status"] == "queued"
+        second = start_replica(wide, tmp_path / "wide.log")
+        view = _wait(second, "alpha", job_id, END)
+        with psycopg.connect(dsn) as conn:
+            roots: dict[str, str] = dict(
+                conn.execute("SELECT name, roots FROM replicas").fetchall()
+            )
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+    assert view["status"] == "awaiting_review"
+    assert sorted(roots.values()) == sorted(
+        ['["/nowhere"]', f'["{alpha_root}", "{tmp_path / "beta"}"]']
+    )

@@ -298,7 +298,9 @@ def test_a_checkout_writes_each_blob_as_it_is(tmp_path: Path) -> None:
 def test_a_tenants_bundle_jobs_start_only_within_max_clones(tmp_path: Path) -> None:
     """With ``max_clones = 1`` and a bundle job running, the tenant's next bundle job waits
     and its next repository job starts."""
-    path = write_config(tmp_path, workers=0, tenant={"max_clones": 1})
+    path = write_config(
+        tmp_path, workers=0, tenant={"max_clones": 1}, service={"visible_roots": ["/r"]}
+    )
     host, config = load_service_config(path)
     assert [t.max_clones for t in config.tenants] == [1, 1]
     store = SqliteStore(tmp_path / "clones.db")

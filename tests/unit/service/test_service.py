@@ -25,7 +25,8 @@ from controller.providers.config import ENV_NAMES
 from controller.service.app import ROUTES
 from controller.service.config import load_service_config
 from controller.service.openapi import document
-from controller.service.runner import Runner, host_config_for
+from controller.service.policy import host_config_for
+from controller.service.runner import Runner
 from controller.service.runner import Running as RunningJob
 from controller.service.store import JobRow, SqliteStore
 from tests.support.jobs import make_repo
@@ -341,7 +342,9 @@ def read_answer(sock: socket.socket) -> bytes:
 
 
 def test_the_queue_is_fair_and_one_job_per_repository(tmp_path: Path) -> None:
-    _host, config = load_service_config(write_config(tmp_path, workers=0))
+    _host, config = load_service_config(
+        write_config(tmp_path, workers=0, service={"visible_roots": ["/r"]})
+    )
     store = SqliteStore(tmp_path / "fair.db")
     runner = Runner(store, _host, config)
     t = time.time()
@@ -369,7 +372,7 @@ def test_the_queue_is_fair_and_one_job_per_repository(tmp_path: Path) -> None:
 
 
 def test_max_sandboxes_bounds_a_tenants_running_jobs_and_its_spares(tmp_path: Path) -> None:
-    path = write_config(tmp_path, workers=0)
+    path = write_config(tmp_path, workers=0, service={"visible_roots": ["/r"]})
     path.write_text(
         path.read_text().replace(
             "max_concurrent_jobs = 2", "max_concurrent_jobs = 2\nmax_sandboxes = 1", 1
@@ -410,7 +413,7 @@ def test_max_sandboxes_bounds_a_tenants_running_jobs_and_its_spares(tmp_path: Pa
 
 
 def test_a_restart_marks_running_jobs_interrupted_and_keeps_the_queue(tmp_path: Path) -> None:
-    config = write_config(tmp_path, workers=0)
+    config = write_config(tmp_path, workers=0, service={"visible_roots": ["/r"]})
     _host, service = load_service_config(config)
     store = SqliteStore(service.database_path())
     t = time.time()

@@ -6,6 +6,7 @@ connections, as separate replicas are) insert at once."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import psycopg
 import pytest
 
 from controller.service.pgstore import MIGRATIONS, PostgresStore
-from controller.service.store import Bundle, JobRow, ServiceStore, SqliteStore
+from controller.service.store import Bundle, JobRow, ReplicaInfo, ServiceStore, SqliteStore
 from tests.support.postgres import Cluster
 from tests.support.service import stored
 
@@ -214,7 +215,7 @@ def test_a_claim_is_decided_in_the_database(store: ServiceStore) -> None:
     assert claimed is not None
     assert claimed.state == "created"
     store.update_state("20260101-000000-aaaa0003", "running")
-    store.renew("h two", T + 90)
+    assert store.renew("h two", T + 90) == ["20260101-000000-aaaa0003"]
     leases = {lease.job_id: (lease.owner, lease.until) for lease in store.leases()}
     assert leases == {
         "20260101-000000-aaaa0001": ("h one", T + 30),
@@ -256,3 +257,40 @@ def test_many_replicas_claiming_at_once_run_each_job_once(backend: tuple[str, st
     assert len({job_id for _, job_id in won}) == 4
     for w in [first, *writers]:
         w.close()
+
+
+def test_a_lease_taken_over_is_no_longer_renewed_by_its_old_owner(store: ServiceStore) -> None:
+    """What fences a replica off a job: once another replica took the job over, the old
+    owner's renewal no longer names it."""
+    store.insert_job(_row("20260101-000000-dddd0001"))
+    assert store.claim("20260101-000000-dddd0001", "h one", T + 30, max_running=1)
+    assert store.renew("h one", T + 40) == ["20260101-000000-dddd0001"]
+    assert store.take_over("20260101-000000-dddd0001", "h one", "h two")
+    assert store.renew("h one", T + 50) == []
+    assert store.renew("h two", T + 50) == ["20260101-000000-dddd0001"]
+
+
+def test_replicas_tell_the_store_their_roots_and_engine(store: ServiceStore) -> None:
+    """Each replica's latest word is kept, one row per replica; a replica silent for a day
+    is forgotten."""
+    now = time.time()
+    store.register(
+        ReplicaInfo(
+            "h old", ("/srv/a",), "unix:///run/old.sock", engine_ok=True, until=now - 90_000
+        )
+    )
+    store.register(
+        ReplicaInfo("h one", ("/srv/a",), "unix:///run/one.sock", engine_ok=True, until=now + 30)
+    )
+    store.register(
+        ReplicaInfo("h two", ("/srv/a", "/srv/b"), "tcp://10.0.0.2:2375", engine_ok=True, until=now)
+    )
+    store.register(
+        ReplicaInfo("h one", ("/srv/a",), "unix:///run/one.sock", engine_ok=False, until=now + 60)
+    )
+    assert store.replicas() == [
+        ReplicaInfo("h one", ("/srv/a",), "unix:///run/one.sock", engine_ok=False, until=now + 60),
+        ReplicaInfo(
+            "h two", ("/srv/a", "/srv/b"), "tcp://10.0.0.2:2375", engine_ok=True, until=now
+        ),
+    ]
