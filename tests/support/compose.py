@@ -17,7 +17,7 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,12 +115,15 @@ def base_image(client: docker.DockerClient) -> str:
     return local
 
 
-def write_service_config(path: Path, repos: Path, runtime: str = "runc") -> None:
+def write_service_config(
+    path: Path, repos: Path, runtime: str = "runc", service: Sequence[str] = ("workers = 2",)
+) -> None:
+    """The two tenants' configuration; ``service``: the ``[service]`` table's own lines."""
     tenants = {
         "alpha": {"max_concurrent_jobs": 2, "max_queued_jobs": 10, "allow_apply": True},
         "beta": {"max_concurrent_jobs": 1, "max_queued_jobs": 1, "allow_apply": False},
     }
-    lines = ["spare_sandboxes = 0", f'runtime = "{runtime}"', "[service]", "workers = 2"]
+    lines = ["spare_sandboxes = 0", f'runtime = "{runtime}"', "[service]", *service]
     for name, limits in tenants.items():
         token = hashlib.sha256(TOKENS[name].encode()).hexdigest()
         lines += [
@@ -137,10 +140,16 @@ def write_service_config(path: Path, repos: Path, runtime: str = "runc") -> None
 
 
 @contextmanager
-def site(root: Path, client: docker.DockerClient) -> Iterator[Site]:
+def site(
+    root: Path,
+    client: docker.DockerClient,
+    project: str | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> Iterator[Site]:
     """Prepares the build context, the folders and the environment ``compose.yaml`` reads;
     the environment is this process's while the site is in use (pytest-docker's commands
-    read it)."""
+    read it). ``project``: the compose project's name (default one per test process);
+    ``extra_env``: more of the variables ``compose.yaml`` reads."""
     context = root / "context"
     context.mkdir()
     shutil.copy2(ROOT / "Dockerfile", context / "Dockerfile")
@@ -179,10 +188,11 @@ def site(root: Path, client: docker.DockerClient) -> Iterator[Site]:
         "PATCHBOX_REPOS": str(repos),
         "PATCHBOX_SERVICE_CONFIG": str(config),
         "PATCHBOX_PORT": str(port),
+        **(extra_env or {}),
     }
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)
-    made = Site(root, repos, mounts, port, f"patchboxtest{os.getpid()}", env)
+    made = Site(root, repos, mounts, port, project or f"patchboxtest{os.getpid()}", env)
     made.hand_over(repos)
     try:
         yield made
