@@ -172,7 +172,8 @@ def build(
     """The application for a configuration file (``--config``, default
     ``$PATCHBOX_HOME/config.toml``)."""
     from controller.service.config import load_service_config, with_service_key
-    from controller.service.store import ServiceStore, SqliteStore
+    from controller.service.sqlitestore import SqliteStore
+    from controller.service.store import ServiceStore
 
     host, config = load_service_config(config_path)
     host = with_service_key(host, config)

@@ -21,7 +21,8 @@ from controller.service.bundles import bundle_path, checkout, clone_path
 from controller.service.config import load_service_config
 from controller.service.runner import Runner
 from controller.service.runner import Running as RunningJob
-from controller.service.store import JobRow, SqliteStore
+from controller.service.sqlitestore import SqliteStore
+from controller.service.store import JobRow
 from tests.support.git import Repo, git_env, init
 from tests.support.jobs import FILES, make_repo
 from tests.support.service import (

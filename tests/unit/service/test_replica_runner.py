@@ -13,7 +13,8 @@ from controller.service.config import load_service_config
 from controller.service.engines import can_see, seen_roots
 from controller.service.feed import EventFeed
 from controller.service.runner import LEASE_LOST, Runner, Running
-from controller.service.store import JobRow, SqliteStore
+from controller.service.sqlitestore import SqliteStore
+from controller.service.store import JobRow
 from tests.support.service import stored, write_config
 
 

@@ -28,7 +28,8 @@ from controller.service.openapi import document
 from controller.service.policy import host_config_for
 from controller.service.runner import Runner
 from controller.service.runner import Running as RunningJob
-from controller.service.store import JobRow, SqliteStore
+from controller.service.sqlitestore import SqliteStore
+from controller.service.store import JobRow
 from tests.support.jobs import make_repo
 from tests.support.paths import REPO_ROOT
 from tests.support.service import (

@@ -14,7 +14,8 @@ import psycopg
 import pytest
 
 from controller.service.pgstore import MIGRATIONS, PostgresStore
-from controller.service.store import Bundle, JobRow, ReplicaInfo, ServiceStore, SqliteStore
+from controller.service.sqlitestore import SqliteStore
+from controller.service.store import Bundle, JobRow, ReplicaInfo, ServiceStore
 from tests.support.postgres import Cluster
 from tests.support.service import stored
 
