@@ -19,9 +19,11 @@ from typing import TYPE_CHECKING
 import docker
 import docker.errors
 
+from controller.errorinfo import ErrorInfo
 from controller.errors import ErrorCode
 
 if TYPE_CHECKING:
+    from controller.jobs.engine import Job
     from controller.service.config import ServiceConfig
 
 ENGINE_CODES = frozenset(
@@ -114,3 +116,19 @@ def seen_roots(visible: list[str] | None, tenant_roots: Iterable[str]) -> tuple[
     if visible is not None:
         return tuple(visible)
     return tuple(sorted({r for r in tenant_roots if Path(r).is_dir()}))
+
+
+def blame_engine(job: Job, engine: EngineWatch) -> None:
+    """A job that failed while its engine stopped answering (a lost connection, a
+    container gone with its engine) ends ``INTERRUPTED`` naming the engine; the error the
+    step saw is kept in its diagnostics (``engine_error``)."""
+    record, error = job.record, job.record.error
+    if record.state != "failed" or error is None:
+        return
+    if error.code in {ErrorCode.INTERRUPTED, ErrorCode.CANCELLED}:
+        return
+    if not engine.down and engine.ping():
+        return
+    record.diagnostics["engine_error"] = error.model_dump()
+    record.error = ErrorInfo(code=str(ErrorCode.INTERRUPTED), message=engine.lost())
+    job.store.save(record)

@@ -26,6 +26,7 @@ from controller.service.store import (
     EventData,
     JobRow,
     Lease,
+    Quota,
     ReplicaInfo,
     first_startable,
     job_values,
@@ -72,6 +73,10 @@ MIGRATIONS: list[str] = [
         engine_ok BOOLEAN NOT NULL,
         until DOUBLE PRECISION NOT NULL
     );
+    """,
+    """
+    ALTER TABLE jobs ADD COLUMN containers INTEGER NOT NULL DEFAULT 1,
+        ADD COLUMN clone BOOLEAN NOT NULL DEFAULT false;
     """,
 ]
 """The schema, one step per version (version N is ``MIGRATIONS[N - 1]``); a step is never
@@ -224,11 +229,11 @@ class PostgresStore:
     def bundles_before(self, created: float) -> list[Bundle]:
         return self._bundles("created < %s", (created,))
 
-    def claim(self, job_id: str, owner: str, lease_until: float, max_running: int) -> bool:
+    def claim(self, job_id: str, owner: str, lease_until: float, quota: Quota) -> bool:
         """Moves a queued job to ``created`` for ``owner`` until ``lease_until``, when its
-        tenant runs fewer than ``max_running`` jobs and no job runs on its repository, in one
-        transaction under the tenant's and the repository's locks (taken in that order by
-        every replica). False when not (nothing changed)."""
+        tenant's running jobs leave room in ``quota`` and no job runs on its repository, in
+        one transaction under the tenant's and the repository's locks (taken in that order
+        by every replica). False when not (nothing changed)."""
         running = sorted(RUNNING_STATES)
         with self._lock, self._db.transaction():
             found = self._db.execute(
@@ -239,23 +244,24 @@ class PostgresStore:
             tenant, repo = found
             self._db.execute(LOCK_ON, ("tenant:" + tenant,))
             self._db.execute(LOCK_ON, ("repo:" + repo,))
-            count = _one(
-                self._db.execute(
-                    "SELECT COUNT(*) FROM jobs WHERE tenant = %s AND state = ANY(%s)",
-                    (tenant, running),
-                ).fetchone()
-            )
+            usage = self._db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(containers), 0), COUNT(*) FILTER (WHERE clone)"
+                " FROM jobs WHERE tenant = %s AND state = ANY(%s)",
+                (tenant, running),
+            ).fetchone()
+            assert usage is not None  # noqa: S101 - an aggregate always answers one row
+            count, held, clones = (int(v) for v in usage)
             busy = _one(
                 self._db.execute(
                     "SELECT COUNT(*) FROM jobs WHERE repo = %s AND state = ANY(%s)", (repo, running)
                 ).fetchone()
             )
-            if int(count) >= max_running or int(busy) > 0:
+            if not quota.allows(count, held, clones) or int(busy) > 0:
                 return False
             moved = self._db.execute(
-                "UPDATE jobs SET state = 'created', owner = %s, lease_until = %s"
-                " WHERE id = %s AND state = %s",
-                (owner, lease_until, job_id, QUEUED),
+                "UPDATE jobs SET state = 'created', owner = %s, lease_until = %s,"
+                " containers = %s, clone = %s WHERE id = %s AND state = %s",
+                (owner, lease_until, quota.containers, quota.clone, job_id, QUEUED),
             )
             return moved.rowcount == 1
 

@@ -27,7 +27,7 @@ from controller.config.task import TaskSpec
 from controller.errors import ErrorCode, PatchboxError
 from controller.repo.pin import Confinement, RepoPin, pin_repo
 from controller.service.config import LimitCaps, ServiceConfig, TenantConfig
-from controller.service.store import JobRow
+from controller.service.store import JobRow, Quota
 
 
 def _listed(key: str, values: list[str]) -> str:
@@ -199,3 +199,15 @@ def apply_denied(tenant: TenantConfig, row: JobRow) -> str | None:
     if row.request.bundle:
         return "the job ran on an uploaded bundle: the service has no work tree to apply it in"
     return None
+
+
+def quota_of(tenant: TenantConfig, host: HostConfig, row: JobRow) -> Quota:
+    """The tenant's limits the claim of ``row`` holds across replicas, and what the job
+    takes of them."""
+    return Quota(
+        tenant.job_limit(),
+        containers_of(row.request.task, host),
+        tenant.max_sandboxes,
+        bool(row.request.bundle),
+        tenant.max_clones,
+    )

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING
 import structlog
 
 from controller import api
-from controller.errorinfo import ErrorInfo
 from controller.errors import ErrorCode
 from controller.identity import current_identity
 from controller.jobs.periodic import periodically
@@ -37,6 +36,7 @@ from controller.service.engines import (
     ENGINE_CODES,
     EngineWatch,
     answers,
+    blame_engine,
     can_see,
     engine_name,
     ping_engine,
@@ -54,6 +54,7 @@ from controller.service.policy import (
     containers_of,
     host_config_for,
     pin_of,
+    quota_of,
 )
 from controller.service.store import (
     QUEUED,
@@ -310,8 +311,8 @@ class Runner:
                 if row is None:
                     return
                 tried.add(row.repo)
-                limit = self.tenants[row.tenant].job_limit()
-                if not self.store.claim(row.job_id, self.leases.owner, self.leases.until(), limit):
+                quota = quota_of(self.tenants[row.tenant], self.host, row)
+                if not self.store.claim(row.job_id, self.leases.owner, self.leases.until(), quota):
                     continue
                 item = Running(row)
                 self._running[row.job_id] = item
@@ -473,24 +474,9 @@ class Runner:
             with contextlib.suppress(Exception):
                 self.release(item.row)
             with contextlib.suppress(Exception):
-                self._blame_engine(job)
+                blame_engine(job, self.engine)
             item.finishing = True
             feed.sync(job.record, final=True)
-
-    def _blame_engine(self, job: Job) -> None:
-        """A job that failed while its engine stopped answering (a lost connection, a
-        container gone with its engine) ends ``INTERRUPTED`` naming the engine; the error
-        the step saw is kept in its diagnostics."""
-        record, error = job.record, job.record.error
-        if record.state != "failed" or error is None:
-            return
-        if error.code in {ErrorCode.INTERRUPTED, ErrorCode.CANCELLED}:
-            return
-        if not self.engine.down and self.engine.ping():
-            return
-        record.diagnostics["engine_error"] = error.model_dump()
-        record.error = ErrorInfo(code=str(ErrorCode.INTERRUPTED), message=self.engine.lost())
-        job.store.save(record)
 
 
 def _connect() -> docker.DockerClient:

@@ -19,6 +19,7 @@ from controller.service.store import (
     EventData,
     JobRow,
     Lease,
+    Quota,
     ReplicaInfo,
     first_startable,
     job_values,
@@ -61,6 +62,10 @@ CREATE TABLE IF NOT EXISTS replicas (
 """
 
 
+USAGE = "SELECT COUNT(*), COALESCE(SUM(containers), 0), COALESCE(SUM(clone), 0) FROM jobs"
+"""A tenant's running jobs: how many, the containers and the clones they hold."""
+
+
 class SqliteStore:
     """:class:`ServiceStore` in one SQLite file in WAL mode; one connection, serialised."""
 
@@ -75,6 +80,9 @@ class SqliteStore:
         if "owner" not in columns:  # a file made before leases: the two columns added
             self._db.execute("ALTER TABLE jobs ADD COLUMN owner TEXT")
             self._db.execute("ALTER TABLE jobs ADD COLUMN lease_until REAL")
+        if "containers" not in columns:  # what a running job holds of its tenant's quotas
+            self._db.execute("ALTER TABLE jobs ADD COLUMN containers INTEGER NOT NULL DEFAULT 1")
+            self._db.execute("ALTER TABLE jobs ADD COLUMN clone INTEGER NOT NULL DEFAULT 0")
 
     def _select(self, where: str, args: tuple[Any, ...]) -> list[JobRow]:
         sql = f"SELECT id, tenant, repo, request, state, created FROM jobs WHERE {where}"  # noqa: S608 - the clauses are this module's constants
@@ -191,9 +199,9 @@ class SqliteStore:
     def bundles_before(self, created: float) -> list[Bundle]:
         return self._bundles("created < ?", (created,))
 
-    def claim(self, job_id: str, owner: str, lease_until: float, max_running: int) -> bool:
+    def claim(self, job_id: str, owner: str, lease_until: float, quota: Quota) -> bool:
         """Moves a queued job to ``created`` for ``owner`` until ``lease_until``, when its
-        tenant runs fewer than ``max_running`` jobs and no job runs on its repository: all
+        tenant's running jobs leave room in ``quota`` and no job runs on its repository: all
         decided in one transaction. False when not (nothing changed)."""
         running = tuple(sorted(RUNNING_STATES))
         marks = ", ".join("?" * len(running))
@@ -206,16 +214,16 @@ class SqliteStore:
                 ok = found is not None
                 if ok:
                     tenant, repo = found
-                    count_sql = f"SELECT COUNT(*) FROM jobs WHERE tenant = ? AND state IN ({marks})"  # noqa: S608 - placeholders only
+                    count_sql = f"{USAGE} WHERE tenant = ? AND state IN ({marks})"
                     busy_sql = f"SELECT COUNT(*) FROM jobs WHERE repo = ? AND state IN ({marks})"  # noqa: S608 - placeholders only
-                    (count,) = self._db.execute(count_sql, (tenant, *running)).fetchone()
+                    count, held, clones = self._db.execute(count_sql, (tenant, *running)).fetchone()
                     (busy,) = self._db.execute(busy_sql, (repo, *running)).fetchone()
-                    ok = int(count) < max_running and int(busy) == 0
+                    ok = quota.allows(int(count), int(held), int(clones)) and int(busy) == 0
                 if ok:
                     self._db.execute(
-                        "UPDATE jobs SET state = 'created', owner = ?, lease_until = ?"
-                        " WHERE id = ?",
-                        (owner, lease_until, job_id),
+                        "UPDATE jobs SET state = 'created', owner = ?, lease_until = ?,"
+                        " containers = ?, clone = ? WHERE id = ?",
+                        (owner, lease_until, quota.containers, int(quota.clone), job_id),
                     )
                 self._db.execute("COMMIT")
             except BaseException:

@@ -174,7 +174,7 @@ class ServiceStore(Protocol):
 
     def bundles_before(self, created: float) -> list[Bundle]: ...
 
-    def claim(self, job_id: str, owner: str, lease_until: float, max_running: int) -> bool: ...
+    def claim(self, job_id: str, owner: str, lease_until: float, quota: Quota) -> bool: ...
 
     def renew(self, owner: str, lease_until: float) -> list[str]: ...
 
@@ -187,6 +187,28 @@ class ServiceStore(Protocol):
     def take_over(self, job_id: str, old_owner: str | None, owner: str) -> bool: ...
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Quota:
+    """A tenant's limits that a claim holds across replicas (``max_concurrent_jobs``,
+    ``max_sandboxes``, ``max_clones``), and what the job takes of them: its containers
+    (its sandbox and its services) and whether it holds a clone (a bundle's job)."""
+
+    max_running: int
+    containers: int = 1
+    max_containers: int | None = None
+    clone: bool = False
+    max_clones: int | None = None
+
+    def allows(self, running: int, containers: int, clones: int) -> bool:
+        """Whether the job may start beside the tenant's ``running`` jobs, which hold
+        ``containers`` containers and ``clones`` clones."""
+        if running >= self.max_running:
+            return False
+        if self.max_containers is not None and containers + self.containers > self.max_containers:
+            return False
+        return not (self.clone and self.max_clones is not None and clones >= self.max_clones)
 
 
 @dataclass(frozen=True)

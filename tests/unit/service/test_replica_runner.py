@@ -14,7 +14,7 @@ from controller.service.engines import can_see, seen_roots
 from controller.service.feed import EventFeed
 from controller.service.runner import LEASE_LOST, Runner, Running
 from controller.service.sqlitestore import SqliteStore
-from controller.service.store import JobRow
+from controller.service.store import JobRow, Quota
 from tests.support.service import stored, write_config
 
 
@@ -50,7 +50,7 @@ def _queue(runner: Runner, job_id: str, repo: str, **req: str) -> JobRow:
 
 def _hold(runner: Runner, row: JobRow) -> Running:
     """The job claimed and running on this runner, with a stand-in for its engine job."""
-    assert runner.store.claim(row.job_id, runner.leases.owner, runner.leases.until(), 2)
+    assert runner.store.claim(row.job_id, runner.leases.owner, runner.leases.until(), Quota(2))
     runner.store.update_state(row.job_id, "running")
     item = Running(row, job=FakeJob())  # type: ignore[arg-type]
     runner._running[row.job_id] = item

@@ -15,7 +15,7 @@ import pytest
 
 from controller.service.pgstore import MIGRATIONS, PostgresStore
 from controller.service.sqlitestore import SqliteStore
-from controller.service.store import Bundle, JobRow, ReplicaInfo, ServiceStore
+from controller.service.store import Bundle, JobRow, Quota, ReplicaInfo, ServiceStore
 from tests.support.postgres import Cluster
 from tests.support.service import stored
 
@@ -207,11 +207,11 @@ def test_a_claim_is_decided_in_the_database(store: ServiceStore) -> None:
         ]
     ):
         store.insert_job(_row(job_id, repo=repo, n=n))
-    assert store.claim("20260101-000000-aaaa0001", "h one", T + 30, max_running=2)
-    assert not store.claim("20260101-000000-aaaa0001", "h two", T + 30, max_running=2)
-    assert not store.claim("20260101-000000-aaaa0002", "h two", T + 30, max_running=2)  # /r/a
-    assert store.claim("20260101-000000-aaaa0003", "h two", T + 30, max_running=2)
-    assert not store.claim("20260101-000000-aaaa0004", "h two", T + 30, max_running=2)  # limit
+    assert store.claim("20260101-000000-aaaa0001", "h one", T + 30, Quota(2))
+    assert not store.claim("20260101-000000-aaaa0001", "h two", T + 30, Quota(2))
+    assert not store.claim("20260101-000000-aaaa0002", "h two", T + 30, Quota(2))  # /r/a
+    assert store.claim("20260101-000000-aaaa0003", "h two", T + 30, Quota(2))
+    assert not store.claim("20260101-000000-aaaa0004", "h two", T + 30, Quota(2))  # limit
     claimed = store.get_job("20260101-000000-aaaa0001")
     assert claimed is not None
     assert claimed.state == "created"
@@ -225,7 +225,7 @@ def test_a_claim_is_decided_in_the_database(store: ServiceStore) -> None:
     assert store.take_over("20260101-000000-aaaa0001", "h one", "h two")
     assert not store.take_over("20260101-000000-aaaa0001", "h one", "h three")  # one wins
     store.update_state("20260101-000000-aaaa0001", "failed")
-    assert store.claim("20260101-000000-aaaa0002", "h three", T + 30, max_running=2)
+    assert store.claim("20260101-000000-aaaa0002", "h three", T + 30, Quota(2))
     assert [lease.job_id for lease in store.leases()] == [
         "20260101-000000-aaaa0002",
         "20260101-000000-aaaa0003",
@@ -245,7 +245,7 @@ def test_many_replicas_claiming_at_once_run_each_job_once(backend: tuple[str, st
     def race(index: int) -> None:
         for n in range(12):
             job_id = f"20260101-000000-cccc{n:04d}"
-            if writers[index].claim(job_id, f"h w{index}", T + 30, max_running=4):
+            if writers[index].claim(job_id, f"h w{index}", T + 30, Quota(4)):
                 with lock:
                     won.append((index, job_id))
 
@@ -264,7 +264,7 @@ def test_a_lease_taken_over_is_no_longer_renewed_by_its_old_owner(store: Service
     """What fences a replica off a job: once another replica took the job over, the old
     owner's renewal no longer names it."""
     store.insert_job(_row("20260101-000000-dddd0001"))
-    assert store.claim("20260101-000000-dddd0001", "h one", T + 30, max_running=1)
+    assert store.claim("20260101-000000-dddd0001", "h one", T + 30, Quota(1))
     assert store.renew("h one", T + 40) == ["20260101-000000-dddd0001"]
     assert store.take_over("20260101-000000-dddd0001", "h one", "h two")
     assert store.renew("h one", T + 50) == []
@@ -295,3 +295,25 @@ def test_replicas_tell_the_store_their_roots_and_engine(store: ServiceStore) -> 
             "h two", ("/srv/a", "/srv/b"), "tcp://10.0.0.2:2375", engine_ok=True, until=now
         ),
     ]
+
+
+def test_a_claim_holds_the_tenants_containers_and_clones(store: ServiceStore) -> None:
+    """``max_sandboxes`` and ``max_clones`` decided in the database, like the running
+    limit: what running jobs hold is counted whoever claimed them."""
+    ids = [f"20260101-000000-bcbc000{n}" for n in range(6)]
+    for n, job_id in enumerate(ids):
+        store.insert_job(_row(job_id, repo=f"/r/{n}", n=n))
+    two = Quota(9, containers=2, max_containers=3)
+    one = Quota(9, containers=1, max_containers=3)
+    clone = Quota(9, clone=True, max_clones=1)
+    assert store.claim(ids[0], "h one", T + 30, two)
+    assert not store.claim(ids[1], "h two", T + 30, two)  # 2 + 2 > 3
+    assert store.claim(ids[2], "h two", T + 30, one)  # 2 + 1
+    assert store.claim(ids[3], "h one", T + 30, clone)
+    assert not store.claim(ids[4], "h two", T + 30, clone)  # one clone at a time
+    assert not store.claim(ids[5], "h two", T + 30, Quota(9, max_containers=4))  # 2+1+1+1 > 4
+    store.update_state(ids[0], "awaiting_review")
+    assert not store.claim(ids[1], "h two", T + 30, two)  # ids 2 and 3 hold 2: 2 + 2 > 3
+    store.update_state(ids[3], "failed")
+    assert store.claim(ids[1], "h two", T + 30, two)  # 1 + 2
+    assert store.claim(ids[4], "h one", T + 30, clone)
