@@ -196,7 +196,10 @@ class Runner:
             for item in self._running.values():
                 if item.row.job_id in renewed:
                     item.fenced = False  # still this replica's: its end is written
+            strays = renewed - set(self._running)
         self._interrupt([i for i in lost if not i.finishing], LEASE_LOST, fence=True)
+        for job_id in strays:  # its worker ended while fenced: its end was not written
+            interrupt(self.store, job_id)
         self._register()
         taken = self.leases.take_orphans()
         for job_id in taken:
@@ -417,7 +420,7 @@ class Runner:
             state, code, message = "failed", ErrorCode.INTERRUPTED, item.interrupted
         if row.request.bundle:  # the clone's path is the service's, not the tenant's
             message = Scrubber(row.repo).text(message)
-        if item.fenced or not self.holding():
+        if item.fenced:
             return  # another replica's to end
         error = ErrorData(code=str(code), message=message[:1000])
         self.store.append_event(row.job_id, "state", {"state": state, "error": error})

@@ -132,3 +132,18 @@ def test_a_replica_not_renewed_in_time_stops_its_jobs_itself(tmp_path: Path) -> 
     assert item.job.stops == [(LEASE_LOST, "INTERRUPTED")]  # type: ignore[union-attr]
     assert not item.fenced  # renewed again and still its own: its end is written
     runner.shutdown(timeout=1)
+
+
+def test_a_job_whose_end_was_not_written_while_fenced_is_ended_once_renewed(
+    tmp_path: Path,
+) -> None:
+    """A worker that ended while its replica was fenced wrote nothing; once the lease is
+    renewed and still its own, the job's row is ended from the engine's record, never left
+    running."""
+    runner = _runner(tmp_path, Engine(), visible_roots=["/srv"])
+    row = _queue(runner, "20260101-000000-adad0001", "/srv/a")
+    _hold(runner, row)
+    del runner._running[row.job_id]  # its worker is gone; the row still says running
+    runner.beat()
+    assert runner.store.get_job(row.job_id).state == "failed"  # type: ignore[union-attr]
+    runner.shutdown(timeout=1)
