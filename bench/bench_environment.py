@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import shutil
 import statistics
@@ -62,7 +63,7 @@ from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.cache import BaselineCache
 from controller.sandbox.dockerclient import connect
 from controller.sandbox.envbuild import EnvironmentBuilder, EnvironmentImage, SetupEgress
-from controller.sandbox.environment import LABEL_KEY, agent_layer, step_names
+from controller.sandbox.environment import LABEL_KEY, agent_layer, seed_of, step_names
 from controller.sandbox.image import ImageBuilder
 from controller.sandbox.labels import JOB, current_identity, new_job_id
 from controller.sandbox.prepare import start_with_baseline
@@ -199,13 +200,14 @@ def capture_build(spec: EnvironmentSpec, baseline: Baseline) -> Captured:
     if len(seen) != 1:
         msg = "the builder did not call api.build exactly once"
         raise RuntimeError(msg)
-    return Captured(with_agent_layer(seen[0].context), seen[0].kwargs)
+    return Captured(with_agent_layer(seen[0].context, seed_of(spec)), seen[0].kwargs)
 
 
-def with_agent_layer(context: bytes) -> bytes:
-    """The captured context made whole for ``docker build``: the sandbox Dockerfile's agent
-    layer appended to the Dockerfile and the agent's files added (patchbox puts that layer
-    on in one container and one commit after the builder's steps)."""
+def with_agent_layer(context: bytes, seed: str | None) -> bytes:
+    """The captured context made whole for ``docker build``: the seed (after a setup) and
+    the sandbox Dockerfile's agent layer appended to the Dockerfile as their own steps, and
+    the agent's files added (patchbox runs both in one container and one commit after the
+    builder's steps)."""
     folder = sandbox_image_dir()
     out = io.BytesIO()
     with (
@@ -216,6 +218,8 @@ def with_agent_layer(context: bytes) -> bytes:
             data = src.extractfile(member)
             body = data.read() if data is not None else b""
             if member.name == "Dockerfile":
+                if seed is not None:
+                    body += ("RUN " + json.dumps(["/bin/sh", "-c", seed]) + "\n").encode()
                 body += agent_layer().encode()
                 member.size = len(body)
             tar.addfile(member, io.BytesIO(body) if member.isfile() else None)
@@ -350,7 +354,8 @@ def measure_builds(  # noqa: PLR0913, PLR0917 - the bench's one call site reads 
         owned.tags.add(ref_tag)
         captured = capture_build(theirs, baseline)
         samples.dockerfile_steps = dockerfile_steps(captured.context)
-        names = step_names(theirs, as_root=True)  # the default base runs as root
+        python = b'ensure-python.sh"]' in captured.context  # the step, not the file
+        names = step_names(theirs, as_root=True, python=python)  # the default base: root
 
         def ours_side() -> None:
             seconds, built = patchbox_build(client, ours, baseline)  # noqa: B023 - run at once

@@ -130,16 +130,19 @@ def finish(  # noqa: PLR0913 - the build's parts
     layer_text: str,
     mtime: int,
     memory: int,
+    prelude: str | None = None,
 ) -> tuple[str | None, int, str]:
     """Puts the agent layer on ``image_id`` and tags the result ``repository:tag``:
     (the new image's id or None when the ``RUN`` failed, its exit code, its log's tail).
+    ``prelude``: a script run first in the same container (its failure is the step's).
     The container carries the image's labels, so the build's watchdog finds and kills it."""
     layer = parse(layer_text)
     data = archive(layer, sandbox_image_dir(), mtime)
+    script = layer.run if prelude is None else f"(\n{prelude}\n) || exit $?\n{layer.run}"
     container = client.api.create_container(
         image_id,
         entrypoint=["/bin/sh", "-c"],
-        command=[layer.run],
+        command=[script],
         user="0:0",
         network_disabled=True,
         host_config=client.api.create_host_config(mem_limit=memory, memswap_limit=memory),

@@ -37,6 +37,7 @@ from controller.sandbox.egress import (
 )
 from controller.sandbox.environment import (
     ENV_REPO,
+    HAS_PYTHON,
     LABEL_BASE,
     LABEL_KEY,
     LABEL_SPEC,
@@ -50,11 +51,12 @@ from controller.sandbox.environment import (
     find_ca_bundle,
     label_spec,
     read_blobs,
+    seed_of,
     select_inputs,
     step_names,
 )
 from controller.sandbox.image import ImageBuilder, Progress, build_lock, context_digest
-from controller.sandbox.labels import KIND, OWNER, OWNER_VALUE
+from controller.sandbox.labels import KIND, OWNER, OWNER_VALUE, current_identity
 from controller.sandbox.proxyimage import default_proxy_image
 
 PROGRESS_SECONDS = 10.0
@@ -197,9 +199,10 @@ class EnvironmentBuilder:
         }
         user = (self._client.images.get(base_ref).attrs.get("Config") or {}).get("User") or ""
         as_root = user.split(":", 1)[0] in {"", "root", "0"}
-        text = dockerfile(base_ref, spec, labels, ca=ca is not None, as_root=as_root)
+        python = self._needs_python(base_ref)
+        text = dockerfile(base_ref, spec, labels, ca=ca is not None, as_root=as_root, python=python)
         context = build_context(text, list(read_blobs(baseline, files)), ca)
-        steps = step_names(spec, as_root=as_root)
+        steps = step_names(spec, as_root=as_root, python=python)
         self._progress(f"environment: building {tag} from {base_ref} ({len(files)} input files)")
         watchdog = Watchdog(self._client, key, spec.setup_timeout_seconds, cancel)
         run = _BuildRun(steps, self._progress)
@@ -222,7 +225,7 @@ class EnvironmentBuilder:
                     for chunk in stream:
                         run.feed(chunk)
                     if run.error is None and not watchdog.fired:
-                        self._finish(run, tag, memory)
+                        self._finish(run, tag, memory, seed_of(spec))
                 except docker.errors.APIError as exc:
                     run.error = run.error or (exc.explanation or str(exc))
                 except (OSError, ValueError) as exc:  # the connection, closed by a cancel
@@ -262,8 +265,21 @@ class EnvironmentBuilder:
             network=requests,
         )
 
-    def _finish(self, run: _BuildRun, tag: str, memory: int) -> None:
-        """The agent layer on the built steps, in one container and one commit."""
+    def _needs_python(self, base_ref: str) -> bool:
+        """Whether the base lacks python3 >= 3.9 or git (a step then installs them), from
+        one container of the base with no network; any doubt keeps the step. Known per
+        base image id for the process's life."""
+        try:
+            base_id = str(self._client.images.get(base_ref).id)
+        except docker.errors.DockerException:
+            return True
+        if base_id not in _HAS_PYTHON:
+            _HAS_PYTHON[base_id] = _probe(self._client, base_id)
+        return not _HAS_PYTHON[base_id]
+
+    def _finish(self, run: _BuildRun, tag: str, memory: int, seed: str | None) -> None:
+        """The agent layer on the built steps, in one container and one commit (the seed
+        first in the same container)."""
         if run.staged is None:
             run.error = "the builder named no image"
             return
@@ -277,6 +293,7 @@ class EnvironmentBuilder:
             layer_text=agent_layer(),
             mtime=STAGED_MTIME,
             memory=memory,
+            prelude=seed,
         )
         if image is None:
             run.tail = [line for line in log.splitlines() if line.strip()][-80:]
@@ -441,3 +458,32 @@ def _image_id(client: docker.DockerClient, ref: str) -> str | None:
         return client.images.get(ref).id
     except docker.errors.ImageNotFound:
         return None
+
+
+_HAS_PYTHON: dict[str, bool] = {}
+"""Base image id -> whether it has python3 >= 3.9 and git (:data:`HAS_PYTHON`)."""
+
+
+def _probe(client: docker.DockerClient, image_id: str) -> bool:
+    """Runs :data:`HAS_PYTHON` in a container of ``image_id`` (no network, 64 MB, root)."""
+    try:
+        made = client.api.create_container(
+            image_id,
+            entrypoint=["/bin/sh", "-c"],
+            command=[HAS_PYTHON],
+            user="0:0",
+            network_disabled=True,
+            labels=current_identity().labels(image_id[7:19], "environment-probe"),
+            host_config=client.api.create_host_config(mem_limit=64 * 1024 * 1024),
+        )
+    except docker.errors.DockerException:
+        return False
+    cid = str(made["Id"])
+    try:
+        client.api.start(cid)
+        return int(client.api.wait(cid, timeout=60)["StatusCode"]) == 0
+    except Exception:
+        return False
+    finally:
+        with contextlib.suppress(docker.errors.APIError):
+            client.api.remove_container(cid, force=True)

@@ -92,6 +92,14 @@ ok || {{ echo "patchbox: python3 >= 3.9 is needed; the base's package manager di
 provide it" >&2; exit {NO_PYTHON_EXIT}; }}
 """
 
+HAS_PYTHON = """\
+command -v python3 >/dev/null 2>&1 \\
+    && python3 -c 'import sys; sys.exit(0 if sys.version_info >= (3, 9) else 1)' \\
+    && command -v git >/dev/null 2>&1
+"""
+"""Exits 0 when the base has what the agent needs (python3 >= 3.9 and git): the build then
+has no step for it."""
+
 SEED = "/opt/patchbox-seed"
 SEED_SCRIPT = f"""set -eu
 mkdir -p {SEED}
@@ -269,18 +277,20 @@ def label_spec(spec: EnvironmentSpec) -> SpecLabel:
     return cast("SpecLabel", shown)
 
 
-def dockerfile(
+def dockerfile(  # noqa: PLR0913 - the Dockerfile's parts, all but two by keyword
     base_ref: str,
     spec: EnvironmentSpec,
     labels: dict[str, str],
     *,
     ca: bool,
     as_root: bool,
+    python: bool = True,
 ) -> str:
     """The generated Dockerfile (see the module docstring), up to the agent layer
-    (:mod:`controller.sandbox.agentlayer` puts that on in one commit). Few steps: each costs
-    a commit. The labels (the environment's key among them, which the watchdog finds the
-    running step by) come first; setup steps run in /workspace through ``sh`` and ``env``."""
+    (:mod:`controller.sandbox.agentlayer` puts that on in one commit, the seed with it).
+    Few steps: each costs a commit. The labels (the environment's key among them, which the
+    watchdog finds the running step by) come first; python3 for the agent only when the base
+    lacks it (``python``); setup steps run in /workspace through ``sh`` and ``env``."""
     env_args = [f"{name}={CA_PATH}" for name in CA_VARIABLES] if ca else []
     env_args += [f"{k}={v}" for k, v in sorted(spec.env.items())]
     prefix = ["/bin/sh", "-c", 'cd /workspace && exec /usr/bin/env "$@"', "setup", *env_args]
@@ -290,14 +300,17 @@ def dockerfile(
     ]
     if not as_root:
         lines.append("USER root")
-    lines += [
-        "COPY stage/ /",
-        "RUN " + json.dumps([*prefix, "/bin/sh", f"{BUILD_DIR}/ensure-python.sh"]),
-    ]
+    lines.append("COPY stage/ /")
+    if python:
+        lines.append("RUN " + json.dumps([*prefix, "/bin/sh", f"{BUILD_DIR}/ensure-python.sh"]))
     lines += ["RUN " + json.dumps([*prefix, *step]) for step in spec.setup]
-    if spec.setup:
-        lines.append("RUN " + json.dumps(["/bin/sh", "-c", SEED_SCRIPT]))
     return "\n".join(lines) + "\n"
+
+
+def seed_of(spec: EnvironmentSpec) -> str | None:
+    """The seed's script, run in the agent layer's container before its own line (what a
+    setup left in /workspace); None without a setup."""
+    return SEED_SCRIPT if spec.setup else None
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
@@ -336,13 +349,11 @@ def build_context(
     return buf.getvalue()
 
 
-def step_names(spec: EnvironmentSpec, *, as_root: bool) -> dict[int, str]:
+def step_names(spec: EnvironmentSpec, *, as_root: bool, python: bool = True) -> dict[int, str]:
     """Dockerfile step number (1-based, as the builder counts) -> what the user calls it."""
     names = ["base", "labels"] + ([] if as_root else ["user"])
-    names += ["inputs", "python3 for the agent"]
+    names += ["inputs"] + (["python3 for the agent"] if python else [])
     names += [f"setup {i + 1}/{len(spec.setup)}: {_argv_text(s)}" for i, s in enumerate(spec.setup)]
-    if spec.setup:
-        names.append("seed")
     return {i + 1: n for i, n in enumerate(names)}
 
 
