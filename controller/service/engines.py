@@ -118,17 +118,18 @@ def seen_roots(visible: list[str] | None, tenant_roots: Iterable[str]) -> tuple[
     return tuple(sorted({r for r in tenant_roots if Path(r).is_dir()}))
 
 
-def blame_engine(job: Job, engine: EngineWatch) -> None:
+def blame_engine(job: Job, engine: EngineWatch) -> bool:
     """A job that failed while its engine stopped answering (a lost connection, a
     container gone with its engine) ends ``INTERRUPTED`` naming the engine; the error the
-    step saw is kept in its diagnostics (``engine_error``)."""
+    step saw is kept in its diagnostics (``engine_error``). Whether it did."""
     record, error = job.record, job.record.error
     if record.state != "failed" or error is None:
-        return
+        return False
     if error.code in {ErrorCode.INTERRUPTED, ErrorCode.CANCELLED}:
-        return
+        return error.message == engine.lost()
     if not engine.down and engine.ping():
-        return
+        return False
     record.diagnostics["engine_error"] = error.model_dump()
     record.error = ErrorInfo(code=str(ErrorCode.INTERRUPTED), message=engine.lost())
     job.store.save(record)
+    return True

@@ -405,6 +405,8 @@ class Runner:
                     client.close()
             with self._lock:
                 self._running.pop(row.job_id, None)
+                if item.interrupted == self.engine.lost():  # it may have left containers
+                    self._left.add(row.job_id)
             self.dispatch()
 
     def _not_started(self, item: Running, exc: Exception) -> None:
@@ -427,8 +429,8 @@ class Runner:
         self.store.update_state(row.job_id, state)
 
     def _engine_lost_now(self) -> bool:
-        """Whether the engine, answering at the heartbeat's last look, does not now."""
-        return not self.engine.down and not self.engine.ping()
+        """Whether the engine does not answer: known by the heartbeat, or found now."""
+        return self.engine.down or not self.engine.ping()
 
     def _make(
         self,
@@ -477,7 +479,8 @@ class Runner:
             with contextlib.suppress(Exception):
                 self.release(item.row)
             with contextlib.suppress(Exception):
-                blame_engine(job, self.engine)
+                if blame_engine(job, self.engine):
+                    item.interrupted = self.engine.lost()
             item.finishing = True
             feed.sync(job.record, final=True)
 

@@ -8,7 +8,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +52,14 @@ def slow_task(seconds: int) -> dict[str, Any]:
 END = {"awaiting_review", "failed", "cancelled", "no_change", "applied"}
 """The states a service job stays in once its run ended."""
 
-TOKENS = {"alpha": "alpha-token-0123456789", "beta": "beta-token-9876543210"}
+TOKENS = {
+    "alpha": "alpha-token-0123456789",
+    "beta": "beta-token-9876543210",
+    "gamma": "gamma-token-1357924680",
+    "delta": "delta-token-2468013579",
+}
+"""Each tenant's bearer token; :func:`write_config` configures ``alpha`` and ``beta`` unless
+told which (``tenant_names``)."""
 METRICS_TOKEN = "operator-metrics-token-5555"  # noqa: S105 - the tests' operator token
 
 
@@ -69,6 +76,7 @@ def write_config(
     host: str = "",
     tenants: dict[str, str] | None = None,
     postgres: str | None = None,
+    tenant_names: Sequence[str] = ("alpha", "beta"),
 ) -> Path:
     """A host configuration (no spare sandboxes) with tenants ``alpha`` and ``beta``, their
     repository roots ``folder/alpha`` and ``folder/beta``, the operator's metrics token
@@ -76,7 +84,9 @@ def write_config(
     more keys of the ``[service]`` table (``service``) and of each tenant (``tenant``).
     ``host`` is more of the host configuration (TOML before ``[service]``); ``tenants`` more
     of a tenant's table by its name (its keys, then any sub-table). ``postgres``: the
-    store is that PostgreSQL database (its URL) instead of a SQLite file in ``folder``."""
+    store is that PostgreSQL database (its URL) instead of a SQLite file in ``folder``.
+    ``tenant_names``: the tenants, of :data:`TOKENS` (more than ``alpha`` and ``beta``:
+    ``gamma`` and ``delta``, each with its root ``folder/NAME``)."""
     lines = [
         "spare_sandboxes = 0",
         *([f'runtime = "{runtime}"'] if runtime else []),
@@ -93,7 +103,8 @@ def write_config(
     if bundle_max_bytes is not None:
         lines.append(f"bundle_max_bytes = {bundle_max_bytes}")
     lines += [f"{key} = {json.dumps(value)}" for key, value in (service or {}).items()]
-    for name, token in TOKENS.items():
+    for name in tenant_names:
+        token = TOKENS[name]
         root = folder / name
         root.mkdir(parents=True, exist_ok=True)
         lines += [
