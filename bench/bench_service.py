@@ -10,8 +10,14 @@ missing from the tenant's list or not ended ``awaiting_review``) and leaked cont
 container of the batch's jobs left once every job has ended).
 
 With ``--reference N``, N jobs through the same service (one tenant, N workers) against N
-concurrent bare ``docker run --rm --network none IMAGE true``, same run: the cost of a whole
-job in a long-running controller against the daemon's own start and stop of a container.
+of the job's container operations, bare, at once (``bench_concurrency.batch_ops``: N
+``bench/bare_job.py`` processes, each sending one job's Docker API requests with the
+standard library alone) and against N concurrent ``docker run --rm --network none IMAGE
+true``, same round (the service and the bare operations in turn first): the cost of a whole
+job in a long-running controller against the daemon's own work for it. With it, the CPU of
+each side: the daemon's processes (``common.DaemonCpu``), the client's own (the service
+process, or the bare processes: rusage) and the machine's busy seconds; the last lines are
+the medians over the rounds.
 
     python3 bench/bench_service.py [--tenants 4] [--jobs 40] [--workers 4] [--reference 20]
 """
@@ -36,8 +42,18 @@ from pathlib import Path
 import docker
 import httpx
 
-from bench_concurrency import CALLS, TASK, batch_bare, greet_repo
-from common import loadavg, percentile, print_table
+from bench_concurrency import (
+    CALLS,
+    TASK,
+    Side,
+    batch_bare,
+    batch_ops,
+    cpu_cells,
+    greet_repo,
+    median_row,
+    ops_plan,
+)
+from common import DAEMON_GROUPS, loadavg, percentile, print_table, remove_labelled
 from controller.sandbox.dockerclient import connect
 from controller.sandbox.image import ImageBuilder
 from controller.sandbox.labels import JOB
@@ -221,6 +237,43 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms"
 
 
+def reference_round(
+    plan: Path, rnd: int, args: argparse.Namespace
+) -> tuple[list[str], list[list[str]]]:
+    """``args.reference`` jobs through one service against as many bare job operations and
+    bare ``docker run`` (``args.image``, ``args.root``); the wall row and the CPU rows."""
+    n = args.reference
+    ops, service, bare = (Side(args.root, args.run_id) for _ in range(3))
+    ref = Load()
+    for step in ("ops", "service") if rnd % 2 == 0 else ("service", "ops"):
+        if step == "ops":
+            with ops:
+                ops.wall, ops.failures = batch_ops(plan, n)
+        else:
+            with tempfile.TemporaryDirectory(prefix="bench-service-ref-") as tmp, service:
+                ref = batch(Path(tmp), 1, n, n, n)
+            service.wall = ref.wall
+    with bare:
+        bare.wall = batch_bare(args.image, n, label=f"{JOB}={args.run_id}-true")
+    row = [
+        str(rnd + 1),
+        str(n),
+        f"{ops.wall:.1f} s",
+        f"{bare.wall:.1f} s",
+        f"{ref.wall:.1f} s",
+        f"{ref.wall / ops.wall:.2f}x",
+        f"{ref.wall / bare.wall:.2f}x",
+        f"{percentile(ref.jobs, 50):.1f} s" if ref.jobs else "-",
+        f"{percentile(ref.jobs, 99):.1f} s" if ref.jobs else "-",
+        f"{len(ref.lost) + len(ref.refused)} / {ops.failures}",
+    ]
+    cpu = [
+        [str(rnd + 1), what, *cpu_cells(side.daemon, side.client, side.busy)]
+        for what, side in (("ops, bare", ops), ("service", service), ("run true", bare))
+    ]
+    return row, cpu
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--tenants", type=int, default=4)
@@ -228,74 +281,90 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--reference", type=int, default=20, help="0: no reference batch")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--skip-tenants", action="store_true", help="only the reference part")
     args = parser.parse_args()
     client = connect()
-    image = ImageBuilder(client, lambda m: print(m, file=sys.stderr)).ensure().tag
+    info = ImageBuilder(client, lambda m: print(m, file=sys.stderr)).ensure()
+    args.image = info.tag
+    args.root = str(client.info().get("DockerRootDir", "/var/lib/docker"))
+    run_id = args.run_id = f"bench-ops-{os.getpid()}-{int(time.time())}"
     print(f"load before: {loadavg()}")
-    rows, ref_rows = [], []
-    for rnd in range(args.rounds):
-        with tempfile.TemporaryDirectory(prefix="bench-service-") as tmp:
-            per_tenant = max(1, args.workers // args.tenants)
-            load = batch(Path(tmp), args.tenants, args.jobs, args.workers, per_tenant)
-            left = leaked(client, load.accepted)
-            rows.append(
-                [
-                    str(rnd + 1),
-                    f"{args.tenants}x{args.jobs // args.tenants}",
-                    str(args.workers),
-                    ms(percentile(load.submits, 50)),
-                    ms(percentile(load.submits, 99)),
-                    ms(percentile(load.polls, 50)),
-                    ms(percentile(load.polls, 99)),
-                    f"{load.wall:.1f} s",
-                    f"{len(load.statuses) / load.wall * 60:.1f}/min",
-                    f"{percentile(load.jobs, 50):.1f} s" if load.jobs else "-",
-                    f"{percentile(load.jobs, 99):.1f} s" if load.jobs else "-",
-                    str(len(load.lost) + len(load.refused)),
-                    str(len(left)),
-                ]
-            )
-        if args.reference:
-            n = args.reference
-            bare = batch_bare(image, n)
-            with tempfile.TemporaryDirectory(prefix="bench-service-ref-") as tmp:
-                ref = batch(Path(tmp), 1, n, n, n)
-            ref_rows.append(
-                [
-                    str(rnd + 1),
-                    str(n),
-                    f"{bare:.1f} s",
-                    f"{ref.wall:.1f} s",
-                    f"{ref.wall / bare:.2f}x",
-                    f"{percentile(ref.jobs, 50):.1f} s" if ref.jobs else "-",
-                    f"{percentile(ref.jobs, 99):.1f} s" if ref.jobs else "-",
-                    str(len(ref.lost) + len(ref.refused)),
-                ]
-            )
-    print_table(
-        [
-            "round",
-            "tenants x jobs",
-            "workers",
-            "submit p50",
-            "submit p99",
-            "list p50",
-            "list p99",
-            "wall",
-            "throughput",
-            "job p50",
-            "job p99",
-            "lost",
-            "leaked",
-        ],
-        rows,
-    )
-    if ref_rows:
+    rows, ref_rows, cpu_rows = [], [], []
+    with tempfile.TemporaryDirectory(prefix="bench-ops-") as plan_dir:
+        plan = ops_plan(client, info, Path(plan_dir), run_id)
+        try:
+            for rnd in range(args.rounds):
+                if not args.skip_tenants:
+                    rows.append(tenants_round(client, rnd, args))
+                if args.reference:
+                    row, cpu = reference_round(plan, rnd, args)
+                    ref_rows.append(row)
+                    cpu_rows += cpu
+        finally:
+            remove_labelled(client, f"{JOB}={run_id}")
+    if rows:
         print_table(
-            ["round", "jobs", "bare runs", "service", "ratio", "job p50", "job p99", "lost"],
-            ref_rows,
+            [
+                "round",
+                "tenants x jobs",
+                "workers",
+                "submit p50",
+                "submit p99",
+                "list p50",
+                "list p99",
+                "wall",
+                "throughput",
+                "job p50",
+                "job p99",
+                "lost",
+                "leaked",
+            ],
+            rows,
+        )
+    if ref_rows:
+        ref_rows.append([*median_row([r[:9] for r in ref_rows], ["median", ref_rows[0][1]]), "-"])
+        header = ["round", "jobs", "ops, bare", "run true", "service", "ratio ops"]
+        print_table([*header, "ratio true", "job p50", "job p99", "lost / ops failures"], ref_rows)
+        for what in ("ops, bare", "service", "run true"):
+            mine = [r for r in cpu_rows if r[1] == what]
+            cpu_rows.append(median_row(mine, ["median", what]))
+        print("CPU seconds over each batch")
+        print_table(
+            [
+                "round",
+                "side",
+                *DAEMON_GROUPS,
+                "daemon side",
+                "client",
+                "machine busy",
+                "others' containers",
+            ],
+            cpu_rows,
         )
     print(f"load after: {loadavg()}")
+
+
+def tenants_round(client: docker.DockerClient, rnd: int, args: argparse.Namespace) -> list[str]:
+    """The tenants' batch of one round; its row."""
+    with tempfile.TemporaryDirectory(prefix="bench-service-") as tmp:
+        per_tenant = max(1, args.workers // args.tenants)
+        load = batch(Path(tmp), args.tenants, args.jobs, args.workers, per_tenant)
+        left = leaked(client, load.accepted)
+    return [
+        str(rnd + 1),
+        f"{args.tenants}x{args.jobs // args.tenants}",
+        str(args.workers),
+        ms(percentile(load.submits, 50)),
+        ms(percentile(load.submits, 99)),
+        ms(percentile(load.polls, 50)),
+        ms(percentile(load.polls, 99)),
+        f"{load.wall:.1f} s",
+        f"{len(load.statuses) / load.wall * 60:.1f}/min",
+        f"{percentile(load.jobs, 50):.1f} s" if load.jobs else "-",
+        f"{percentile(load.jobs, 99):.1f} s" if load.jobs else "-",
+        str(len(load.lost) + len(load.refused)),
+        str(len(left)),
+    ]
 
 
 if __name__ == "__main__":

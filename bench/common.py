@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import math
+import os
 import tarfile
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
 SAMPLE_PATH = "bench/sample.txt"
 """The file the per-call benchmarks read."""
@@ -124,3 +127,170 @@ def remove_labelled(client: Any, label: str) -> None:
     for container in client.containers.list(all=True, filters={"label": label}):
         with contextlib.suppress(Exception):
             container.remove(force=True, v=True)
+
+
+DAEMON_GROUPS = ("dockerd+containerd", "shims", "fuse-overlayfs")
+"""What :class:`DaemonCpu` counts, by group."""
+
+
+def _proc_stat(pid: str) -> tuple[str, int, int, int] | None:
+    """(name, parent pid, start time, utime + stime + cutime + cstime in ticks) of a process."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    name = text[text.find("(") + 1 : text.rfind(")")]
+    fields = text[text.rfind(")") + 2 :].split()
+    return name, int(fields[1]), int(fields[19]), sum(int(v) for v in fields[11:15])
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+class DaemonCpu:
+    """CPU seconds the daemon's side of the machine spent while it runs (a context manager).
+
+    A thread reads ``/proc/PID/stat`` of every process every ``interval`` seconds; each
+    process is counted from its first sample (or from zero when it started after the first
+    scan) to its last, in three groups: ``dockerd+containerd`` (the daemon at ``root`` and
+    its containerd, the child of that dockerd), ``shims`` (each ``containerd-shim*`` of that
+    containerd, told by its ``-address``; a shim is the parent of ``runc`` and of the
+    container's processes and execs, so their CPU comes into its ``cutime`` as it reaps
+    them: the shims' group is runc plus what ran in the containers) and ``fuse-overlayfs``
+    (the storage driver's mount of each container under ``root``). Each is
+    utime + stime + cutime + cstime. Other daemons on the machine (their own socket, root
+    and containerd) are not counted; a process seen only after it exited (a zombie, no
+    command line) is not counted either.
+
+    With ``mine`` (a test of a container's labels), a shim counts only when its container
+    (its ``-id``, labels read from the daemon's ``containers/ID/config.v2.json``, no API
+    request) passes, and a fuse-overlayfs only when it mounts such a container's layer
+    (``image/*/layerdb/mounts/ID/mount-id``); the other containers' shims and mounts (other
+    work on the same daemon) go to :attr:`others`. dockerd and containerd serve every
+    client of the daemon and cannot be split: under other work on the same daemon their
+    figure includes it.
+    """
+
+    def __init__(
+        self,
+        root: str = "/var/lib/docker",
+        interval: float = 0.1,
+        mine: Callable[[dict[str, str]], bool] | None = None,
+    ) -> None:
+        self._root = root.rstrip("/") + "/"
+        self._mine = mine
+        self._mounts: set[str] = set()
+        self._fuse: dict[tuple[str, int], str] = {}
+        self.others = 0.0
+        self._interval = interval
+        self._tick = os.sysconf("SC_CLK_TCK")
+        self._first: dict[tuple[str, int], int] = {}
+        self._last: dict[tuple[str, int], int] = {}
+        self._group: dict[tuple[str, int], str | None] = {}
+        self._dockerd: set[str] = set()
+        self._address = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._started = False
+        self.seconds: dict[str, float] = dict.fromkeys(DAEMON_GROUPS, 0.0)
+
+    def _daemon(self, pid: str, name: str, ppid: int) -> str | None:
+        """dockerd at ``root``, or containerd, its child (whose address the shims name)."""
+        line = _cmdline(pid)
+        if name == "dockerd":
+            root = line.split("--data-root", 1)[-1].lstrip(" =").split(" ", 1)[0]
+            if "--data-root" not in line:
+                root = "/var/lib/docker"
+            own = root.rstrip("/") + "/" == self._root
+            if own:
+                self._dockerd.add(pid)
+            return "dockerd+containerd" if own else None
+        if str(ppid) in self._dockerd:
+            config = line.split("--config ", 1)[-1].split(" ", 1)[0]
+            self._address = config.rsplit("/", 1)[0] + "/"
+            return "dockerd+containerd"
+        return None
+
+    def _ours(self, cid: str) -> bool:
+        """Whether container ``cid`` passes ``mine``; if so, its layer's mount id is noted."""
+        if self._mine is None:
+            return True
+        try:
+            config = json.loads(Path(f"{self._root}containers/{cid}/config.v2.json").read_text())
+        except (OSError, ValueError):
+            return False
+        if not self._mine(dict(config.get("Config", {}).get("Labels") or {})):
+            return False
+        for found in Path(f"{self._root}image").glob(f"*/layerdb/mounts/{cid}/mount-id"):
+            with contextlib.suppress(OSError):
+                self._mounts.add(found.read_text().strip())
+        return True
+
+    def _classify(self, pid: str, name: str, ppid: int) -> str | None:
+        if name in {"dockerd", "containerd"}:
+            return self._daemon(pid, name, ppid)
+        if name.startswith("containerd-shim"):
+            line = _cmdline(pid)
+            if not self._address or f"-address {self._address}" not in line:
+                return None
+            return "shims" if self._ours(line.split("-id ", 1)[-1].split(" ", 1)[0]) else "others"
+        if name == "fuse-overlayfs":
+            line = _cmdline(pid)
+            return "fuse?" if self._root in line else None
+        return None
+
+    def scan(self) -> None:
+        pids = sorted((p.name for p in Path("/proc").iterdir() if p.name.isdigit()), key=int)
+        for pid in pids:
+            stat = _proc_stat(pid)
+            if stat is None:
+                continue
+            name, ppid, start, ticks = stat
+            if not (
+                name in {"dockerd", "containerd", "fuse-overlayfs"}
+                or name.startswith("containerd-shim")
+            ):
+                continue
+            key = (pid, start)
+            if key not in self._group:
+                self._group[key] = self._classify(pid, name, ppid)
+                if self._group[key] == "fuse?":
+                    self._fuse[key] = _cmdline(pid)
+                self._first[key] = ticks if not self._started else 0
+            self._last[key] = ticks
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.scan()
+
+    def __enter__(self) -> DaemonCpu:
+        self.scan()
+        self._started = True
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.scan()
+        for key, seen in self._group.items():
+            if seen is None:
+                continue
+            seconds = (self._last[key] - self._first[key]) / self._tick
+            group = seen
+            if group == "fuse?":
+                line = self._fuse.get(key, "")
+                ours = self._mine is None or any(m in line for m in self._mounts)
+                group = "fuse-overlayfs" if ours else "others"
+            if group == "others":
+                self.others += seconds
+            else:
+                self.seconds[group] += seconds
+
+    @property
+    def total(self) -> float:
+        return sum(self.seconds.values())
