@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from controller.errors import ErrorCode
 from controller.identity import ControllerIdentity, controller_alive
 from controller.jobs.records import ACTIVE
-from controller.jobs.store import JobStore, end_interrupted
-from controller.service.store import RUNNING_STATES, Lease, ServiceStore
+from controller.jobs.store import INTERRUPTED_MESSAGE, JobStore, end_interrupted
+from controller.service.store import ErrorData, Lease, ServiceStore, StateData
 
 
 def owner_of(identity: ControllerIdentity) -> str:
@@ -65,17 +65,21 @@ def gone(lease: Lease, now: float) -> bool:
 
 def interrupt(store: ServiceStore, job_id: str) -> str:
     """Ends a job taken over from a replica that is gone: the engine's record, if still
-    active, ``failed`` with ``INTERRUPTED``; the service's state follows the record (an
-    apply or a job that ended before its replica went keeps its end). Returns the state."""
+    active (or never written), ``failed`` with ``INTERRUPTED``; else the service's state
+    follows the record (an apply, or a job that ended before its replica went, keeps its
+    end). Returns the state."""
     records = JobStore()
-    state = "failed"
+    state, cut = "failed", True
     with contextlib.suppress(Exception):
         record = records.load(job_id)
-        if record.state in ACTIVE:
+        cut = record.state in ACTIVE
+        if cut:
             record = end_interrupted(records, record)
         state = record.state
-    if state in RUNNING_STATES:
-        state = "failed"
-    store.append_event(job_id, "state", {"state": state, "reason": str(ErrorCode.INTERRUPTED)})
+    event: StateData = {"state": state}
+    if cut:
+        event["reason"] = str(ErrorCode.INTERRUPTED)
+        event["error"] = ErrorData(code=str(ErrorCode.INTERRUPTED), message=INTERRUPTED_MESSAGE)
+    store.append_event(job_id, "state", event)
     store.update_state(job_id, state)
     return state

@@ -180,8 +180,23 @@ class Runner:
         or all of them when no renewal came in time, is stopped and no longer written: the
         replica is fenced off it), the replica's roots and engine told to the store, the
         jobs of replicas that are gone taken over, the queue looked at."""
-        if not self.holding():
-            self._interrupt([i for i in self._items() if not i.finishing], LEASE_LOST, fence=True)
+        try:
+            with self._lock:
+                renewed = set(self.leases.renew())
+                self._renewed = time.monotonic()
+                lost = [i for i in self._running.values() if i.row.job_id not in renewed]
+                for item in self._running.values():
+                    if item.row.job_id in renewed:
+                        item.fenced = False  # still this replica's: its end is written
+                strays = renewed - set(self._running)
+        except Exception:  # the database does not answer: past the share, stop the jobs
+            if not self.holding():
+                items = [i for i in self._items() if not i.finishing]
+                self._interrupt(items, LEASE_LOST, fence=True)
+            raise
+        self._interrupt([i for i in lost if not i.finishing], LEASE_LOST, fence=True)
+        for job_id in strays:  # its worker ended while fenced: its end was not written
+            interrupt(self.store, job_id)
         change = self.engine.look()
         if change == "lost":
             items = self._items()
@@ -189,17 +204,6 @@ class Runner:
             self._interrupt(items, self.engine.lost())
         elif change == "back":  # what the interrupted jobs left on it
             self._remove_left()
-        with self._lock:
-            renewed = set(self.leases.renew())
-            self._renewed = time.monotonic()
-            lost = [i for i in self._running.values() if i.row.job_id not in renewed]
-            for item in self._running.values():
-                if item.row.job_id in renewed:
-                    item.fenced = False  # still this replica's: its end is written
-            strays = renewed - set(self._running)
-        self._interrupt([i for i in lost if not i.finishing], LEASE_LOST, fence=True)
-        for job_id in strays:  # its worker ended while fenced: its end was not written
-            interrupt(self.store, job_id)
         self._register()
         taken = self.leases.take_orphans()
         for job_id in taken:
@@ -219,7 +223,8 @@ class Runner:
         self._left -= ended
 
     def holding(self) -> bool:
-        """Whether this replica's leases were renewed recently enough to act on its jobs."""
+        """Whether this replica's leases were renewed recently enough to act on its jobs
+        (asked when a renewal fails)."""
         return time.monotonic() - self._renewed < self.leases.seconds * HOLD_SHARE
 
     def _items(self) -> list[Running]:
@@ -368,7 +373,7 @@ class Runner:
 
     def _work(self, item: Running) -> None:
         row = item.row
-        feed = EventFeed(self.store, row.job_id, lambda: not item.fenced and self.holding())
+        feed = EventFeed(self.store, row.job_id, lambda: not item.fenced)
         client: docker.DockerClient | None = None
         provider: Provider | None = None
         try:

@@ -238,3 +238,73 @@ def test_a_second_engine_stopped_under_load_interrupts_only_its_running_jobs(
     _assert_each_ran_once_within_the_limits(dsn, tenant_of, history, cut)
     assert still == set()  # no job's container is left on the second engine
     assert [j for j in views if containers_of(docker_client, j)] == []
+
+
+def test_a_replica_killed_under_load_loses_only_its_running_jobs_and_leaves_nothing(
+    docker_client: docker.DockerClient,
+    second_engine: Dockerd,
+    tmp_path: Path,
+    postgres_cluster: Cluster,
+) -> None:
+    """SIGKILL of the second engine's replica mid-load: the first replica takes its running
+    jobs over (``INTERRUPTED``) and runs the rest once each, within the tenants' limits;
+    what the killed replica left on its engine goes when a replica starts there again."""
+    dsn = postgres_cluster.database()
+    config = write_config(
+        tmp_path,
+        postgres=dsn,
+        workers=4,
+        max_queued_jobs=30,
+        tenant_names=TENANTS,
+        service={"lease_seconds": 3},
+    )
+    env = {"DOCKER_HOST": second_engine.host}
+    tenant_of: dict[str, str] = {}
+    second = start_replica(config, tmp_path / "second.log", env=env)
+    first: Replica | None = None
+    third: Replica | None = None
+    try:
+        slow = _submit_slow(second, tmp_path, tenant_of)
+        _until(
+            "the slow jobs to run", lambda: all(_rows(dsn)[j][0] == "running" for j in slow), 240
+        )
+        first = start_replica(config, tmp_path / "first.log")
+        fast = _submit([first, second], tmp_path, tenant_of, calls=CALLS)
+        mine = _replicas(dsn)[second_engine.host][0]
+
+        def busy_second() -> list[str]:
+            rows = _rows(dsn)
+            ended = sum(1 for j in fast if rows[j][0] in END)
+            held = [
+                j
+                for j, (state, owner) in rows.items()
+                if owner == mine and state not in END and state != "queued"
+            ]
+            return held if ended >= 8 and set(held) - set(slow) else []
+
+        _until("the second replica to run fast jobs mid-load", busy_second, 600)
+        killed_at = time.time()
+        second.kill()
+        views = _ended(first, tenant_of, timeout=1200)
+        third = start_replica(config, tmp_path / "third.log", env=env)  # settles its engine
+        still = _left_on(second_engine, set(views), timeout=90)
+    finally:
+        for replica in (first, third):
+            if replica is not None:
+                replica.stop()
+        if second.proc.poll() is None:
+            second.kill()
+    store = JobStore()
+    history: dict[str, dict[str, float]] = {}
+    for j in views:
+        with contextlib.suppress(Exception):  # a job claimed but not started when killed
+            history[j] = dict(store.load(j).history)
+    cut = {j for j, v in views.items() if v["status"] == "failed"}  # what the kill cut short
+    assert set(slow) <= cut
+    assert {j: views[j]["error"]["code"] for j in cut} == dict.fromkeys(cut, "INTERRUPTED")
+    assert all(history.get(j, {}).get("created", 0) < killed_at for j in cut)
+    others = {j: v["status"] for j, v in views.items() if j not in cut}
+    assert set(others.values()) == {"awaiting_review"}, others
+    _assert_each_ran_once_within_the_limits(dsn, tenant_of, history, cut)
+    assert still == set()  # what the killed replica left on its engine is gone
+    assert [j for j in views if containers_of(docker_client, j)] == []

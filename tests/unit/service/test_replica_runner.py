@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from controller.errors import ErrorCode
 from controller.service.config import load_service_config
 from controller.service.engines import can_see, seen_roots
@@ -108,7 +110,7 @@ def test_a_replica_whose_lease_was_taken_over_is_fenced_off_its_job(tmp_path: Pa
     runner = _runner(tmp_path, Engine(), visible_roots=["/srv"])
     row = _queue(runner, "20260101-000000-abab0001", "/srv/a")
     item = _hold(runner, row)
-    feed = EventFeed(runner.store, row.job_id, lambda: not item.fenced and runner.holding())
+    feed = EventFeed(runner.store, row.job_id, lambda: not item.fenced)
     assert runner.store.take_over(row.job_id, runner.leases.owner, "elsewhere 1")
     runner.store.update_state(row.job_id, "failed")  # the other replica ended it
     before = runner.store.events_after(row.job_id, 0)
@@ -123,13 +125,28 @@ def test_a_replica_whose_lease_was_taken_over_is_fenced_off_its_job(tmp_path: Pa
 
 
 def test_a_replica_not_renewed_in_time_stops_its_jobs_itself(tmp_path: Path) -> None:
+    """The database does not answer the renewal: within the share of the lease nothing is
+    stopped; past it every job is stopped and fenced; once a renewal says the job is still
+    the replica's, its end is written again."""
     runner = _runner(tmp_path, Engine(), visible_roots=["/srv"], lease_seconds=3)
     item = _hold(runner, _queue(runner, "20260101-000000-acac0001", "/srv/a"))
-    assert runner.holding()
+    renew = runner.leases.renew
+
+    def unreachable() -> list[str]:
+        raise OSError("the database does not answer")
+
+    runner.leases.renew = unreachable  # type: ignore[method-assign]
+    with pytest.raises(OSError):
+        runner.beat()
+    assert item.job.stops == []  # type: ignore[union-attr]
     runner._renewed -= 3  # no renewal for a whole lease: another replica may own the job
     assert not runner.holding()
-    runner.beat()
+    with pytest.raises(OSError):
+        runner.beat()
     assert item.job.stops == [(LEASE_LOST, "INTERRUPTED")]  # type: ignore[union-attr]
+    assert item.fenced
+    runner.leases.renew = renew  # type: ignore[method-assign]
+    runner.beat()
     assert not item.fenced  # renewed again and still its own: its end is written
     runner.shutdown(timeout=1)
 
