@@ -20,6 +20,7 @@ import pytest
 
 from controller.cli.parser import build_parser
 from controller.errors import UsageError
+from controller.jobs.store import INTERRUPTED_MESSAGE
 from controller.paths import patchbox_home
 from controller.providers.config import ENV_NAMES
 from controller.service.app import ROUTES
@@ -426,7 +427,11 @@ def test_a_restart_marks_running_jobs_interrupted_and_keeps_the_queue(tmp_path: 
         jobs = {j["job_id"]: j["status"] for j in alpha.get("/v1/jobs").json()["jobs"]}
         assert jobs == {"20260101-000000-dead0001": "failed", "20260101-000000-wait0001": "queued"}
         (event,) = events(alpha, "20260101-000000-dead0001")
-        assert event["data"] == {"state": "failed", "reason": "INTERRUPTED"}
+        assert event["data"] == {
+            "state": "failed",
+            "reason": "INTERRUPTED",
+            "error": {"code": "INTERRUPTED", "message": INTERRUPTED_MESSAGE},
+        }
 
 
 def test_the_service_table_is_validated(tmp_path: Path) -> None:
