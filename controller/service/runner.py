@@ -202,7 +202,7 @@ class Runner:
             items = self._items()
             self._left.update(i.row.job_id for i in items)
             self._interrupt(items, self.engine.lost())
-        elif change == "back":  # what the interrupted jobs left on it
+        elif self._left and not self.engine.down:  # what the interrupted jobs left on it
             self._remove_left()
         self._register()
         taken = self.leases.take_orphans()

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from controller.errors import ErrorCode
+from controller.identity import JOB
 from controller.service.config import load_service_config
 from controller.service.engines import can_see, seen_roots
 from controller.service.feed import EventFeed
@@ -163,4 +164,57 @@ def test_a_job_whose_end_was_not_written_while_fenced_is_ended_once_renewed(
     del runner._running[row.job_id]  # its worker is gone; the row still says running
     runner.beat()
     assert runner.store.get_job(row.job_id).state == "failed"  # type: ignore[union-attr]
+    runner.shutdown(timeout=1)
+
+
+class Daemon:
+    """What removing a job's leftovers asks of the engine's client: a listing and removals;
+    the first connection fails (the engine is not back for long)."""
+
+    def __init__(self, labels: list[dict[str, str]]) -> None:
+        self.found = [
+            SimpleNamespace(id=f"c{n}" * 8, attrs={"Labels": x}) for n, x in enumerate(labels)
+        ]
+        self.removed: list[str] = []
+        self.tries = 0
+        self.containers = SimpleNamespace(list=lambda **_: list(self.found))
+        self.api = SimpleNamespace(remove_container=lambda cid, **_: self.removed.append(cid))
+
+    def connect(self) -> Daemon:
+        self.tries += 1
+        if self.tries == 1:
+            raise OSError("connection refused")
+        return self
+
+    def close(self) -> None:
+        return None
+
+
+def test_what_the_engines_lost_jobs_left_is_removed_once_it_answers_again(
+    tmp_path: Path,
+) -> None:
+    engine = Engine()
+    path = write_config(tmp_path, workers=0, service={"visible_roots": ["/srv"]})
+    host, config = load_service_config(path)
+    daemon = Daemon([{JOB: "20260101-000000-aeae0001"}, {JOB: "20260101-000000-other001"}])
+    runner = Runner(
+        SqliteStore(tmp_path / "replica.db"),
+        host,
+        config,
+        connect=daemon.connect,  # type: ignore[arg-type]
+        ping=engine,
+    )
+    row = _queue(runner, "20260101-000000-aeae0001", "/srv/a")
+    _hold(runner, row)
+    engine.up = False
+    runner.beat()
+    del runner._running[row.job_id]  # its worker ended, INTERRUPTED
+    engine.up = True
+    with pytest.raises(OSError):
+        runner.beat()  # the engine answers the ping, not yet the listing: tried again
+    assert daemon.removed == []
+    runner.beat()
+    assert daemon.removed == [daemon.found[0].id]  # only the lost job's container
+    runner.beat()
+    assert daemon.tries == 2  # nothing left to remove: no more connections
     runner.shutdown(timeout=1)
