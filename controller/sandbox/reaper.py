@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -192,16 +193,21 @@ def reap(
     return report
 
 
-def remove_jobs(client: docker.DockerClient, job_ids: set[str]) -> list[str]:
-    """Removes the labelled containers of ``job_ids`` (jobs that ended while their engine did
-    not answer, whose controller still runs); returns their short ids."""
+def remove_own(client: docker.DockerClient, token: str, keep: Callable[[], set[str]]) -> list[str]:
+    """Removes the labelled containers of the controller ``token`` (a running process's)
+    but its spares and those of the jobs ``keep`` names, asked once the containers are
+    listed (a job started after the listing has none in it): what its jobs left while
+    the daemon did not answer them. Returns their short ids."""
     removed: list[str] = []
-    if not job_ids:
-        return removed
-    found = client.containers.list(all=True, filters={"label": OWNER_FILTER}, sparse=True)
+    found = client.containers.list(
+        all=True, filters={"label": [OWNER_FILTER, f"{CONTROLLER}={token}"]}, sparse=True
+    )
+    kept = keep()
     for container in found:
-        cid = container.id or ""
-        if labels_of(container).get(JOB) not in job_ids:
+        cid, labels = container.id or "", labels_of(container)
+        if labels.get(CONTROLLER) != token or labels.get(KIND) == "spare":
+            continue
+        if labels.get(JOB) in kept:
             continue
         with contextlib.suppress(docker.errors.NotFound):
             client.api.remove_container(cid, force=True, v=True)

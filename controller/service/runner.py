@@ -30,7 +30,7 @@ from controller.identity import current_identity
 from controller.jobs.periodic import periodically
 from controller.jobs.store import JobStore
 from controller.logs import Scrubber
-from controller.sandbox.reaper import remove_jobs
+from controller.sandbox.reaper import remove_own
 from controller.service.bundles import checkout, remove_clone, sweep
 from controller.service.engines import (
     ENGINE_CODES,
@@ -137,9 +137,9 @@ class Runner:
             ping = ping_engine if connect is None else answers(self._connect)
         self.engine = EngineWatch(engine_name(), ping)
         self._renewed = time.monotonic()
-        self._left: set[str] = set()
-        """The jobs that ran when the engine stopped answering: their containers are removed
-        once it answers again."""
+        self._dirty = False
+        """The engine stopped answering under this process's jobs: once it answers again,
+        what they left on it is removed."""
         self._beat_stop = threading.Event()
         self._beat = threading.Thread(target=self._heartbeat, name="patchbox-lease", daemon=True)
 
@@ -199,10 +199,9 @@ class Runner:
             interrupt(self.store, job_id)
         change = self.engine.look()
         if change == "lost":
-            items = self._items()
-            self._left.update(i.row.job_id for i in items)
-            self._interrupt(items, self.engine.lost())
-        elif self._left and not self.engine.down:  # what the interrupted jobs left on it
+            self._dirty = True
+            self._interrupt(self._items(), self.engine.lost())
+        elif self._dirty and not self.engine.down:  # what the lost jobs left on it
             self._remove_left()
         self._register()
         taken = self.leases.take_orphans()
@@ -213,14 +212,18 @@ class Runner:
         self.dispatch()
 
     def _remove_left(self) -> None:
-        with self._lock:
-            ended = self._left - set(self._running)
+        """Removes this process's containers of no running job (each job removes its own
+        as it ends: any found were left while the engine did not answer); spares stay."""
         client = self._connect()
         try:
-            remove_jobs(client, ended)
+            remove_own(client, current_identity().token, keep=self._running_ids)
         finally:
             client.close()
-        self._left -= ended
+        self._dirty = False
+
+    def _running_ids(self) -> set[str]:
+        with self._lock:
+            return set(self._running)
 
     def holding(self) -> bool:
         """Whether this replica's leases were renewed recently enough to act on its jobs
@@ -411,7 +414,7 @@ class Runner:
             with self._lock:
                 self._running.pop(row.job_id, None)
                 if item.interrupted == self.engine.lost():  # it may have left containers
-                    self._left.add(row.job_id)
+                    self._dirty = True
             self.dispatch()
 
     def _not_started(self, item: Running, exc: Exception) -> None:

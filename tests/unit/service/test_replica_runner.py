@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from controller.errors import ErrorCode
-from controller.identity import JOB
+from controller.identity import CONTROLLER, current_identity
 from controller.service.config import load_service_config
 from controller.service.engines import can_see, seen_roots
 from controller.service.feed import EventFeed
@@ -193,10 +193,18 @@ class Daemon:
 def test_what_the_engines_lost_jobs_left_is_removed_once_it_answers_again(
     tmp_path: Path,
 ) -> None:
+    """This process's containers of no running job go (a lost job's, one that ended while
+    the engine was away); its spares, a running job's and another process's stay."""
     engine = Engine()
     path = write_config(tmp_path, workers=0, service={"visible_roots": ["/srv"]})
     host, config = load_service_config(path)
-    daemon = Daemon([{JOB: "20260101-000000-aeae0001"}, {JOB: "20260101-000000-other001"}])
+    me = current_identity()
+    lost = me.labels("20260101-000000-aeae0001", "sandbox")
+    ended = me.labels("20260101-000000-aeae0002", "sandbox")
+    running = me.labels("20260101-000000-aeae0003", "sandbox")
+    spare = me.labels("20260101-000000-aeae0004", "spare")
+    other = {**lost, CONTROLLER: "elsewhere"}
+    daemon = Daemon([lost, ended, running, spare, other])
     runner = Runner(
         SqliteStore(tmp_path / "replica.db"),
         host,
@@ -206,6 +214,7 @@ def test_what_the_engines_lost_jobs_left_is_removed_once_it_answers_again(
     )
     row = _queue(runner, "20260101-000000-aeae0001", "/srv/a")
     _hold(runner, row)
+    _hold(runner, _queue(runner, "20260101-000000-aeae0003", "/srv/c"))
     engine.up = False
     runner.beat()
     del runner._running[row.job_id]  # its worker ended, INTERRUPTED
@@ -214,7 +223,7 @@ def test_what_the_engines_lost_jobs_left_is_removed_once_it_answers_again(
         runner.beat()  # the engine answers the ping, not yet the listing: tried again
     assert daemon.removed == []
     runner.beat()
-    assert daemon.removed == [daemon.found[0].id]  # only the lost job's container
+    assert daemon.removed == [daemon.found[0].id, daemon.found[1].id]
     runner.beat()
     assert daemon.tries == 2  # nothing left to remove: no more connections
     runner.shutdown(timeout=1)
