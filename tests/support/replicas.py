@@ -131,3 +131,13 @@ class EngineGate:
 
     def close(self) -> None:
         self.cut()
+
+
+def max_overlap(spans: list[tuple[float, float]]) -> int:
+    """The most of ``spans`` (start, end) running at one moment."""
+    edges = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most

@@ -20,7 +20,7 @@ import pytest
 from controller.jobs.store import JobStore
 from tests.support.jobs import containers_of, make_repo
 from tests.support.postgres import Cluster
-from tests.support.replicas import EngineGate, Replica, start_replica
+from tests.support.replicas import EngineGate, Replica, max_overlap, start_replica
 from tests.support.service import CALLS, END, SLOW_CALLS, slow_task, write_config
 from tests.support.service_http import submit
 
@@ -38,15 +38,6 @@ def _wait(
                 return view
             assert time.monotonic() < deadline, view
             time.sleep(0.2)
-
-
-def _max_overlap(spans: list[tuple[float, float]]) -> int:
-    edges = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
-    most = now = 0
-    for _, step in edges:
-        now += step
-        most = max(most, now)
-    return most
 
 
 def test_two_replicas_run_one_queue_each_job_once_within_the_tenants_limit(
@@ -87,7 +78,7 @@ def test_two_replicas_run_one_queue_each_job_once_within_the_tenants_limit(
             if owner == tenant:
                 history = dict(store.load(job_id).history)
                 spans.append((history["preparing"], history["awaiting_review"]))
-        assert _max_overlap(spans) <= 2  # the tenant's max_concurrent_jobs, across replicas
+        assert max_overlap(spans) <= 2  # the tenant's max_concurrent_jobs, across replicas
 
 
 def test_a_killed_replicas_jobs_end_interrupted_and_its_queue_runs_on_the_other(

@@ -26,7 +26,7 @@ from controller.service.engines import engine_lost, engine_name
 from tests.support.dockerd import Dockerd, missing, start_dockerd
 from tests.support.jobs import containers_of, make_repo
 from tests.support.postgres import Cluster
-from tests.support.replicas import Replica, start_replica
+from tests.support.replicas import Replica, max_overlap, start_replica
 from tests.support.service import CALLS, END, LIMITS, SLOW_CALLS, slow_task, write_config
 from tests.support.service_http import submit
 
@@ -78,15 +78,6 @@ def _until(what: str, ready: Any, timeout: float, pause: float = 0.5) -> Any:
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(pause)
     return found
-
-
-def _max_overlap(spans: list[tuple[float, float]]) -> int:
-    edges = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
-    most = now = 0
-    for _, step in edges:
-        now += step
-        most = max(most, now)
-    return most
 
 
 def _submit(
@@ -151,7 +142,7 @@ def _assert_each_ran_once_within_the_limits(
             for j, h in history.items()
             if tenant_of[j] == tenant and "preparing" in h
         ]
-        assert _max_overlap(spans) <= LIMIT, tenant  # across the replicas
+        assert max_overlap(spans) <= LIMIT, tenant  # across the replicas
 
 
 def _left_on(engine: Dockerd, jobs: set[str], timeout: float) -> set[str]:
