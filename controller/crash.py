@@ -17,7 +17,8 @@ from collections.abc import Iterable
 from importlib import metadata
 from pathlib import Path
 
-from controller.errors import InternalError
+from controller.errormap import map_error, mapped_class
+from controller.errors import InternalError, PatchboxError
 from controller.logs import Scrubber
 from controller.paths import patchbox_home
 
@@ -92,3 +93,15 @@ def internal_error(
     error = InternalError(internal_message(exc, report), report=report)
     error.__cause__ = exc
     return error
+
+
+def failure_of(
+    exc: BaseException, *, context: str, repo: str = "", secrets: Iterable[str] = ()
+) -> PatchboxError:
+    """What an exception that nothing below expected becomes: a docker-py or transport
+    error that was not translated where it was raised is still the Docker engine's failure
+    (``SANDBOX_FAILED`` for an engine that went away under the job, no report); anything
+    else is an :func:`internal_error`, its report written."""
+    if not isinstance(exc, PatchboxError) and mapped_class(exc) is not None:
+        return map_error(exc, context)
+    return internal_error(exc, context=context, repo=repo, secrets=secrets)

@@ -24,13 +24,9 @@ from controller.changes.changeset import ChangeSet
 from controller.changes.collect import Collected, collect
 from controller.config.checks import job_checks
 from controller.config.task import CheckSpec, TaskSpec
-from controller.crash import internal_error
+from controller.crash import failure_of
 from controller.errorinfo import ErrorInfo
-from controller.errors import (
-    ErrorCode,
-    InternalError,
-    PatchboxError,
-)
+from controller.errors import ErrorCode, InternalError, PatchboxError
 from controller.jobs.attest import attest, facts, signer_for
 from controller.jobs.baselinechecks import cannot_run_error, run_baseline_checks
 from controller.jobs.carried import carried_changes
@@ -235,10 +231,11 @@ class Job:
                 return True
         return False
 
-    def _internal(self, exc: Exception) -> InternalError:
+    def _internal(self, exc: Exception) -> InternalError | None:
         """Records an unexpected exception: a crash report, and the job ``failed`` with
-        ``INTERNAL_ERROR`` (or ``cancelled``, if it was being cancelled)."""
-        error = internal_error(
+        ``INTERNAL_ERROR`` (or ``cancelled``, if it was being cancelled). A Docker engine's
+        error nobody translated fails the job with its own code, no report (returns None)."""
+        error = failure_of(
             exc,
             context=f"job {self.record.job_id}, state {self.record.state}",
             repo=self.record.repo,
@@ -246,7 +243,7 @@ class Job:
         )
         if self.record.state in ACTIVE:
             self._fail(error)
-        return error
+        return error if isinstance(error, InternalError) else None
 
     def _move(self, state: JobState) -> None:
         if self.cancelled.is_set() and state not in {"failed", "cancelled"}:

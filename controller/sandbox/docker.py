@@ -23,7 +23,7 @@ from docker.types import LogConfig, Mount, Ulimit
 
 from controller.config.limits import SHM_MB
 from controller.errorinfo import Hint
-from controller.errormap import map_error
+from controller.errormap import map_error, mapped_class
 from controller.errors import LimitExceededError, ProtocolError, SandboxError
 from controller.sandbox.base import (
     PRELOAD_TARGET,
@@ -488,12 +488,11 @@ class DockerSandbox(AgentCalls):
             self.container.remove(force=True, v=True)
         except docker.errors.NotFound:
             pass
-        except docker.errors.APIError as exc:
-            if removal_in_progress(exc):  # a claimed spare: Docker removes it once it ends
+        except Exception as exc:  # an API error, or no engine at all (requests' own errors)
+            if mapped_class(exc) is None:  # not the engine's: a bug, raised
+                raise
+            if isinstance(exc, docker.errors.APIError) and removal_in_progress(exc):
                 log.debug("sandbox_removal_in_progress", container=self.container.short_id)
-                return
-            log.error(
-                "sandbox_remove_failed",
-                container=self.container.short_id,
-                error=str(exc.explanation),
-            )
+                return  # a claimed spare: Docker removes it once it ends
+            error = getattr(exc, "explanation", None) or type(exc).__name__
+            log.error("sandbox_remove_failed", container=self.container.short_id, error=str(error))

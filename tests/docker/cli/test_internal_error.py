@@ -12,6 +12,7 @@ import pytest
 
 from controller.cli import main as cli
 from controller.jobs.store import JobStore
+from controller.paths import patchbox_home
 from controller.sandbox.labels import JOB
 from tests.support.cli import job_files
 from tests.support.faults import SECRET, boom, crash_report
@@ -68,6 +69,42 @@ def test_a_fault_at_each_stage_gives_internal_error(
     assert record.state == "failed"
     assert record.error is not None
     assert record.error.code == "INTERNAL_ERROR"
+    found = docker_client.containers.list(all=True, filters={"label": f"{JOB}={data['job_id']}"})
+    assert found == []
+
+
+def _engine_gone(*_args: object, **_kwargs: object) -> None:
+    """What docker-py lets through when the engine's socket is gone (requests' own
+    ``ConnectionError``), raised by a real client of a missing socket."""
+    client = docker.DockerClient(base_url="unix:///nonexistent/patchbox-test.sock", version="1.41")
+    try:
+        client.api.inspect_container("gone")
+    finally:
+        client.close()
+
+
+@pytest.mark.docker
+@pytest.mark.usefixtures("sandbox_image")
+def test_an_engine_error_nobody_translated_fails_the_job_with_sandbox_failed(
+    job_args: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    docker_client: docker.DockerClient,
+) -> None:
+    """The Docker engine gone under a running job: the job ``failed`` with
+    ``SANDBOX_FAILED`` (exit 1), no crash report (it is not a bug), no container."""
+    monkeypatch.setattr(STAGES["running"], _engine_gone)
+    crash = patchbox_home() / "crash"
+    before = set(crash.iterdir()) if crash.exists() else set()
+    code = cli.main(job_args)
+    out, err = capsys.readouterr()
+    assert code == 1, err
+    data = json.loads(out)
+    assert (data["status"], data["error"]["code"]) == ("failed", "SANDBOX_FAILED")
+    assert data["error"]["message"].endswith(": ConnectionError")
+    assert "Traceback" not in out + err
+    assert (set(crash.iterdir()) if crash.exists() else set()) == before
+    assert JobStore().load(data["job_id"]).state == "failed"
     found = docker_client.containers.list(all=True, filters={"label": f"{JOB}={data['job_id']}"})
     assert found == []
 

@@ -55,3 +55,40 @@ def test_other_failures_are_logged_as_errors(status: int, explanation: str) -> N
     logs = _close(_Container(status, explanation))
     assert [(e["event"], e["log_level"]) for e in logs] == [("sandbox_remove_failed", "error")]
     assert logs[0]["error"] == explanation
+
+
+class _GoneEngine:
+    """A container whose engine's socket is not there: a real docker-py client of a
+    missing socket raises what it raises then (requests' own ``ConnectionError``)."""
+
+    short_id = "0123456789ab"
+
+    def __init__(self) -> None:
+        self.removed = 0
+
+    def remove(self, **_: Any) -> None:
+        self.removed += 1
+        client = docker.DockerClient(
+            base_url="unix:///nonexistent/patchbox-test.sock", version="1.41"
+        )
+        try:
+            client.api.remove_container(self.short_id, force=True)
+        finally:
+            client.close()
+
+
+def test_an_engine_that_is_gone_is_logged_not_raised() -> None:
+    logs = _close(cast("Any", _GoneEngine()))
+    assert [(e["event"], e["log_level"]) for e in logs] == [("sandbox_remove_failed", "error")]
+    assert logs[0]["error"] == "ConnectionError"
+
+
+def test_a_bug_in_closing_is_raised() -> None:
+    class _Broken(_GoneEngine):
+        def remove(self, **_: Any) -> None:
+            raise KeyError("a bug")
+
+    spec = SandboxSpec(image="patchbox-sandbox:test", job_id="job-1")
+    box = DockerSandbox(cast("Any", None), spec, cast("Any", _Broken()))
+    with pytest.raises(KeyError):
+        box.close()
