@@ -215,8 +215,11 @@ def test_a_traditional_diff_applies_as_patch_p1_would(ws: AgentWorkspace) -> Non
     ("patch", "reason"),
     [
         ("--- a/.env\n+++ b/.env\n@@ -1 +1 @@\n-A=1\n+A=2\n", "may not be written"),
-        ("--- link.txt\n+++ link.txt\n@@ -1 +1 @@\n-secret\n+owned\n", ""),
-        ("--- linkdir/t.txt\n+++ linkdir/t.txt\n@@ -1 +1 @@\n-secret\n+owned\n", ""),
+        ("--- link.txt\n+++ link.txt\n@@ -1 +1 @@\n-secret\n+owned\n", "may not be written"),
+        (
+            "--- linkdir/t.txt\n+++ linkdir/t.txt\n@@ -1 +1 @@\n-secret\n+owned\n",
+            "^missing: linkdir/t.txt does not exist$",
+        ),
         ("--- a/../x\n+++ b/../x\n@@ -1 +1 @@\n-a\n+b\n", "dotdot"),
         ("--- /etc/hosts\n+++ /etc/hosts\n@@ -1 +1 @@\n-a\n+b\n", "absolute_path"),
         ("--- a/src/a.py\n+++ b/src/b.py\n@@ -1 +1 @@\n-def f(text):\n+x\n", "header_mismatch"),
