@@ -1,8 +1,11 @@
-"""Helpers of tests/unit/cli/test_internal_error.py and tests/docker/cli/test_internal_error.py."""
+"""Injected faults: a bug (:func:`boom`), the Docker engine gone (:func:`engine_gone`), and
+the crash reports they may leave."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import docker
 
 from controller.paths import patchbox_home
 
@@ -23,3 +26,20 @@ def crash_report(message: str) -> str:
     name = message.split("crash report is ", 1)[1].split(" ", 1)[0]
     assert name.startswith("crash/")
     return (patchbox_home() / name).read_text()
+
+
+def engine_gone(*_args: Any, **_kwargs: Any) -> Any:
+    """Raises what docker-py lets through when the engine's socket is not there (requests'
+    own ``ConnectionError``): a real client of a missing socket asked something."""
+    client = docker.DockerClient(base_url="unix:///nonexistent/patchbox-test.sock", version="1.41")
+    try:
+        client.api.inspect_container("gone")
+    finally:
+        client.close()
+    raise AssertionError("a client of a missing socket answered")
+
+
+def crash_reports() -> set[str]:
+    """The names of the crash reports under ``$PATCHBOX_HOME/crash``."""
+    folder = patchbox_home() / "crash"
+    return {p.name for p in folder.iterdir()} if folder.exists() else set()

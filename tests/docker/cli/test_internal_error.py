@@ -12,10 +12,9 @@ import pytest
 
 from controller.cli import main as cli
 from controller.jobs.store import JobStore
-from controller.paths import patchbox_home
 from controller.sandbox.labels import JOB
 from tests.support.cli import job_files
-from tests.support.faults import SECRET, boom, crash_report
+from tests.support.faults import SECRET, boom, crash_report, crash_reports, engine_gone
 from tests.support.jobs import EDIT, GREET, call, check_call, make_repo
 
 STAGES = {
@@ -73,16 +72,6 @@ def test_a_fault_at_each_stage_gives_internal_error(
     assert found == []
 
 
-def _engine_gone(*_args: object, **_kwargs: object) -> None:
-    """What docker-py lets through when the engine's socket is gone (requests' own
-    ``ConnectionError``), raised by a real client of a missing socket."""
-    client = docker.DockerClient(base_url="unix:///nonexistent/patchbox-test.sock", version="1.41")
-    try:
-        client.api.inspect_container("gone")
-    finally:
-        client.close()
-
-
 @pytest.mark.docker
 @pytest.mark.usefixtures("sandbox_image")
 def test_an_engine_error_nobody_translated_fails_the_job_with_sandbox_failed(
@@ -93,9 +82,8 @@ def test_an_engine_error_nobody_translated_fails_the_job_with_sandbox_failed(
 ) -> None:
     """The Docker engine gone under a running job: the job ``failed`` with
     ``SANDBOX_FAILED`` (exit 1), no crash report (it is not a bug), no container."""
-    monkeypatch.setattr(STAGES["running"], _engine_gone)
-    crash = patchbox_home() / "crash"
-    before = set(crash.iterdir()) if crash.exists() else set()
+    monkeypatch.setattr(STAGES["running"], engine_gone)
+    before = crash_reports()
     code = cli.main(job_args)
     out, err = capsys.readouterr()
     assert code == 1, err
@@ -103,7 +91,7 @@ def test_an_engine_error_nobody_translated_fails_the_job_with_sandbox_failed(
     assert (data["status"], data["error"]["code"]) == ("failed", "SANDBOX_FAILED")
     assert data["error"]["message"].endswith(": ConnectionError")
     assert "Traceback" not in out + err
-    assert (set(crash.iterdir()) if crash.exists() else set()) == before
+    assert crash_reports() == before
     assert JobStore().load(data["job_id"]).state == "failed"
     found = docker_client.containers.list(all=True, filters={"label": f"{JOB}={data['job_id']}"})
     assert found == []

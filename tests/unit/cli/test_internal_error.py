@@ -6,13 +6,19 @@ from __future__ import annotations
 
 import json
 
-import docker
 import pytest
 
 from controller.cli import main as cli
 from controller.errors import ErrorCode
 from controller.paths import patchbox_home
-from tests.support.faults import SECRET, BoomError, boom, crash_report
+from tests.support.faults import (
+    SECRET,
+    BoomError,
+    boom,
+    crash_report,
+    crash_reports,
+    engine_gone,
+)
 
 
 def test_a_fault_in_any_command_gives_internal_error(
@@ -54,31 +60,18 @@ def test_crash_reports_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(kept) <= 3
 
 
-def _engine_gone() -> BaseException:
-    """The error docker-py lets through when the engine's socket is not there (requests'
-    own ``ConnectionError``), raised by a real client."""
-    client = docker.DockerClient(base_url="unix:///nonexistent/patchbox-test.sock", version="1.41")
-    try:
-        client.api.remove_container("gone", force=True)
-    except Exception as exc:  # whatever docker-py raises for it
-        return exc
-    finally:
-        client.close()
-    raise AssertionError("a client of a missing socket answered")
-
-
 def test_an_engine_error_nobody_translated_is_the_engines_failure_not_a_crash() -> None:
     from controller import crash
 
-    def reports() -> list[str]:
-        folder = patchbox_home() / "crash"
-        return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
-
-    before = reports()
-    error = crash.failure_of(_engine_gone(), context="job x, state running")
+    try:
+        engine_gone()
+    except Exception as exc:  # what docker-py raises for it
+        gone = exc
+    before = crash_reports()
+    error = crash.failure_of(gone, context="job x, state running")
     assert error.code == ErrorCode.SANDBOX_FAILED
     assert error.message == "job x, state running: ConnectionError"
-    assert reports() == before  # no report for it
+    assert crash_reports() == before  # no report for it
     try:
         boom()
     except BoomError as exc:

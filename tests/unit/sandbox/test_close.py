@@ -14,6 +14,7 @@ import structlog.testing
 
 from controller.sandbox.base import SandboxSpec
 from controller.sandbox.docker import DockerSandbox
+from tests.support.faults import engine_gone
 
 
 class _Container:
@@ -68,13 +69,7 @@ class _GoneEngine:
 
     def remove(self, **_: Any) -> None:
         self.removed += 1
-        client = docker.DockerClient(
-            base_url="unix:///nonexistent/patchbox-test.sock", version="1.41"
-        )
-        try:
-            client.api.remove_container(self.short_id, force=True)
-        finally:
-            client.close()
+        engine_gone()
 
 
 def test_an_engine_that_is_gone_is_logged_not_raised() -> None:
