@@ -1,6 +1,6 @@
 """What a tool call's progress line costs, against the call itself, measured in one run.
 
-Every tool call of a job ends in a ``CallDone`` event (``controller.jobs.loop``): the loop
+Every tool call of a job ends in a ``CallDone`` event (``controller.jobs.calldone``): the loop
 builds it from the call's arguments and result, and ``patchbox run`` writes its line
 (``turn 3 read_file src/app.py``) to the terminal. This bench times that work (the event,
 its line and the write of the line, to ``/dev/null``) against the call it reports: a small
@@ -18,7 +18,7 @@ import time
 
 from common import SAMPLE_PATH, fmt_ms, loadavg, percentile, print_table, sample_archive
 from controller.config.limits import Limits
-from controller.jobs.loop import CallDone
+from controller.jobs.calldone import CallDone
 from controller.providers.base import ToolCall
 from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.docker import DockerSandbox

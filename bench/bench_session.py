@@ -3,7 +3,9 @@ the same file on a bare sandbox, measured in one run, interleaved.
 
 - measured: ``controller.api.open_session(repo).call("read_file", {"path": ...})``, one job
   whose every call is a turn (the engine's loop, the tool's execution in the sandbox, the
-  transcript, the ledger, and the job's record saved after the turn);
+  transcript, the ledger; the call runs on the caller's thread, and the job's record is
+  saved after the turn by the job's thread while the result goes back, the next call
+  waiting for that save);
 - reference: ``DockerSandbox.read_file`` of the same 16 KB file (256 lines of 64 bytes) on a
   bare sandbox of the same image and runtime (the channel and the jailed read; no engine),
   one after each call, the side that goes first alternating;
@@ -22,6 +24,10 @@ fresh session's), and at most 1.3x the reference's p50 over the same calls. The
 bytes written for the job's record (what each save appends to ``log.jsonl``, summed) are
 given at checkpoints next to the size of the transcript itself: written / transcript stays
 flat when the record grows linearly with it.
+
+After the 2,000 calls, the same session's calls back to back (nothing between them: each
+waits for the last one's save), in blocks of ten beside blocks of ten bare reads: what a
+caller that never pauses pays.
 
 Each session's first call waits until its spare-sandbox thread is done (it fills the
 baseline cache after the sandbox is ready, a few hundred ms of CPU), so calls 1-100 are not
@@ -54,6 +60,8 @@ PATH = "bench/sample16.txt"
 TEXT = "".join(f"{i:03d} {'x' * 59}\n" for i in range(256))
 """256 lines of 64 bytes: a 16 KB text file."""
 GROWTH_TARGET = 1.2
+BLOCK = 10
+"""Calls in each block of back-to-back calls."""
 REFERENCE_TARGET = 1.3
 CHECKPOINTS = (100, 500, 1000, 1500, 2000)
 TASK = {
@@ -88,6 +96,10 @@ class Run:
     (these) the last."""
     save: list[float] = field(default_factory=list)
     """Each ``JobStore.save_turn`` of the measured session's job: one per call."""
+    burst: list[float] = field(default_factory=list)
+    """The measured session's calls back to back, after the 2,000."""
+    burst_bare: list[float] = field(default_factory=list)
+    """Bare reads back to back, in blocks beside those."""
     written: list[int] = field(default_factory=list)
     """Bytes each save of the measured session's job appended."""
     points: list[tuple[int, int, int, int]] = field(default_factory=list)
@@ -239,6 +251,9 @@ def measure(args: argparse.Namespace, scratch: Path) -> Run:
             if n % 500 == 0:
                 print(f"{n} calls (load {loadavg()})", file=sys.stderr)
         check(len(session.record.tool_calls) == args.calls, "one tool call recorded per call")
+        for _ in range(max(args.window // BLOCK, 1)):
+            run.burst += [timed_call(session) for _ in range(BLOCK)]
+            run.burst_bare += [bare() for _ in range(BLOCK)]
     return run
 
 
@@ -286,10 +301,16 @@ def tables(run: Run, args: argparse.Namespace) -> None:
             row(
                 f"  calls {span} vs the reference", run.session[last], late / ref, REFERENCE_TARGET
             ),
-            row(f"  of which the record saved, calls 1-{w}", run.save[first]),
-            row(f"  of which the record saved, calls {span}", run.save[last]),
+            row(f"  the turn's save (the job's thread), calls 1-{w}", run.save[first]),
+            row(f"  the turn's save (the job's thread), calls {span}", run.save[last]),
             row(f"no per-turn save, alongside calls 1-{w}", run.unsaved_early),
             row(f"no per-turn save, alongside calls {span}", run.unsaved, p50(run.unsaved) / ref),
+            row("bare read_file back to back", run.burst_bare, 1.0),
+            row(
+                "  Session.call back to back (each waits for the last save)",
+                run.burst,
+                p50(run.burst) / p50(run.burst_bare),
+            ),
         ],
     )
     print()

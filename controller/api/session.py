@@ -23,17 +23,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from controller.api.caller import CallerProvider
 from controller.api.iterate import follow_up
 from controller.api.jobs import make_job
 from controller.api.views import JobView, job_view
 from controller.config.host import HostConfig, load_config
 from controller.config.task import TaskSpec
 from controller.errorinfo import ErrorInfo
-from controller.errors import CancelledError, ErrorCode, PatchboxError, UsageError
+from controller.errors import ErrorCode, PatchboxError, UsageError
 from controller.jobs.engine import Job
 from controller.jobs.records import JobRecord
 from controller.jobs.request import JobRequest
-from controller.providers.base import ModelTurn, ToolCall, ToolResult, check_results
+from controller.providers.base import ModelTurn, ToolCall
 from controller.tools.outcome import ToolErrorInfo
 from controller.tools.watch import CheckLine
 
@@ -117,54 +118,6 @@ IDLE_DENIAL = (
 )
 """Why a job the idle timeout proposed never applies itself (auto stops for review)."""
 
-_END = object()
-
-
-class _CallerProvider:
-    """The provider of a session: each turn is what the caller asks for next. ``next_turn``
-    hands the previous turn's results to the caller and waits for its next request."""
-
-    def __init__(self) -> None:
-        self._requests: queue.Queue[ModelTurn | object] = queue.Queue()
-        self._results: queue.Queue[list[ToolResult] | object] = queue.Queue()
-        self._cancelled = threading.Event()
-        self._last: ModelTurn | None = None
-        self.waiting = threading.Event()
-        """Set while the engine waits for the caller's next turn."""
-
-    def next_turn(self, results: list[ToolResult]) -> ModelTurn:
-        check_results(self._last, results)
-        if self._last is not None:
-            self._results.put(list(results))
-        self.waiting.set()
-        request = self._requests.get()
-        self.waiting.clear()
-        if request is _END or self._cancelled.is_set():
-            raise CancelledError("the session was cancelled")
-        assert isinstance(request, ModelTurn)  # noqa: S101 - only turns are queued
-        self._last = request
-        return request
-
-    def ask(self, turn: ModelTurn) -> None:
-        self._requests.put(turn)
-
-    def answer(self, timeout: float) -> list[ToolResult] | object:
-        """The results of the turn asked, or :data:`_END` when the job ended instead."""
-        try:
-            return self._results.get(timeout=timeout)
-        except queue.Empty:
-            return _END
-
-    def job_ended(self) -> None:
-        self._results.put(_END)
-
-    def cancel(self) -> None:
-        self._cancelled.set()
-        self._requests.put(_END)
-
-    def close(self) -> None:
-        return None
-
 
 @dataclass(frozen=True)
 class _Ended:
@@ -180,7 +133,7 @@ class Session:
     def __init__(
         self,
         job: Job,
-        provider: _CallerProvider,
+        provider: CallerProvider,
         *,
         idle_seconds: float | None = None,
         progress: Progress | None = None,
@@ -255,7 +208,7 @@ class Session:
         the job (a broken sandbox, a limit), and ``USAGE_ERROR`` once the session ended.
 
         ``run_check`` takes ``{"checkId": ...}`` or ``{"handle": ...}``, each with
-        ``waitSeconds``; while it waits, ``on_output`` is called (on the job's thread) with
+        ``waitSeconds``; while it waits, ``on_output`` is called (on this thread) with
         each line of the check's output as it comes (a :class:`CheckLine`)."""
         with self._lock:
             self._on_output = on_output
@@ -307,11 +260,10 @@ class Session:
         text = json.dumps(arguments, ensure_ascii=False)
         call = ToolCall(id=call_id, name=tool, arguments=text)
         try:
-            self._provider.ask(ModelTurn(tool_calls=[call]))
-            answer = self._provider.answer(timeout=self._job.request.task.limits.wall_seconds + 60)
+            answer = self._provider.take(ModelTurn(tool_calls=[call]))
         finally:
             self._idle_since = time.monotonic()
-        if not isinstance(answer, list):
+        if answer is None:
             self._thread.join()
             self._raise_ended()
         self._calls += 1
@@ -439,7 +391,7 @@ def open_session(  # noqa: PLR0913 - a job's inputs, all keyword-only
     on its result (:func:`controller.api.follow_up`; it stops for review while that job is
     not applied)."""
     config = config or load_config()
-    provider = _CallerProvider()
+    provider = CallerProvider()
     follow, denied = None, None
     if follow_from is not None:
         follow, parent, _diff = follow_up(follow_from)

@@ -85,7 +85,7 @@ class Job:
         self.request = request
         self.store = store or JobStore()
         self.identity = identity or current_identity()
-        self.progress = progress or (lambda _m: None)
+        self.progress, self._quiet = progress or (lambda _m: None), progress is None
         self.output = output
         """Told each line of a running check's output as it comes (the live output)."""
         self.cancelled = threading.Event()
@@ -374,10 +374,11 @@ class Job:
             record=record,
             cancelled=self.cancelled,
             save=lambda: self.store.save_turn(record),
+            save_later=lambda: self.store.turn_saver(record),
             step=self._doing,
             clock=sandbox.clock,
             idle_while_asking=request.caller_driven,
-            called=lambda done: self.progress(done.line()),
+            called=None if self._quiet else lambda done: self.progress(done.line()),
         )
         try:
             return loop.run()

@@ -19,11 +19,12 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, runtime_checkable
 
 from controller.errors import CancelledError, ErrorCode, LimitExceededError, PatchboxError
+from controller.jobs.calldone import CallDone
 from controller.jobs.records import (
     TRANSCRIPT_TEXT,
     EffectTool,
@@ -41,7 +42,6 @@ from controller.tools.schemas import ARGUMENT_MODELS
 
 if TYPE_CHECKING:
     import threading
-    from collections.abc import Callable
 
     from controller.config.limits import Limits
     from controller.providers.base import ModelTurn, Provider, ToolCall
@@ -62,6 +62,28 @@ NUDGE_MESSAGE = (
     + "), not with text alone. Answer without a tool call only when the task is done."
 )
 """Sent once, as a user message, when the model's first turn is text without a tool call."""
+
+
+@dataclass(frozen=True)
+class CallerTurn:
+    """A caller's turn done (:meth:`ToolLoop.caller_turn`): its results, and the turn's save
+    when it is left to the job's thread (the provider runs it there before the next turn,
+    and before its ``next_turn`` returns or raises)."""
+
+    results: list[ToolResult]
+    then: Callable[[], object] | None = None
+
+
+@runtime_checkable
+class CallerTurns(Protocol):
+    """A provider whose caller runs the tool-call turns on its own thread (a session): the
+    loop hands it :meth:`ToolLoop.caller_turn` before its first turn. Its ``next_turn``
+    then returns only a turn without tool calls (the end), and raises
+    :class:`~controller.errors.CancelledError` when the job is cancelled or a caller's
+    turn raised, once no caller's turn runs any more and every turn's save ran; what a
+    save raises, it raises."""
+
+    def serve(self, run_turn: Callable[[ModelTurn], CallerTurn]) -> None: ...
 
 
 class Tools(Protocol):
@@ -90,9 +112,13 @@ class ToolLoop:
     cancelled: threading.Event
     save: Callable[[], object]
     """Called after each turn, so a later process sees the calls made so far."""
+    save_later: Callable[[], Callable[[], object]] | None = None
+    """For a :class:`CallerTurns` provider: the per-turn save, made at the turn's end to be
+    run by the job's thread while the turn's result goes back to the caller (None: the
+    caller's thread saves before the result goes back)."""
     step: Callable[[str], None] = lambda _what: None
     """Told what the loop is doing now (waiting for the model, running a call)."""
-    called: Callable[[CallDone], None] = lambda _done: None
+    called: Callable[[CallDone], None] | None = None
     """Told of every call that ended, as it is recorded (a progress line per call)."""
     version: int = 0
     """The workspace version: as the agent's tools report it; a check run bumps it once."""
@@ -105,46 +131,111 @@ class ToolLoop:
     idle_while_asking: bool = False
     """The provider is a caller (a session): the clock is paused while the loop waits for
     its next turn, so only the tool calls' time counts against ``wall_seconds``."""
+    turn: int = 0
+    """The turns taken so far."""
+    _clock: WorkClock = field(init=False, repr=False)
+    _asked: float = field(init=False, repr=False, default=0.0)
+    """When the loop began to wait for the next turn."""
+    _failure: BaseException | None = field(init=False, repr=False, default=None)
+    """What a caller's turn raised: the job's end."""
 
     def run(self) -> str:
         """Turns until the model answers without a tool call; returns that answer (its first
-        :data:`FINAL_MESSAGE_CHARS` characters). Every other exit raises (module docstring)."""
+        :data:`FINAL_MESSAGE_CHARS` characters). Every other exit raises (module docstring).
+        A :class:`CallerTurns` provider runs its tool-call turns itself, through
+        :meth:`caller_turn`, while this waits for its last turn."""
         limits = self.limits
-        clock = self.clock or WorkClock(limits.wall_seconds)
+        clock = self._clock = self.clock or WorkClock(limits.wall_seconds)
         self.calls_left, self.bytes_left = limits.max_tool_calls, MAX_RESULT_BYTES
         results: list[ToolResult] = []
         nudged = False
-        for turn in range(1, limits.max_turns + 2):
-            if self.cancelled.is_set():
-                raise cancelled_error()
-            if clock.expired():
-                raise LimitExceededError(f"wall-clock limit of {limits.wall_seconds:g} s reached")
-            asked = time.monotonic()
-            if self.idle_while_asking:
-                self.step("waiting for the next call")
-                clock.pause()
-            try:
-                model_turn = self._ask(results, nudge=nudged and turn == 2)
-            except CancelledError as exc:
-                raise cancelled_error() from exc
-            finally:
-                clock.resume()
-            model_ms = round((time.monotonic() - asked) * 1000)
+        if isinstance(self.provider, CallerTurns):
+            self.provider.serve(self.caller_turn)
+        while True:
+            self._ready(clock)
+            self._asked = time.monotonic()
+            model_turn = self._wait(results, clock, nudge=nudged and self.turn == 1)
+            turn = self.turn = self.turn + 1
+            model_ms = round((time.monotonic() - self._asked) * 1000)
             if not model_turn.tool_calls:
                 self._transcribe(turn, model_turn, model_ms, [])
                 if turn == 1 or (nudged and turn == 2):
                     nudged = self._without_tools(model_turn, nudged=nudged)
                     continue
                 return (model_turn.text or "")[:FINAL_MESSAGE_CHARS]
-            if turn > limits.max_turns:
-                break
-            calls: list[TranscriptCall] = []
-            try:
-                results = [self._call(turn, call, calls) for call in model_turn.tool_calls]
-            finally:
-                self._transcribe(turn, model_turn, model_ms, calls)
+            results = self._take(turn, model_turn, model_ms)
             self.save()
-        raise LimitExceededError(f"more than {limits.max_turns} turns")
+
+    def caller_turn(self, model_turn: ModelTurn) -> CallerTurn:
+        """One tool-call turn of a :class:`CallerTurns` provider, run on its caller's thread
+        while :meth:`run` waits (never at the same time as anything else of the loop): the
+        turn as :meth:`run` takes it, the checks before the next turn, and its save (or,
+        with :attr:`save_later`, the save for the job's thread to run). What it raises (a
+        limit, a broken sandbox, the job cancelled meanwhile) ends the job: the provider
+        wakes :meth:`run`, which raises it; a caller interrupted midway
+        (``KeyboardInterrupt``) cancels the job."""
+        clock = self._clock
+        clock.resume()
+        try:
+            turn = self.turn = self.turn + 1
+            model_ms = round((time.monotonic() - self._asked) * 1000)
+            results = self._take(turn, model_turn, model_ms)
+            try:
+                self._ready(clock)
+            except Exception:
+                self.save()
+                raise
+            then = None if self.save_later is None else self.save_later()
+            if then is None:
+                self.save()
+        except Exception as exc:
+            self._failure = exc
+            raise
+        except BaseException:
+            self._failure = cancelled_error()
+            raise
+        finally:
+            self._asked = time.monotonic()
+            if self.idle_while_asking:
+                self.step("waiting for the next call")
+                clock.pause()
+        return CallerTurn(results, then)
+
+    def _ready(self, clock: WorkClock) -> None:
+        """Before each turn: the job not cancelled, its clock not out."""
+        if self.cancelled.is_set():
+            raise cancelled_error()
+        if clock.expired():
+            raise LimitExceededError(f"wall-clock limit of {self.limits.wall_seconds:g} s reached")
+
+    def _wait(self, results: list[ToolResult], clock: WorkClock, *, nudge: bool) -> ModelTurn:
+        """The model's next turn, the clock paused meanwhile for a caller; what a caller's
+        turn raised meanwhile is raised here."""
+        if self.idle_while_asking:
+            self.step("waiting for the next call")
+            clock.pause()
+        model_turn: ModelTurn | None = None
+        try:
+            model_turn = self._ask(results, nudge=nudge)
+        except CancelledError as exc:
+            if self._failure is None:
+                raise cancelled_error() from exc
+        finally:
+            clock.resume()
+        if self._failure is not None:
+            raise self._failure
+        assert model_turn is not None  # noqa: S101 - else it raised
+        return model_turn
+
+    def _take(self, turn: int, model_turn: ModelTurn, model_ms: int) -> list[ToolResult]:
+        """Runs a turn's tool calls and transcribes it."""
+        if turn > self.limits.max_turns:
+            raise LimitExceededError(f"more than {self.limits.max_turns} turns")
+        calls: list[TranscriptCall] = []
+        try:
+            return [self._call(turn, call, calls) for call in model_turn.tool_calls]
+        finally:
+            self._transcribe(turn, model_turn, model_ms, calls)
 
     def _ask(self, results: list[ToolResult], *, nudge: bool) -> ModelTurn:
         """The model's next turn: after ``results``, or after the nudge."""
@@ -257,6 +348,8 @@ class ToolLoop:
     ) -> None:
         """Tells :attr:`called` of the call; a fault in telling (the listener's, or untrusted
         arguments that do not parse) never ends the job."""
+        if self.called is None:
+            return
         with contextlib.suppress(Exception):
             self.called(CallDone.of(turn, call, result, error_code))
 
@@ -276,88 +369,6 @@ class ToolLoop:
             files=ledger_files(call.name, result),
             outcome=outcome,
         )
-
-
-SUBJECT_CHARS = 80
-"""Characters of a call's subject (a path, a check id, a query) in its progress line."""
-
-
-@dataclass(frozen=True)
-class CallDone:
-    """One tool call that ended, as the loop recorded it: what it named and how it ended
-    (a check's own verdict and exit code from its result), for a progress line."""
-
-    turn: int
-    name: str
-    subject: str
-    """The path, check id, query or glob the call named; the files a patch wrote; or ''."""
-    ok: bool
-    error_code: str | None = None
-    check_status: str | None = None
-    """A check run's ``passed``, ``failed`` or ``timed_out``."""
-    exit_code: int | None = None
-    reused: bool = False
-
-    @classmethod
-    def of(
-        cls, turn: int, call: ToolCall, result: Mapping[str, Any] | None, error_code: str | None
-    ) -> CallDone:
-        """The call's event from its arguments and its result (None: it raised)."""
-        status = (result or {}).get("status") if call.name == "run_check" else None
-        exit_code = (result or {}).get("exitCode")
-        return cls(
-            turn=turn,
-            name=strip_control(call.name),
-            subject=_subject(call, result),
-            ok=error_code is None,
-            error_code=error_code,
-            check_status=status if isinstance(status, str) else None,
-            exit_code=exit_code if isinstance(exit_code, int) and status is not None else None,
-            reused=bool((result or {}).get("reused")) and status is not None,
-        )
-
-    def line(self) -> str:
-        """``turn 3 run_check tests: failed (exit 1)``, ``turn 1 read_file src/x.py``."""
-        head = " ".join(p for p in (f"turn {self.turn}", self.name, self.subject) if p)
-        if self.error_code == "CANCELLED":
-            return f"{head}: cancelled"
-        if not self.ok:
-            return f"{head}: error {self.error_code}"
-        if self.check_status is None:
-            return head
-        notes = [f"exit {self.exit_code}"] if self.exit_code is not None else []
-        notes += ["reused"] if self.reused else []
-        verdict = self.check_status.replace("_", " ")
-        return f"{head}: {verdict}" + (f" ({', '.join(notes)})" if notes else "")
-
-
-def _subject(call: ToolCall, result: Mapping[str, Any] | None) -> str:
-    """What a call named, in one short line (untrusted: controls removed, bounded)."""
-    keys = {
-        "read_file": ("path",),
-        "replace_text": ("path",),
-        "run_check": ("checkId",),
-        "search_text": ("query",),
-        "list_files": ("glob",),
-    }.get(call.name, ())
-    args: object = {}
-    if keys:  # a patch's arguments (the patch) are not read again
-        try:
-            args = json.loads(call.arguments)
-        except (ValueError, RecursionError):
-            args = {}
-    if not isinstance(args, dict):
-        args = {}
-    words = [str(args[k]) for k in keys if isinstance(args.get(k), str)]
-    if call.name == "search_text" and words:
-        words = [json.dumps(words[0][:SUBJECT_CHARS], ensure_ascii=False)]
-    if call.name == "apply_patch" and result is not None:
-        files = result.get("files")
-        paths = [str(f.get("path")) for f in files or [] if isinstance(f, dict)]
-        words = [", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")]
-    text = " ".join(w for w in words if w).replace("\n", " ")
-    text = strip_control(text)
-    return text if len(text) <= SUBJECT_CHARS else text[: SUBJECT_CHARS - 3] + "..."
 
 
 def _transcript_call(

@@ -13,7 +13,8 @@ import fcntl
 import hashlib
 import json
 import re
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -47,6 +48,40 @@ AMBIGUOUS_SHOWN = 10
 """The candidates an ambiguous id prefix names."""
 CANCEL_REQUEST = "cancel.request"
 """A file in a job's folder asking its controller to cancel it."""
+
+
+UNSAVED_WAIT = 30.0
+"""Seconds a reader waits at most for a turn's save this process has yet to write."""
+
+
+class _Unsaved:
+    """The job folders whose last turn this process has yet to save (:meth:`JobStore.turn_saver`):
+    a reader in this process waits for that save, so it sees every call that returned."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[Path, threading.Event] = {}
+
+    def hold(self, folder: Path) -> threading.Event:
+        event = threading.Event()
+        with self._lock:
+            self._held[folder] = event
+        return event
+
+    def release(self, folder: Path, event: threading.Event) -> None:
+        event.set()
+        with self._lock:
+            if self._held.get(folder) is event:
+                del self._held[folder]
+
+    def wait(self, folder: Path) -> None:
+        with self._lock:
+            event = self._held.get(folder)
+        if event is not None:
+            event.wait(UNSAVED_WAIT)
+
+
+_UNSAVED = _Unsaved()
 
 
 class JobStore:
@@ -90,11 +125,27 @@ class JobStore:
                 return RECORDS.write(folder, record, durable=False, fields=False)
         return self.save(record, durable=False)
 
+    def turn_saver(self, record: JobRecord) -> Callable[[], Saved]:
+        """:meth:`save_turn` of ``record`` as it is now, to be run a moment later by another
+        thread (a session's job thread saves a turn while its result goes back to the
+        caller). Until it ran, :meth:`load` of the job in this process waits for it."""
+        folder = self.folder(record.job_id)
+        event = _UNSAVED.hold(folder)
+
+        def save() -> Saved:
+            try:
+                return self.save_turn(record)
+            finally:
+                _UNSAVED.release(folder, event)
+
+        return save
+
     def load(self, job_id: str) -> JobRecord:
         """The job's record as its last save left it: from its log, or from the
         ``job.json`` of a job saved before the log (``USAGE_ERROR`` for an unknown id, or a
         record of a format this version does not read)."""
         folder = self.folder(job_id)
+        _UNSAVED.wait(folder)
         record = RECORDS.read(folder)
         if record is not None:
             return record

@@ -61,7 +61,7 @@ class ToolExecutor:
     """Told every line of a running check's output as it comes."""
     gate: NetworkGate | None = None
     """The job's proxy, when its checks declare ``egress``."""
-    _done: dict[tuple[int, str], tuple[str, ToolOutcome]] = field(default_factory=dict)
+    _done: dict[tuple[int, str], tuple[str, str, ToolOutcome]] = field(default_factory=dict)
     _check_cache: dict[str, ToolOutcome] = field(default_factory=dict)
     _watch: CheckWatch | None = None
 
@@ -84,11 +84,15 @@ class ToolExecutor:
         """Runs one tool call. Raises only for job-ending conditions (arguments that are not
         an object, a broken sandbox, a check that changed files it should not have)."""
         key = (turn, call_id)
-        digest = _digest(tool, raw)
+        if self._done and next(iter(self._done))[0] != turn:
+            self._done.clear()  # an id is checked again within its turn only
         recorded = self._done.get(key)
         if recorded is not None:
-            if recorded[0] == digest:
-                return recorded[1]
+            first_tool, first_raw, first = recorded
+            if first_tool == tool and (
+                first_raw == raw or _digest(tool, first_raw) == _digest(tool, raw)
+            ):
+                return first
             return self._refuse(
                 turn,
                 call_id,
@@ -97,7 +101,8 @@ class ToolExecutor:
                 "this toolCallId was already used in this turn with other arguments",
             )
         outcome = self._execute(turn, call_id, tool, raw)
-        self._done[key] = (digest, outcome)
+        kept = raw if isinstance(raw, str) else json.dumps(raw, default=str)
+        self._done[key] = (tool, kept, outcome)  # compared only if the id comes again
         return outcome
 
     def _refuse(

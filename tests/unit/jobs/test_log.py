@@ -8,6 +8,7 @@ import json
 import multiprocessing
 import shutil
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -440,3 +441,34 @@ def test_a_turns_save_appends_its_lists_and_leaves_the_fields_to_the_next_save(
     add_turn(fresh, 1)
     store.save_turn(fresh)  # a record the log does not know yet is written whole
     assert JobStore(tmp_path).load("j2") == fresh
+
+
+def test_a_turn_saved_by_another_thread_is_waited_for_by_a_reader_of_this_process(
+    tmp_path: Path,
+) -> None:
+    import threading
+
+    store = JobStore(tmp_path)
+    record = JobRecord(job_id="j1", repo="/r")
+    store.save(record)
+    add_turn(record, 1)
+    saver = store.turn_saver(record)  # made at the turn's end, run a moment later
+    seen: list[int] = []
+    reader = threading.Thread(target=lambda: seen.append(len(store.load("j1").tool_calls)))
+    reader.start()
+    reader.join(0.3)
+    assert reader.is_alive()  # it waits for the save...
+    saver()
+    reader.join(10)
+    assert seen == [1]  # ...and sees the call
+    assert len(store.load("j1").transcript) == 1  # nothing left held
+    # a save that raised releases its readers too
+    (tmp_path / "file").write_text("not a folder")
+    elsewhere = JobStore(tmp_path / "file")
+    failing = elsewhere.turn_saver(record)
+    with pytest.raises(OSError):
+        failing()
+    started = time.monotonic()
+    with pytest.raises(OSError):  # not a folder of jobs: refused at once, not held
+        elsewhere.load("j1")
+    assert time.monotonic() - started < 5
