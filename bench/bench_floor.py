@@ -11,8 +11,8 @@ container run, both measured in one run, interleaved.
    ``controller.api.Session.call`` (a whole turn of the engine) on a session of its own.
    Target: p50(read_file) at most 2x p50(floor).
 2. A one-call job through the CLI: ``python3 -m controller run --calls`` with a calls file
-   holding one ``read_file`` and a task without checks (the job ends ``CHANGESET_INVALID``:
-   it made no change; exit code 1), against ``docker run --rm --network none --entrypoint
+   holding one ``read_file`` and a task without checks (the job ends ``no_change``, exit
+   code 5), against ``docker run --rm --network none --entrypoint
    true IMAGE`` of the sandbox image, two ways: with the default configuration (one spare:
    the job claims the spare the previous round left and offers one for the next) and with
    spares off (``spare_sandboxes = 0``: the job starts its own container). Target:
@@ -355,7 +355,7 @@ class JobBench:
 
     @staticmethod
     def _one_call_job(code: int) -> bool:
-        return code == 1  # CHANGESET_INVALID: a job that only reads makes no change
+        return code == 5  # NO_CHANGE: a job that only reads makes no change
 
     @staticmethod
     def _zero(code: int) -> bool:

@@ -14,7 +14,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from controller.changes.apply import AppliedFile, ApplyResult, RevertResult
 from controller.errorinfo import ErrorInfo
 from controller.errors import PatchboxError
-from controller.jobs.attest import ATTESTATIONS
 from controller.jobs.evidence import job_diff as job_diff  # noqa: PLC0414 - the api re-exports it
 from controller.jobs.records import (
     ACTIVE,
@@ -29,6 +28,7 @@ from controller.jobs.records import (
     StaleMark,
     ToolCallRecord,
 )
+from controller.jobs.store import ATTESTATIONS
 from controller.logs import Scrubber
 
 

@@ -28,9 +28,9 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from controller.jobs.attest import ATTESTATIONS
 from controller.jobs.log import write_atomic
 from controller.jobs.report import failed_command_report, report
+from controller.jobs.store import ATTESTATIONS
 from controller.logs import Scrubber
 from controller.text import HIDDEN
 

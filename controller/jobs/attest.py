@@ -13,30 +13,35 @@ import datetime as dt
 import hashlib
 import json
 from pathlib import Path
-
-from securesystemslib.signer import CryptoSigner
+from typing import TYPE_CHECKING, TypeAlias
 
 from controller.config.host import HostConfig
 from controller.config.network import expand
 from controller.config.task import CheckSpec
 from controller.jobs.log import write_atomic
 from controller.jobs.records import CheckFact, JobRecord, ProvenanceFacts
-from controller.jobs.store import JobStore
+from controller.jobs.store import ATTESTATIONS, JobStore
 from controller.logs import Scrubber
 from controller.paths import sandbox_image_dir
 from controller.provenance import statement as st
-from controller.provenance.envelope import signed_lines
-from controller.provenance.keys import default_key_path, load_signer
+from controller.provenance.keys import default_key_path
 from controller.sandbox.image import context_digest
 from controller.tools import policy
 from controller.version import version
 
-ATTESTATIONS = "provenance.intoto.jsonl"
+if TYPE_CHECKING:
+    from securesystemslib.signer import CryptoSigner
+
+Signer: TypeAlias = "CryptoSigner"
+"""A job's signer (securesystemslib's, loaded only when a job signs)."""
 
 
 def signer_for(config: HostConfig) -> CryptoSigner | None:
     """The operator's signer: ``provenance.key`` (which must be usable), else the default
-    key when its file exists, else None (the job is not signed)."""
+    key when its file exists, else None (the job is not signed). The signing library is
+    loaded only then: a job that signs nothing does not pay for it."""
+    from controller.provenance.keys import load_signer
+
     if config.provenance.key is not None:
         return load_signer(Path(config.provenance.key).expanduser())
     default = default_key_path()
@@ -212,6 +217,8 @@ def attest(
         st.Statement.model_validate(scrub.value(s.model_dump(mode="json")))
         for s in statements(record, made, diff.encode("utf-8", "surrogateescape"))
     ]
+    from controller.provenance.envelope import signed_lines
+
     write_atomic(target, signed_lines(signed, signer))
     record.provenance = made.model_copy(update={"key_id": signer.public_key.keyid})
     return target

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import docker
 import structlog
-from securesystemslib.signer import CryptoSigner
 
 from controller.changes.changeset import ChangeSet
 from controller.changes.collect import Collected, collect
@@ -27,7 +26,7 @@ from controller.config.task import CheckSpec, TaskSpec
 from controller.crash import failure_of
 from controller.errorinfo import ErrorInfo
 from controller.errors import ErrorCode, InternalError, PatchboxError
-from controller.jobs.attest import attest, facts, signer_for
+from controller.jobs.attest import Signer, attest, facts, signer_for
 from controller.jobs.baselinechecks import cannot_run_error, run_baseline_checks
 from controller.jobs.carried import carried_changes
 from controller.jobs.decision import DecisionInputs, decide, skips_checks
@@ -96,7 +95,7 @@ class Job:
         self.record = new_record(request, self.identity)
         self._box: DockerSandbox | None = None
         self._gate: NetworkGate | None = None
-        self._signer: CryptoSigner | None = None
+        self._signer: Signer | None = None
         self._diff: str | None = None
         self._prepared: Prepared | None = None
         self._activity = ""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
@@ -23,7 +23,9 @@ from controller.errorinfo import ErrorInfo
 from controller.errors import InvalidTransitionError
 from controller.jobs.junit import TestCase
 from controller.repo.baseline import Baseline
-from controller.sandbox.egress import Connection
+
+if TYPE_CHECKING:
+    from controller.sandbox.egress import Connection
 
 JobState = Literal[
     "created",

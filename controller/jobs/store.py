@@ -42,6 +42,9 @@ LEGACY_FILE = "job.json"
 the log at its next save."""
 
 
+ATTESTATIONS = "provenance.intoto.jsonl"
+"""A job's signed attestations, in its folder (:mod:`controller.jobs.attest`)."""
+
 LAST = "last"
 """The job id that names the job of a state folder created last."""
 AMBIGUOUS_SHOWN = 10

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
@@ -19,10 +19,12 @@ from cryptography.hazmat.primitives.serialization import (
     load_pem_private_key,
     load_pem_public_key,
 )
-from securesystemslib.signer import CryptoSigner, SSlibKey
 
 from controller.errors import ErrorCode, PatchboxError
 from controller.paths import patchbox_home
+
+if TYPE_CHECKING:
+    from securesystemslib.signer import CryptoSigner, SSlibKey
 
 Scheme = Literal["ed25519", "ecdsa-p256"]
 MAX_KEY_BYTES = 64 * 1024
@@ -51,6 +53,8 @@ def init_key(path: Path | None = None, *, scheme: Scheme = "ed25519", force: boo
         msg = f"a signing key already exists at {str(target)!r}; it is kept"
         raise _key_error(ErrorCode.SIGNING_KEY_EXISTS, msg)
     target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    from securesystemslib.signer import CryptoSigner  # loaded only where keys are used
+
     signer = (
         CryptoSigner.generate_ed25519() if scheme == "ed25519" else CryptoSigner.generate_ecdsa()
     )
@@ -80,6 +84,8 @@ PrivateKey = ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey
 
 def load_signer(path: Path) -> CryptoSigner:
     """The signer of the private key at ``path`` (:func:`load_private`)."""
+    from securesystemslib.signer import CryptoSigner  # loaded only where keys are used
+
     return CryptoSigner(load_private(path))
 
 
@@ -129,6 +135,8 @@ def load_public(path: Path) -> SSlibKey:
     if not isinstance(key, ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey):
         msg = f"the public key {str(path)!r} is neither Ed25519 nor ECDSA"
         raise _key_error(ErrorCode.VERIFY_INPUT_INVALID, msg)
+    from securesystemslib.signer import SSlibKey  # loaded only where keys are used
+
     return SSlibKey.from_crypto(key)
 
 

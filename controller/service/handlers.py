@@ -24,8 +24,7 @@ from controller.api.views import ApplyView, BundleRef, DiscardView, RevertView, 
 from controller.config.host import HostConfig
 from controller.config.task import TaskSpec
 from controller.errors import ErrorCode, PatchboxError
-from controller.jobs.attest import ATTESTATIONS
-from controller.jobs.store import JobStore
+from controller.jobs.store import ATTESTATIONS, JobStore
 from controller.provenance.keys import public_pem
 from controller.providers.base import MAX_JSON_DEPTH
 from controller.providers.scripted import CallsFile, parse_calls

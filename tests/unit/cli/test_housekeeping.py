@@ -81,6 +81,26 @@ def test_version_loads_no_data_model() -> None:
     assert "controller.main" in loaded
 
 
+def test_a_job_that_signs_nothing_loads_no_signing_library() -> None:
+    """What ``run`` imports, the job's engine included, loads no securesystemslib (nor
+    what its signers pull in): the signing library is loaded only when a job signs, and
+    ``show`` and ``jobs`` never load docker-py for a record's network requests."""
+    code = (
+        "import sys, controller.cli.main, controller.cli.commands, controller.jobs.engine; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'securesystemslib', 'boto3'}))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"
+    code = "import sys, controller.jobs.records; print('docker' in sys.modules)"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=ROOT
+    )
+    assert proc.stdout.strip() == "False", proc.stderr[-2000:]
+
+
 def test_jobs_shows_times_durations_and_error_codes(home: Path, jobs: list[str]) -> None:
     proc = patchbox("jobs", "--json", home=home)
     assert proc.returncode == 0, proc.stderr

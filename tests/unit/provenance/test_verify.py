@@ -15,9 +15,9 @@ from in_toto.models.metadata import SignatureVerificationError
 from securesystemslib.signer import CryptoSigner
 
 from controller.errors import ErrorCode, PatchboxError
-from controller.jobs.attest import ATTESTATIONS, attest, statements
+from controller.jobs.attest import attest, statements
 from controller.jobs.records import JobRecord
-from controller.jobs.store import JobStore
+from controller.jobs.store import ATTESTATIONS, JobStore
 from controller.provenance.envelope import signed_lines
 from controller.provenance.keys import init_key, load_signer, public_pem
 from controller.provenance.verify import Policy, Report, Rule, diff_bytes, verify, verify_files
