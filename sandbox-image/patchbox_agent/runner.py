@@ -128,6 +128,18 @@ def _read_ready(fd: int, wait: float) -> bytes | None:
         return b""
 
 
+def _outlives(proc: subprocess.Popen[bytes], deadline: float) -> bool:
+    """Waits for a process whose output ended before it did: True when it still runs at
+    the deadline."""
+    if proc.poll() is not None:
+        return False
+    try:
+        proc.wait(max(deadline - time.monotonic(), 0))
+    except subprocess.TimeoutExpired:
+        return True
+    return False
+
+
 def collect(
     proc: subprocess.Popen[bytes],
     out: IO[bytes],
@@ -138,8 +150,10 @@ def collect(
     """Reads the process output (keeping the last ``cap`` bytes) until exit or deadline.
 
     When the process exits, or the deadline passes, its whole process group is killed, so
-    background children cannot keep the pipe open. Returns the tail, the total output size
-    and whether the deadline passed.
+    background children cannot keep the pipe open. The end of its output is not its end: a
+    process that closes its output first (coreutils do, at exit) is waited for until the
+    deadline, never killed before it exits. Returns the tail, the total output size and
+    whether the deadline passed.
     """
     fd = out.fileno()
     os.set_blocking(fd, False)
@@ -159,6 +173,7 @@ def collect(
                 sink(chunk)
         if proc.poll() is not None:
             kill_group(proc)
+    timed_out = timed_out or _outlives(proc, deadline)
     kill_group(proc)
     proc.wait()
     # Drain what was written before the kill, without waiting on stragglers.

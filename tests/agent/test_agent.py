@@ -225,6 +225,23 @@ def test_background_children_do_not_hold_the_call(box: LocalSandbox) -> None:
     assert time.monotonic() - started < 5
 
 
+def test_a_process_that_closes_its_output_before_it_exits_is_not_killed(
+    box: LocalSandbox,
+) -> None:
+    """The end of the output is not the end of the run: a process that closes its stdout
+    and stderr first (coreutils do, at exit) and exits later reports its own exit."""
+    script = "import os, time\nos.close(1)\nos.close(2)\ntime.sleep(0.5)\nos._exit(7)\n"
+    res = box.run([sys.executable, "-c", script], timeout=20)
+    assert (res.exit_code, res.signal, res.timed_out) == (7, None, False)
+    assert res.duration_ms >= 500
+    # one that never exits after closing its output ends at the deadline, as a timeout
+    hung = "import os, time\nos.close(1)\nos.close(2)\ntime.sleep(60)\n"
+    started = time.monotonic()
+    res = box.run([sys.executable, "-c", hung], timeout=1)
+    assert (res.timed_out, res.signal) == (True, 9)
+    assert time.monotonic() - started < 5
+
+
 def test_run_gets_only_the_given_environment(box: LocalSandbox) -> None:
     res = box.run(
         [sys.executable, "-c", "import os; print(sorted(os.environ))"], timeout=20, env={"A": "1"}

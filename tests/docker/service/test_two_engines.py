@@ -30,7 +30,7 @@ from tests.support.replicas import Replica, max_overlap, start_replica
 from tests.support.service import CALLS, END, LIMITS, SLOW_CALLS, slow_task, write_config
 from tests.support.service_http import submit
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
 
 TENANTS = ("alpha", "beta", "gamma", "delta")
 FAST_PER_TENANT = 20
@@ -198,7 +198,7 @@ def test_a_second_engine_stopped_under_load_interrupts_only_its_running_jobs(
         owners = {j: owner for j, (_, owner) in _rows(dsn).items()}
         # The second daemon again: it stopped its containers when it stopped.
         second_engine.start()
-        _until("the second engine to answer", lambda: _replicas(dsn)[second_engine.host][1], 60)
+        _until("the second engine to answer", lambda: _replicas(dsn)[second_engine.host][1], 180)
         still = _left_on(second_engine, set(views), timeout=90)
     finally:
         if first is not None:
