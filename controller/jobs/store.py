@@ -129,9 +129,10 @@ class JobStore:
         return self.save(record, durable=False)
 
     def turn_saver(self, record: JobRecord) -> Callable[[], Saved]:
-        """:meth:`save_turn` of ``record`` as it is now, to be run a moment later by another
-        thread (a session's job thread saves a turn while its result goes back to the
-        caller). Until it ran, :meth:`load` of the job in this process waits for it."""
+        """:meth:`save_turn` of ``record``, to be run a moment later by another thread (a
+        session's job thread saves a turn while its result goes back to the caller); it
+        writes what the record holds then. Until it ran, :meth:`load` of the job in this
+        process waits for it."""
         folder = self.folder(record.job_id)
         event = _UNSAVED.hold(folder)
 
