@@ -5,11 +5,13 @@ HTTP service). Each front door is imported only when its command runs."""
 from __future__ import annotations
 
 import argparse
+import gc
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from controller.cli.main import Door, settle_leftovers
-from controller.cli.main import run as run_cli
+if TYPE_CHECKING:
+    from controller.cli.main import Door
 
 Progress = Callable[[str], None]
 
@@ -17,6 +19,7 @@ Progress = Callable[[str], None]
 def mcp(args: argparse.Namespace, progress: Progress) -> int:
     """``patchbox mcp``: serves until the client goes or a signal (``docs/mcp.md``); nothing
     but the protocol reaches stdout."""
+    from controller.cli.main import settle_leftovers
     from controller.mcp.serve import serve
 
     settle_leftovers()
@@ -37,4 +40,7 @@ DOORS: dict[str, Door] = {"mcp": mcp, "serve": serve}
 
 def run() -> None:
     """The entry point of ``patchbox``."""
+    gc.disable()  # while the command's modules load; resumed by the CLI's run, below
+    from controller.cli.main import run as run_cli
+
     run_cli(DOORS)

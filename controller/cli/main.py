@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -411,9 +412,17 @@ def _report_error(
 def run(doors: Mapping[str, Door] | None = None) -> None:
     """The command's entry point: :func:`main`, then the process exits with its code. A
     reader gone before the last flush (``| head``) costs the output, never a traceback."""
+    # The modules loaded so far (collections are off while ``patchbox`` loads them) live as
+    # long as the process: frozen, the collector's passes no longer walk them; collections
+    # resume. At the end, freezing again leaves every object to the exit (the files and
+    # records the command wrote are closed and flushed by then) instead of one last pass
+    # over all of them: 50-70 ms of each command's start and exit.
+    gc.freeze()
+    gc.enable()
     code = main(doors=doors)
     try:
         sys.stdout.flush()
     except (OSError, ValueError):
         _quiet_stdout()
+    gc.freeze()
     sys.exit(code)

@@ -23,7 +23,6 @@ from controller.jobs.records import CheckFact, JobRecord, ProvenanceFacts
 from controller.jobs.store import ATTESTATIONS, JobStore
 from controller.logs import Scrubber
 from controller.paths import sandbox_image_dir
-from controller.provenance import statement as st
 from controller.provenance.keys import default_key_path
 from controller.sandbox.image import context_digest
 from controller.tools import policy
@@ -31,6 +30,8 @@ from controller.version import version
 
 if TYPE_CHECKING:
     from securesystemslib.signer import CryptoSigner
+
+    from controller.provenance import statement as st
 
 Signer: TypeAlias = "CryptoSigner"
 """A job's signer (securesystemslib's, loaded only when a job signs)."""
@@ -106,6 +107,8 @@ def _time(stamp: float) -> str:
 
 def statements(record: JobRecord, made: ProvenanceFacts, diff: bytes) -> list[st.Statement]:
     """The provenance statement and one test result per required check."""
+    from controller.provenance import statement as st  # its models load only when signing
+
     baseline = record.baseline
     assert baseline is not None  # noqa: S101 - a decided job has its baseline
     digest = _sha256(diff)
@@ -212,6 +215,8 @@ def attest(
     target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     if target.exists():
         return target
+    from controller.provenance import statement as st
+
     scrub = Scrubber(record.repo, secrets)
     signed = [
         st.Statement.model_validate(scrub.value(s.model_dump(mode="json")))

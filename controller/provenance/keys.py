@@ -11,20 +11,14 @@ import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from cryptography.exceptions import UnsupportedAlgorithm
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519
-from cryptography.hazmat.primitives.serialization import (
-    Encoding,
-    PublicFormat,
-    load_pem_private_key,
-    load_pem_public_key,
-)
-
 from controller.errors import ErrorCode, PatchboxError
 from controller.paths import patchbox_home
 
 if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
     from securesystemslib.signer import CryptoSigner, SSlibKey
+
+    PrivateKey = ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey
 
 Scheme = Literal["ed25519", "ecdsa-p256"]
 MAX_KEY_BYTES = 64 * 1024
@@ -79,9 +73,6 @@ def init_key(path: Path | None = None, *, scheme: Scheme = "ed25519", force: boo
     return target
 
 
-PrivateKey = ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey
-
-
 def load_signer(path: Path) -> CryptoSigner:
     """The signer of the private key at ``path`` (:func:`load_private`)."""
     from securesystemslib.signer import CryptoSigner  # loaded only where keys are used
@@ -93,6 +84,12 @@ def load_private(path: Path) -> PrivateKey:
     """The private key at ``path``: ``SIGNING_KEY_MISSING`` when there is no file,
     ``SIGNING_KEY_INVALID`` when others may read it, or it is not an unencrypted Ed25519 or
     ECDSA P-256 PEM key."""
+    # the cryptography library is loaded only where a key is read (a job that signs
+    # nothing never loads it)
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
     try:
         info = path.stat()
     except FileNotFoundError as exc:
@@ -122,6 +119,10 @@ def load_private(path: Path) -> PrivateKey:
 
 def load_public(path: Path) -> SSlibKey:
     """The public key in the PEM file at ``path`` (``VERIFY_INPUT_INVALID`` otherwise)."""
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+    from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -142,5 +143,7 @@ def load_public(path: Path) -> SSlibKey:
 
 def public_pem(path: Path) -> str:
     """The public key of the private key at ``path``, as a PEM ``PUBLIC KEY`` block."""
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
     public = load_private(path).public_key()
     return public.public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo).decode()

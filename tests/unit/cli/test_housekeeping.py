@@ -83,11 +83,13 @@ def test_version_loads_no_data_model() -> None:
 
 def test_a_job_that_signs_nothing_loads_no_signing_library() -> None:
     """What ``run`` imports, the job's engine included, loads no securesystemslib (nor
-    what its signers pull in): the signing library is loaded only when a job signs, and
+    what its signers pull in), no cryptography and not the statements' models: they are
+    loaded only when a job signs or a key is read, and
     ``show`` and ``jobs`` never load docker-py for a record's network requests."""
     code = (
         "import sys, controller.cli.main, controller.cli.commands, controller.jobs.engine; "
-        "print(sorted({m.split('.')[0] for m in sys.modules} & {'securesystemslib', 'boto3'}))"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'securesystemslib', 'boto3', "
+        "'cryptography'} | {m for m in sys.modules} & {'controller.provenance.statement'}))"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=ROOT

@@ -25,7 +25,6 @@ from controller.tools.executor import check_result
 from controller.tools.schemas import (
     ARGUMENT_MODELS,
     MAX_ARGUMENT_BYTES,
-    ListFilesArgs,
     ReadFileArgs,
     parse_arguments,
     tool_schemas,
@@ -196,7 +195,7 @@ def test_shared_limits_are_the_agents() -> None:
     assert schemas["apply_patch"]["patch"]["maxLength"] == diffs.MAX_BYTES
     assert MAX_ARGUMENT_BYTES > diffs.MAX_BYTES
     # The defaults the model reads in the descriptions are the agent's.
-    described = ListFilesArgs.model_fields["max_results"].description or ""
+    described = schemas["list_files"]["maxResults"]["description"]
     assert f"(default {bounds.DEFAULT_LIST_RESULTS})" in described
     described = schemas["search_text"]["maxResults"]["description"]
     assert f"(default {bounds.DEFAULT_SEARCH_RESULTS})" in described
