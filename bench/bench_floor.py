@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import compileall
+import gc
 import json
 import os
 import shutil
@@ -223,6 +224,7 @@ def trace_cli(argv: list[str]) -> int:
     """``python3 -m controller`` with timestamps around the job's phases, written as JSON to
     the file ``$BENCH_FLOOR_EVENTS`` names; runs in a process of its own."""
     events: list[tuple[str, float]] = [("child", time.time())]
+    gc.disable()  # as ``patchbox``'s entry point does; the CLI's run turns it back on
     import controller.cli.commands
     import controller.cli.main as cli
 

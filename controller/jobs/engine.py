@@ -204,13 +204,15 @@ class Job:
                     if self._box is not None:
                         self._box.close()
                         self._box = None
-                    if self._prepared is not None:
-                        self._prepared.finish()
                     if self._gate is not None:
                         self._gate.shutdown()
                         self._gate = None
+                    if self._prepared is not None:
+                        self._prepared.finish()
         except PatchboxError as exc:  # the lock itself: JOB_ALREADY_RUNNING
             self._fail(exc)
+        except Exception as exc:  # the sandbox's removal (a bug), recorded and raised by run
+            unexpected = unexpected or self._internal(exc)
         return unexpected
 
     def _heartbeat(
@@ -349,7 +351,7 @@ class Job:
         record.final_message = self._tool_loop(prepared.sandbox, checks, task)
         record.timings_ms["loop"] = round((time.perf_counter() - t) * 1000)
         collected = collect(prepared.sandbox, baseline)
-        prepared.sandbox.close()
+        prepared.close_later()  # removed while the job goes on; finish waits for it
         self._box = None
         return baseline, collected
 

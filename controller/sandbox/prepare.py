@@ -78,14 +78,34 @@ class Prepared:
     spare_offered: str | None = None
     discard_thread: threading.Thread | None = None
     """Removes a sandbox started while the baseline was built when a spare served instead."""
+    close_thread: threading.Thread | None = None
+    """Removes :attr:`sandbox` once the job no longer needs it (:meth:`close_later`)."""
+    close_error: BaseException | None = None
+
+    def close_later(self) -> None:
+        """Removes the sandbox on a thread of its own while the job goes on (its checks,
+        validation and decision need the collected change, not the container);
+        :meth:`finish` waits for the removal."""
+
+        def close() -> None:
+            try:
+                self.sandbox.close()
+            except BaseException as exc:  # not the engine's (close logs those): raised by finish
+                self.close_error = exc
+
+        self.close_thread = threading.Thread(target=close, name="sandbox-close")
+        self.close_thread.start()
 
     def finish(self, timeout: float = 60.0) -> str | None:
-        """Waits for the spare offer (and the removal of an unused early sandbox); returns
-        the spare's container id, or None."""
-        if self.discard_thread is not None:
-            self.discard_thread.join(timeout)
-        if self.spare_thread is not None:
-            self.spare_thread.join(timeout)
+        """Waits for the sandbox's removal, the spare offer and the removal of an unused
+        early sandbox; returns the spare's container id, or None. Raises what the removal
+        raised that was not the engine's (a bug)."""
+        for thread in (self.close_thread, self.discard_thread, self.spare_thread):
+            if thread is not None:
+                thread.join(timeout)
+        if self.close_error is not None:
+            error, self.close_error = self.close_error, None
+            raise error
         return self.spare_offered
 
 

@@ -1,9 +1,12 @@
 """Closing a sandbox whose container Docker is already removing (a claimed spare ends and is
 removed by Docker) is a quiet success; any other failure to remove it is logged as an
-error. Pure unit tests: the container is a stand-in that only knows ``remove``."""
+error. A sandbox closed later is removed on a thread of its own, and the job's ``finish``
+waits for that removal (and raises a bug in it). Pure unit tests: the container is a
+stand-in that only knows ``remove``."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import MutableMapping
 from types import SimpleNamespace
 from typing import Any, cast
@@ -14,6 +17,7 @@ import structlog.testing
 
 from controller.sandbox.base import SandboxSpec
 from controller.sandbox.docker import DockerSandbox
+from controller.sandbox.prepare import Prepared
 from tests.support.faults import engine_gone
 
 
@@ -87,3 +91,50 @@ def test_a_bug_in_closing_is_raised() -> None:
     box = DockerSandbox(cast("Any", None), spec, cast("Any", _Broken()))
     with pytest.raises(KeyError):
         box.close()
+
+
+class _SlowRemoval:
+    """A container whose removal takes a while and notes the thread it ran on."""
+
+    short_id = "0123456789ab"
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.removed_on: list[str] = []
+        self.error = error
+
+    def remove(self, **_: Any) -> None:
+        self.started.set()
+        assert self.release.wait(10)
+        self.removed_on.append(threading.current_thread().name)
+        if self.error is not None:
+            raise self.error
+
+
+def _prepared(container: _SlowRemoval) -> Prepared:
+    spec = SandboxSpec(image="patchbox-sandbox:test", job_id="job-1")
+    box = DockerSandbox(cast("Any", None), spec, cast("Any", container))
+    return Prepared(box, cast("Any", None), cast("Any", None), "spare", {})
+
+
+def test_a_sandbox_closed_later_is_removed_on_its_own_thread_and_finish_waits() -> None:
+    container = _SlowRemoval()
+    prepared = _prepared(container)
+    prepared.close_later()
+    assert container.started.wait(10)  # the removal began; the caller went on
+    assert container.removed_on == []
+    threading.Timer(0.2, container.release.set).start()
+    assert prepared.finish() is None  # returns only once the removal is done
+    assert container.removed_on == ["sandbox-close"]
+    assert not any(t.name == "sandbox-close" for t in threading.enumerate())
+
+
+def test_a_bug_in_a_removal_closed_later_is_raised_by_finish() -> None:
+    container = _SlowRemoval(KeyError("a bug"))
+    container.release.set()
+    prepared = _prepared(container)
+    prepared.close_later()
+    with pytest.raises(KeyError):
+        prepared.finish()
+    assert prepared.finish() is None  # raised once
