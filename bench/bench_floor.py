@@ -286,9 +286,9 @@ PHASES: list[tuple[str, str, str]] = [
     ("prepare: rest (archive into the sandbox)", "start<", "prepare<"),
     ("loop: the one read_file", "prepare<", "collect>"),
     ("collection (changes from the sandbox)", "collect>", "collect<"),
-    ("teardown (sandbox close)", "close>", "close<"),
-    ("validation, decision, wait for the spare offer", "close<", "evidence>"),
-    ("  of which waiting for the spare offer", "offer>", "offer<"),
+    ("teardown (sandbox removal, on a thread of its own)", "close>", "close<"),
+    ("validation, decision, waits for the removal and spare", "collect<", "evidence>"),
+    ("  of which waiting for the removal and the spare offer", "offer>", "offer<"),
     ("evidence", "evidence>", "evidence<"),
     ("record saved", "evidence<", "job<"),
     ("output (job view, summary)", "job<", "main<"),
@@ -299,10 +299,12 @@ PHASES: list[tuple[str, str, str]] = [
 def phases_of(events: list[tuple[str, float]]) -> dict[str, float]:
     """Seconds per phase of one traced run (first occurrence of each mark)."""
     marks: dict[str, float] = {}
+    collected = False
     for name, at in events:
+        collected = collected or name == "collect<"
+        if name.startswith("close") and not collected:
+            continue  # a close before the collection's end is not the teardown
         marks.setdefault(name, at)
-    if "close>" in marks and "collect<" in marks and marks["close>"] < marks["collect<"]:
-        marks.pop("close>")  # a close inside collection would not be the teardown
     return {
         label: marks[end] - marks[begin]
         for label, begin, end in PHASES
