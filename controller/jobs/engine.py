@@ -139,8 +139,9 @@ class Job:
         """Runs the job to its end state.
 
         An unexpected exception (a bug, an untranslated third-party error) ends the record
-        ``failed`` with ``INTERNAL_ERROR``, its containers removed and its evidence written,
-        and is raised as :class:`InternalError` naming the crash report.
+        ``failed`` with ``INTERNAL_ERROR`` (one after the decision, in the sandbox's removal,
+        keeps the decision), its containers removed and its evidence written, and is raised
+        as :class:`InternalError` naming the crash report.
 
         ``refusals="raise"``: a job refused before it started for what the requester can
         fix (:data:`~controller.jobs.request.REFUSALS`: a path that is not a work tree's

@@ -37,6 +37,7 @@ from controller.providers import (
 )
 from controller.providers.base import Provider
 from controller.sandbox.base import Runtime
+from controller.sandbox.docker import DockerSandbox
 from tests.support.git import git
 from tests.support.jobs import (
     APP,
@@ -1070,6 +1071,37 @@ def test_unexpected_error_still_ends_the_record_failed(
     assert info.value.report is not None
     assert info.value.report in stored.error.message
     assert evidence_of(stored.job_id)["status"] == "failed"
+    assert containers_of(client, stored.job_id) == []
+
+
+def test_a_bug_in_the_sandbox_removal_is_raised_and_the_decision_kept(
+    client: docker.DockerClient, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job's sandbox is removed on a thread of its own while the job goes on; a bug
+    there (not an engine error, which is logged) is raised as any other bug is, with its
+    crash report, once the job has waited for the removal; the job, decided by then, keeps
+    its decision and its evidence."""
+    original = DockerSandbox.close
+    closes: list[str] = []
+
+    def broken(self: DockerSandbox) -> None:
+        original(self)  # removed all the same, then the bug
+        closes.append(threading.current_thread().name)
+        if len(closes) == 1:  # the job's sandbox; the check's fresh one closes as usual
+            raise RuntimeError("a bug in the removal")
+
+    monkeypatch.setattr(DockerSandbox, "close", broken)
+    job = new_job(client, repo, make_task(), scripted([call("c1", EDIT)]))
+    with pytest.raises(InternalError, match=r"unexpected error \(RuntimeError\)") as info:
+        job.run()
+    assert closes[0] == "sandbox-close"
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert info.value.report is not None
+    assert info.value.report in str(info.value)
+    stored = JobStore().load(job.record.job_id)
+    assert stored.state == "awaiting_review"
+    assert stored.error is None
+    assert evidence_of(stored.job_id)["status"] == "awaiting_review"
     assert containers_of(client, stored.job_id) == []
 
 
