@@ -225,6 +225,9 @@ def trace_cli(argv: list[str]) -> int:
     the file ``$BENCH_FLOOR_EVENTS`` names; runs in a process of its own."""
     events: list[tuple[str, float]] = [("child", time.time())]
     gc.disable()  # as ``patchbox``'s entry point does; the CLI's run turns it back on
+    import controller.main
+
+    controller.main.import_logging()  # as the entry point does
     import controller.cli.commands
     import controller.cli.main as cli
 

@@ -6,8 +6,8 @@ Each round, in rotating order, one fresh process of each:
 - ``python3 -c pass`` (the interpreter alone, wall time: the reference);
 - ``python3 -c 'import controller.main'`` and the CLI's module, timed inside the process
   around the imports (what ``patchbox`` does before ``main`` runs: the entry point imports
-  ``controller.main``, whose ``run`` turns the collector off and imports the CLI's module
-  and its logging);
+  ``controller.main``, whose ``run`` turns the collector off, imports structlog without
+  the console extras it would otherwise load, then the CLI's module);
 - the same with ``rich`` made unimportable first, as in a plain install (``rich`` is here
   only because a development tool, import-linter, requires it, and structlog imports it for
   its console tracebacks when it can);
@@ -30,7 +30,8 @@ from common import loadavg, print_table
 
 IMPORT = (
     "import gc, time; t = time.perf_counter(); import controller.main; gc.disable(); "
-    "import controller.cli.main; print((time.perf_counter() - t) * 1000)"
+    "controller.main.import_logging(); import controller.cli.main; "
+    "print((time.perf_counter() - t) * 1000)"
 )
 WITHOUT_RICH = "import sys; sys.modules['rich'] = None; " + IMPORT
 """The same in a plain install: ``rich`` comes here only with the development tools

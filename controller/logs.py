@@ -189,7 +189,9 @@ def configure(
     renderer: Any = (
         structlog.processors.JSONRenderer()
         if json_output
-        else structlog.dev.ConsoleRenderer(colors=False)
+        else structlog.dev.ConsoleRenderer(
+            colors=False, exception_formatter=structlog.dev.plain_traceback
+        )
     )
     processors: list[Any] = [
         structlog.processors.add_log_level,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,10 +38,31 @@ def serve(args: argparse.Namespace, _progress: Progress) -> int:
 
 DOORS: dict[str, Door] = {"mcp": mcp, "serve": serve}
 
+CONSOLE_EXTRAS = ("rich", "better_exceptions", "colorama")
+"""What structlog looks for when it is first imported, to pick its console's traceback format
+and colours. patchbox's console lines are plain text, the same whatever else is installed
+(``logs.configure``), so the command's start does not load them (rich alone is about 50 ms of
+every command's start where it is installed)."""
+
+
+def import_logging() -> None:
+    """Imports structlog with :data:`CONSOLE_EXTRAS` out of its sight; any of them can still
+    be imported afterwards by whatever needs it."""
+    hidden = [name for name in CONSOLE_EXTRAS if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # type: ignore[assignment]  # "not installed", for now
+    try:
+        import structlog  # noqa: F401 - loaded here, before the CLI's modules
+    finally:
+        for name in hidden:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
+
 
 def run() -> None:
     """The entry point of ``patchbox``."""
     gc.disable()  # while the command's modules load; resumed by the CLI's run, below
+    import_logging()
     from controller.cli.main import run as run_cli
 
     run_cli(DOORS)

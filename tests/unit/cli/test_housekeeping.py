@@ -4,6 +4,7 @@ output into a pipe that closes early (``show JOB | head``) ending quietly."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -101,6 +102,38 @@ def test_a_job_that_signs_nothing_loads_no_signing_library() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=ROOT
     )
     assert proc.stdout.strip() == "False", proc.stderr[-2000:]
+
+
+def test_a_command_loads_no_console_extras_and_leaves_them_importable() -> None:
+    """A command's start imports structlog with rich, better_exceptions and colorama out of
+    its sight (its console lines are plain text whatever is installed): none of them is
+    loaded by what ``run`` imports, and each one installed still imports afterwards."""
+    assert importlib.util.find_spec("rich") is not None  # the development tools bring it
+    code = (
+        "import importlib, importlib.util, sys, controller.main as entry\n"
+        "entry.import_logging()\n"
+        "import controller.cli.main, controller.cli.commands, controller.jobs.engine\n"
+        "print(sorted(n for n in entry.CONSOLE_EXTRAS if n in sys.modules))\n"
+        "found = [n for n in entry.CONSOLE_EXTRAS if importlib.util.find_spec(n)]\n"
+        "print(all(importlib.import_module(n) for n in found), 'rich' in found)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines() == ["[]", "True True"]
+    code = (  # the entry point itself, through to its exit
+        "import atexit, sys\n"
+        "atexit.register(lambda: print(*(m in sys.modules for m in ('structlog', 'rich'))))\n"
+        "sys.argv = ['patchbox', '--version']\n"
+        "from controller.main import run\n"
+        "run()\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[-1] == "True False"
 
 
 def test_jobs_shows_times_durations_and_error_codes(home: Path, jobs: list[str]) -> None:

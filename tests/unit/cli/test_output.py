@@ -88,3 +88,24 @@ def test_progress_and_log_lines_never_interleave(monkeypatch: pytest.MonkeyPatch
         if not line.startswith("patchbox: "):
             assert json.loads(line)["event"] == "event"
     configure()
+
+
+def _fail() -> None:
+    raise ValueError("the cause")
+
+
+def test_console_lines_show_a_failure_as_a_plain_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The console lines' traceback is Python's own text whatever is installed beside
+    patchbox (rich is, here: the development tools bring it)."""
+    captured = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", captured)
+    configure()
+    try:
+        _fail()
+    except ValueError:
+        structlog.get_logger("test").exception("it_failed")
+    text = captured.getvalue()
+    assert "it_failed" in text
+    assert "Traceback (most recent call last):" in text
+    assert "ValueError: the cause" in text
+    assert "╭" not in text  # rich's framed traceback
