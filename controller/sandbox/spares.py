@@ -4,8 +4,11 @@ repository has run in a spare, and an unclaimed one ends by itself."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,6 +38,8 @@ POOL_KEY = "io.patchbox.pool-key"
 SPARE = "spare"
 CLAIMED_PREFIX = "patchbox-claimed-"
 """A claimed spare is renamed to this prefix plus its id: only one rename can win."""
+OFFERING = ".offer"
+"""The suffix of a pool key's lock file, held while a spare for that key is being started."""
 
 
 def pool_key(tree: str, spec: SandboxSpec) -> str:
@@ -147,9 +152,11 @@ class SparePool:
             }
         except docker.errors.APIError:
             return 0
-        gone = [p for p in self.root.iterdir() if p.name not in alive]
+        gone = [p for p in self.root.iterdir() if p.suffix != OFFERING and p.name not in alive]
         for path in gone:
             path.unlink(missing_ok=True)
+        for path in self.root.glob(f"*{OFFERING}"):
+            _unlink_unless_held(path)
         return len(gone)
 
     def remove_all(self, identity: ControllerIdentity) -> list[str]:
@@ -171,13 +178,34 @@ class SparePool:
                 self.release(spare.id)
         return removed
 
+    @contextlib.contextmanager
+    def _offering(self, key: str) -> Iterator[bool]:
+        """Holds ``key``'s lock file while a spare for it is started; False (nothing held)
+        when another job of this state directory is starting one right now."""
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self.root / f"{key}{OFFERING}", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)  # and the lock with it
+
     def offer(self, key: str, spec: SandboxSpec, identity: ControllerIdentity) -> str | None:
-        """Starts a spare for ``key`` unless one is waiting; keeps at most ``max_spares``
-        (the oldest unclaimed ones go first, each claimed before it is removed, so a spare
-        another controller is taking is never removed under it). Returns the container id,
-        or None."""
+        """Starts a spare for ``key`` unless one is waiting or another job is starting one
+        (jobs on the same baseline that end together start one spare, not one each); keeps
+        at most ``max_spares`` (the oldest unclaimed ones go first, each claimed before it
+        is removed, so a spare another controller is taking is never removed under it).
+        Returns the container id, or None."""
         if self.max_spares <= 0:
             return None
+        with self._offering(key) as mine:
+            return self._offer(key, spec, identity) if mine else None
+
+    def _offer(self, key: str, spec: SandboxSpec, identity: ControllerIdentity) -> str | None:
         waiting = [s for s in self._spares() if self.claimed_by_live_controller(s.id) is None]
         if any(s.key == key for s in waiting):
             return None
@@ -196,6 +224,23 @@ class SparePool:
         spare = spec.model_copy(update={"idle_exit": self.idle_seconds, "job_id": SPARE})
         container = DockerSandbox.start_detached(self.client, spare, labels)
         return container.id
+
+
+def _unlink_unless_held(path: Path) -> None:
+    """Removes a pool key's lock file unless a spare is being started under it. (A job that
+    opened it just before loses nothing: at worst two spares for one key are started, and
+    the pool keeps at most ``max_spares``.)"""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass  # held: a spare is being started
+    finally:
+        os.close(fd)
 
 
 def _name(container: Container) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -262,6 +263,39 @@ def test_a_spare_is_claimed_once(
         docker_client.containers.get(cid)
     assert pool.sweep() >= 1
     assert not (pool.root / cid).exists()
+
+
+def test_jobs_ending_together_on_one_baseline_start_one_spare(
+    docker_client: docker.DockerClient, spec: SandboxSpec, pool: SparePool, tmp_path: Path
+) -> None:
+    """Six offers for the same pool key at once (six jobs on one baseline ending together)
+    start one spare between them; the key's lock file goes with the next sweep."""
+    archive = tmp_path / "empty.tar"
+    archive.write_bytes(b"\0" * 1024)
+    key = pool_key(hashlib.sha256(spec.job_id.encode()).hexdigest()[:40], spec)  # its own
+    loaded = spec.model_copy(update={"preload": str(archive)})
+    together = threading.Barrier(6)
+    offered: list[str | None] = []
+
+    def offer() -> None:
+        together.wait()
+        offered.append(pool.offer(key, loaded, current_identity()))
+
+    threads = [threading.Thread(target=offer) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    started = [cid for cid in offered if cid is not None]
+    assert len(offered) == 6
+    assert len(started) == 1, offered
+    listed = docker_client.containers.list(all=True, filters={"label": f"{POOL_KEY}={key}"})
+    assert [c.id for c in listed] == started
+    assert pool.offer(key, loaded, current_identity()) is None  # one is waiting
+    assert (pool.root / f"{key}.offer").exists()
+    pool.sweep()
+    assert not (pool.root / f"{key}.offer").exists()
+    assert [c.id for c in docker_client.containers.list(filters={"id": started[0]})] == started
 
 
 def test_an_unclaimed_spare_ends_by_itself(
