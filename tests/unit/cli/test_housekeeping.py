@@ -59,6 +59,13 @@ def jobs(home: Path) -> list[str]:
     return [r.job_id for r in made]
 
 
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    """``code`` run by a fresh interpreter from the project's root."""
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=ROOT
+    )
+
+
 def test_version() -> None:
     proc = patchbox("--version")
     assert proc.returncode == 0
@@ -92,15 +99,11 @@ def test_a_job_that_signs_nothing_loads_no_signing_library() -> None:
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'securesystemslib', 'boto3', "
         "'cryptography'} | {m for m in sys.modules} & {'controller.provenance.statement'}))"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=ROOT
-    )
+    proc = _python(code)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[]"
     code = "import sys, controller.jobs.records; print('docker' in sys.modules)"
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=ROOT
-    )
+    proc = _python(code)
     assert proc.stdout.strip() == "False", proc.stderr[-2000:]
 
 
@@ -117,9 +120,7 @@ def test_a_command_loads_no_console_extras_and_leaves_them_importable() -> None:
         "found = [n for n in entry.CONSOLE_EXTRAS if importlib.util.find_spec(n)]\n"
         "print(all(importlib.import_module(n) for n in found), 'rich' in found)\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=ROOT
-    )
+    proc = _python(code)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.splitlines() == ["[]", "True True"]
     code = (  # the entry point itself, through to its exit
@@ -129,9 +130,7 @@ def test_a_command_loads_no_console_extras_and_leaves_them_importable() -> None:
         "from controller.main import run\n"
         "run()\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=ROOT
-    )
+    proc = _python(code)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.splitlines()[-1] == "True False"
 
