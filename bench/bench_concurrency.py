@@ -46,6 +46,7 @@ from common import (
     print_table,
     remove_labelled,
     sample_archive,
+    wait_spares_started,
 )
 from controller.config.limits import Limits
 from controller.identity import CONTROLLER, JOB, KIND, OWNER, OWNER_VALUE
@@ -306,6 +307,8 @@ def one_round(
             else:
                 with jobs:
                     jobs.wall, lat, jobs.failures = batch_jobs(work, n, work / "home")
+                    wait_spares_started(work / "home")  # untimed; its CPU is the jobs'
+
         with bare:
             bare.wall = batch_bare(args.image, n, label=f"{JOB}={args.run_id}-true")
     wall_row = [

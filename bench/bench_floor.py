@@ -22,7 +22,9 @@ container run, both measured in one run, interleaved.
    times are taken on their own: ``python3 -c pass``, ``python3 -c 'import
    controller.cli.main, controller.cli.commands'`` (what ``run`` imports before it does
    anything), ``python3 -c 'import pydantic, docker, structlog'`` (the dependencies alone)
-   and ``python3 -m controller --version``.
+   and ``python3 -m controller --version``. After each side, untimed, the bench waits until
+   no spare of its state directory is still being started (a job ends once the daemon has
+   its spare's start; the rest of that start must not fall into the next side's time).
 
    The controller's modules are compiled to bytecode first (``compileall``), as installing
    the package does; ``--no-compile`` removes that bytecode and sets
@@ -59,6 +61,7 @@ from common import (
     print_table,
     remove_labelled,
     sample_archive,
+    wait_spares_started,
 )
 
 if TYPE_CHECKING:
@@ -424,10 +427,12 @@ def measure_job(args: argparse.Namespace, scratch: Path) -> tuple[JobSamples, st
     for _ in range(args.job_warmup):
         for side in sides:
             side()
+            wait_spares_started()
     bench.samples = JobSamples()
     for r in range(args.jobs):
         for k in range(len(sides)):
             sides[(r + k) % len(sides)]()
+            wait_spares_started()
         print(f"job round {r + 1}/{args.jobs} (load {loadavg()})", file=sys.stderr)
     return bench.samples, image
 

@@ -133,6 +133,29 @@ DAEMON_GROUPS = ("dockerd+containerd", "shims", "fuse-overlayfs")
 """What :class:`DaemonCpu` counts, by group."""
 
 
+def wait_spares_started(home: Path | None = None, wait: float = 30.0) -> None:
+    """Waits until no spare of the state directory ``home`` (default ``$PATCHBOX_HOME``)
+    is still starting. A job ends once its spare's start is with the daemon; a bench waits
+    for the rest of that start (untimed) so that it does not fall into the next side's
+    time, and counts its CPU with the jobs'."""
+    import time
+
+    from controller.sandbox.dockerclient import connect
+    from controller.sandbox.labels import HOME, KIND, home_id
+
+    client = connect()
+    labels = [f"{KIND}=spare", f"{HOME}={home_id(home)}"]
+    filters: dict[str, str | list[str] | bool] = {"label": labels, "status": "created"}
+    deadline = time.monotonic() + wait
+    try:
+        while time.monotonic() < deadline:
+            if not client.containers.list(all=True, filters=filters, sparse=True):
+                return
+            time.sleep(0.01)
+    finally:
+        client.close()
+
+
 def _proc_stat(pid: str) -> tuple[str, int, int, int] | None:
     """(name, parent pid, start time, utime + stime + cutime + cstime in ticks) of a process."""
     try:

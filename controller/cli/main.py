@@ -420,6 +420,10 @@ def run(doors: Mapping[str, Door] | None = None) -> None:
     gc.freeze()
     gc.enable()
     code = main(doors=doors)
+    if "controller.sandbox.handover" in sys.modules:  # loaded with the spares: one may be starting
+        from controller.sandbox.handover import hand_over
+
+        hand_over()  # their answers go to a helper; the command ends now
     try:
         sys.stdout.flush()
     except (OSError, ValueError):

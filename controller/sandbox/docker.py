@@ -35,7 +35,7 @@ from controller.sandbox.base import (
 from controller.sandbox.calls import ARCHIVE_TIMEOUT, DEFAULT_CALL_TIMEOUT, AgentCalls
 from controller.sandbox.dockerargs import NO_DNS, NO_DNS_OPTIONS, ContainerConfig
 from controller.sandbox.dockerclient import create_container, removal_in_progress
-from controller.sandbox.labels import ControllerIdentity
+from controller.sandbox.labels import ControllerIdentity, status_of
 from controller.sandbox.protocol import MAX_RESPONSE_FRAME, CallArgs
 from controller.sandbox.session import AgentSession
 
@@ -307,27 +307,16 @@ class DockerSandbox(AgentCalls):
     def claim(
         cls, client: docker.DockerClient, spec: SandboxSpec, container: Container
     ) -> DockerSandbox:
-        """Takes over a running spare (see :mod:`controller.pool`): attach and greet, with a
-        key of this session. On failure the spare is removed."""
+        """Takes over a spare (:mod:`controller.sandbox.spares`): attach, start it if its
+        listed state is ``created`` (its own start may still be on its way: the daemon
+        starts it once), and greet, with a key of this session. On failure it is removed."""
         sandbox = cls(client, spec, container)
         try:
-            sandbox._boot(start=False)
+            sandbox._boot(start=status_of(container) == "created")
         except BaseException:
             sandbox.close()
             raise
         return sandbox
-
-    @staticmethod
-    def start_detached(
-        client: docker.DockerClient, spec: SandboxSpec, labels: dict[str, str]
-    ) -> Container:
-        """Creates and starts a container nobody is attached to (a spare)."""
-        try:
-            container = create_container(client, **container_config(spec, labels))
-            container.start()
-        except docker.errors.APIError as exc:
-            raise map_error(exc, "cannot start a spare sandbox") from exc
-        return container
 
     def _boot(self, *, start: bool = True) -> None:
         self._watcher = _OomWatcher(self._client, self.container.id or "")

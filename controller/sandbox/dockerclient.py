@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any
 
 import docker
@@ -12,7 +13,10 @@ from docker.models.containers import (  # type: ignore[attr-defined]
     _create_container_args,
 )
 
-from controller.errors import NotReadyError
+from controller.errors import NotReadyError, SandboxError
+
+ANSWER_LIMIT = 65536
+"""Bytes of the daemon's answer to a start read at most (it is a status and a short error)."""
 
 _versions: dict[str, str] = {}
 """The API version each daemon (by ``DOCKER_HOST``) answered this process's first client
@@ -47,3 +51,45 @@ def create_container(client: docker.DockerClient, **config: Any) -> Container:
     args = _create_container_args({**config, "version": client.api.api_version})
     created = client.api.create_container(**args)
     return client.containers.prepare_model({"Id": created["Id"]})
+
+
+def request_start(client: docker.DockerClient, container_id: str) -> socket.socket | None:
+    """Sends a container's start to a daemon on a unix socket, on a connection of its own;
+    the connection, to read the daemon's answer from (:func:`start_answer`). The daemon
+    finishes a start it has been sent even when the sender goes away, so a process may end
+    once this returns. None when the client's daemon is not on a unix socket (start the
+    container the usual way)."""
+    adapter = client.api.get_adapter("http+docker://localhost")
+    path = getattr(adapter, "socket_path", None)
+    if not isinstance(path, str) or not path:
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(float(client.api.timeout))
+    request = (
+        f"POST /v{client.api.api_version}/containers/{container_id}/start HTTP/1.1\r\n"
+        "Host: docker\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    try:
+        sock.connect(path)
+        sock.sendall(request.encode("ascii"))
+    except OSError as exc:
+        sock.close()
+        raise SandboxError(f"cannot start a spare sandbox: {exc}") from exc
+    return sock
+
+
+def start_answer(sock: socket.socket) -> None:
+    """Reads the daemon's answer to :func:`request_start` and closes the connection;
+    ``SandboxError`` with the daemon's reason when it did not start the container."""
+    data = b""
+    with sock:
+        try:
+            while len(data) < ANSWER_LIMIT and (chunk := sock.recv(4096)):
+                data += chunk
+        except OSError as exc:
+            raise SandboxError(f"cannot start a spare sandbox: {exc}") from exc
+    head, _, body = data.partition(b"\r\n\r\n")
+    if head.split(b" ", 2)[1:2] in ([b"204"], [b"304"]):  # started, or running already
+        return
+    why = body.decode("utf-8", "replace").strip() or head.decode("ascii", "replace")
+    raise SandboxError(f"cannot start a spare sandbox: {why[:500] or 'no answer'}")

@@ -27,7 +27,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -67,7 +67,8 @@ class Prepared:
     """A greeted sandbox holding the baseline, and how it got there.
 
     A spare for the next job on the same baseline is started in the background (off the
-    critical path); :meth:`finish` waits for that before the process may exit."""
+    critical path); :meth:`finish` waits until the daemon has its start (the daemon
+    finishes it even if this process ends then)."""
 
     sandbox: DockerSandbox
     baseline: Baseline
@@ -76,6 +77,9 @@ class Prepared:
     timings_ms: dict[str, int]
     spare_thread: threading.Thread | None = None
     spare_offered: str | None = None
+    spare_sent: threading.Event = field(default_factory=threading.Event)
+    """Set once the spare thread needs this process no more: the spare's start sent to the
+    daemon, or no spare started."""
     discard_thread: threading.Thread | None = None
     """Removes a sandbox started while the baseline was built when a spare served instead."""
     close_thread: threading.Thread | None = None
@@ -97,12 +101,15 @@ class Prepared:
         self.close_thread.start()
 
     def finish(self, timeout: float = 60.0) -> str | None:
-        """Waits for the sandbox's removal, the spare offer and the removal of an unused
-        early sandbox; returns the spare's container id, or None. Raises what the removal
-        raised that was not the engine's (a bug)."""
-        for thread in (self.close_thread, self.discard_thread, self.spare_thread):
+        """Waits for the sandbox's removal, the removal of an unused early sandbox and the
+        spare offer (until the daemon has the spare's start, not for its answer); returns
+        the spare's container id, or None. Raises what the removal raised that was not the
+        engine's (a bug)."""
+        for thread in (self.close_thread, self.discard_thread):
             if thread is not None:
                 thread.join(timeout)
+        if self.spare_thread is not None:
+            self.spare_sent.wait(timeout)
         if self.close_error is not None:
             error, self.close_error = self.close_error, None
             raise error
@@ -239,6 +246,7 @@ def prepare(  # noqa: PLR0913 - the inputs of a job's start, all keyword-only
             target=_fill_and_offer,
             args=(prepared, spec, identity, cache, pool),
             name="spare-offer",
+            daemon=True,  # once the start is sent (finish), the process need not wait for it
         )
         prepared.spare_thread.start()
     return prepared
@@ -252,25 +260,33 @@ def _fill_and_offer(
     pool: SparePool | None,
 ) -> None:
     """After the sandbox is ready: the archive cached (a FIFO sandbox left it empty), then a
-    spare offered for the next job on the same baseline."""
+    spare offered for the next job on the same baseline. Sets ``prepared.spare_sent`` once
+    the spare's start is with the daemon, or when no spare is started."""
     baseline = prepared.baseline
+
+    def sent(container_id: str) -> None:
+        prepared.spare_offered = container_id
+        prepared.spare_sent.set()
+
     try:
-        archive = cache.fill(baseline)
-    except (GitError, OSError) as exc:
-        log.warning("baseline_not_cached", error=str(exc))
-        return
-    if pool is None:
-        return
-    spare_spec = spec.model_copy(update={"preload": str(archive)})
-    try:
-        with mount_alias(archive) as alias:
+        try:
+            archive = cache.fill(baseline)
+        except (GitError, OSError) as exc:
+            log.warning("baseline_not_cached", error=str(exc))
+            return
+        if pool is None:
+            return
+        try:
             prepared.spare_offered = pool.offer(
                 pool_key(baseline.tree, spec),
-                spare_spec.model_copy(update={"preload": str(alias)}),
+                spec.model_copy(update={"preload": str(archive)}),
                 identity,
+                sent,
             )
-    except (SandboxError, OSError) as exc:
-        log.warning("spare_not_started", error=str(exc))
+        except (SandboxError, OSError) as exc:
+            log.warning("spare_not_started", error=str(exc))
+    finally:
+        prepared.spare_sent.set()
 
 
 def start_with_baseline(

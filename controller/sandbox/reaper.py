@@ -26,13 +26,9 @@ from controller.sandbox.labels import (
     labels_of,
     status_of,
 )
-from controller.sandbox.spares import SparePool
+from controller.sandbox.spares import SPARE_START_GRACE, SparePool
 
 log = structlog.get_logger(__name__)
-
-SPARE_START_GRACE = 120.0
-"""Seconds a spare may stay created but not started: its controller is starting it (a
-reaper that ran between the two would otherwise take it for one that stopped)."""
 
 
 @dataclass

@@ -8,7 +8,8 @@ import contextlib
 import fcntl
 import hashlib
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,9 +18,14 @@ import docker
 import docker.errors
 import structlog
 
+from controller.errormap import map_error
 from controller.paths import patchbox_home
+from controller.sandbox import handover
 from controller.sandbox.base import SandboxSpec
-from controller.sandbox.docker import DockerSandbox
+from controller.sandbox.cache import mount_alias
+from controller.sandbox.docker import container_config
+from controller.sandbox.dockerclient import create_container, request_start, start_answer
+from controller.sandbox.handover import PendingStart
 from controller.sandbox.labels import (
     HOME,
     KIND,
@@ -27,6 +33,7 @@ from controller.sandbox.labels import (
     controller_alive,
     home_id,
     labels_of,
+    status_of,
 )
 
 if TYPE_CHECKING:
@@ -40,6 +47,9 @@ CLAIMED_PREFIX = "patchbox-claimed-"
 """A claimed spare is renamed to this prefix plus its id: only one rename can win."""
 OFFERING = ".offer"
 """The suffix of a pool key's lock file, held while a spare for that key is being started."""
+SPARE_START_GRACE = 120.0
+"""Seconds a spare may stay created but not started: its start was sent and the daemon is
+carrying it out (the process that sent it may have ended since)."""
 
 
 def pool_key(tree: str, spec: SandboxSpec) -> str:
@@ -55,6 +65,17 @@ class SpareInfo:
     id: str
     key: str
     created: int
+    status: str = "running"
+
+    @property
+    def starting(self) -> bool:
+        """Created and not started yet, recently: its start is on its way."""
+        return self.status == "created" and time.time() - self.created < SPARE_START_GRACE
+
+    @property
+    def usable(self) -> bool:
+        """Running, or about to: a job may claim it (and starts it itself if need be)."""
+        return self.status == "running" or self.starting
 
 
 @dataclass
@@ -88,7 +109,12 @@ class SparePool:
         except docker.errors.NotFound:
             return []
         return [
-            SpareInfo(c.id or "", labels_of(c).get(POOL_KEY, ""), int(c.attrs.get("Created", 0)))
+            SpareInfo(
+                c.id or "",
+                labels_of(c).get(POOL_KEY, ""),
+                int(c.attrs.get("Created", 0)),
+                status_of(c),
+            )
             for c in found
             if not str(_name(c)).startswith(CLAIMED_PREFIX)
         ]
@@ -110,18 +136,23 @@ class SparePool:
         return True
 
     def waiting(self, key: str) -> bool:
-        """Whether a running, unclaimed spare for ``key`` is listed now."""
-        return bool(self._spares(key))
+        """Whether an unclaimed spare for ``key``, running or being started, is listed now."""
+        return any(s.usable for s in self._spares(key, running=False))
 
     def claim(self, key: str, identity: ControllerIdentity) -> Container | None:
-        """A running spare for ``key``, claimed for ``identity``; None when none is left."""
-        for spare in self._spares(key):
+        """A spare for ``key``, running or being started (running ones first), claimed for
+        ``identity``; None when none is left. The container's ``State`` says which: a
+        claimant of one still ``created`` sends its start too (the daemon starts it once)."""
+        found = [s for s in self._spares(key, running=False) if s.usable]
+        for spare in sorted(found, key=lambda s: s.status != "running"):
             if not self._take(spare.id, identity):
                 continue
             try:
                 self.client.api.rename(spare.id, CLAIMED_PREFIX + spare.id)
-                # the rename found it: its id is all the claim needs (no inspection)
-                return self.client.containers.prepare_model({"Id": spare.id})
+                # the rename found it: its id and listed state are all the claim needs
+                return self.client.containers.prepare_model(
+                    {"Id": spare.id, "State": {"Status": spare.status}}
+                )
             except docker.errors.APIError as exc:  # gone, or renamed by someone else first
                 log.info("spare_claim_lost", error=str(exc.explanation))
                 self.release(spare.id)
@@ -179,34 +210,58 @@ class SparePool:
         return removed
 
     @contextlib.contextmanager
-    def _offering(self, key: str) -> Iterator[bool]:
-        """Holds ``key``'s lock file while a spare for it is started; False (nothing held)
-        when another job of this state directory is starting one right now."""
+    def _offering(self, key: str) -> Iterator[int | None]:
+        """Holds ``key``'s lock file while a spare for it is started (yields its descriptor);
+        None (nothing held) when another job of this state directory is starting one now."""
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(self.root / f"{key}{OFFERING}", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                yield False
+                yield None
                 return
-            yield True
+            yield fd
         finally:
-            os.close(fd)  # and the lock with it
+            os.close(fd)  # and the lock with it (unless a helper holds it: handover)
 
-    def offer(self, key: str, spec: SandboxSpec, identity: ControllerIdentity) -> str | None:
-        """Starts a spare for ``key`` unless one is waiting or another job is starting one
-        (jobs on the same baseline that end together start one spare, not one each); keeps
-        at most ``max_spares`` (the oldest unclaimed ones go first, each claimed before it
-        is removed, so a spare another controller is taking is never removed under it).
-        Returns the container id, or None."""
+    def offer(
+        self,
+        key: str,
+        spec: SandboxSpec,
+        identity: ControllerIdentity,
+        sent: Callable[[str], None] | None = None,
+    ) -> str | None:
+        """Starts a spare for ``key`` unless one is waiting or being started (jobs on the
+        same baseline that end together start one spare, not one each); keeps at most
+        ``max_spares`` (the oldest unclaimed ones go first, each claimed before it is
+        removed, so a spare another controller is taking is never removed under it).
+        ``spec.preload`` (the baseline's archive) is mounted under a neutral name
+        (:func:`~controller.sandbox.cache.mount_alias`). Returns the container id, or None.
+
+        ``sent``, when given, is called with the container's id as soon as the daemon has
+        its start, before the daemon answers (a daemon on a unix socket; elsewhere after the
+        answer): from then on the process may end, :func:`~controller.sandbox.handover.
+        hand_over` leaving the answer to a helper."""
         if self.max_spares <= 0:
             return None
-        with self._offering(key) as mine:
-            return self._offer(key, spec, identity) if mine else None
+        with self._offering(key) as lock:
+            return None if lock is None else self._offer(key, spec, identity, sent, lock)
 
-    def _offer(self, key: str, spec: SandboxSpec, identity: ControllerIdentity) -> str | None:
-        waiting = [s for s in self._spares() if self.claimed_by_live_controller(s.id) is None]
+    def _offer(
+        self,
+        key: str,
+        spec: SandboxSpec,
+        identity: ControllerIdentity,
+        sent: Callable[[str], None] | None,
+        lock: int,
+    ) -> str | None:
+        waiting = [
+            s
+            for s in self._spares(running=False)
+            if (s.status == "running" or s.starting)
+            and self.claimed_by_live_controller(s.id) is None
+        ]
         if any(s.key == key for s in waiting):
             return None
         waiting.sort(key=lambda s: s.created)
@@ -221,9 +276,38 @@ class SparePool:
             finally:
                 self.release(old.id)
         labels = {**identity.labels(SPARE, SPARE), POOL_KEY: key, HOME: self.home}
-        spare = spec.model_copy(update={"idle_exit": self.idle_seconds, "job_id": SPARE})
-        container = DockerSandbox.start_detached(self.client, spare, labels)
-        return container.id
+        with contextlib.ExitStack() as stack:
+            alias = stack.enter_context(mount_alias(Path(spec.preload))) if spec.preload else None
+            spare = spec.model_copy(
+                update={
+                    "idle_exit": self.idle_seconds,
+                    "job_id": SPARE,
+                    "preload": None if alias is None else str(alias),
+                }
+            )
+            folder = None if alias is None else alias.parent
+            return self._start(spare, labels, sent, PendingStart(lock, folder))
+
+    def _start(
+        self,
+        spare: SandboxSpec,
+        labels: dict[str, str],
+        sent: Callable[[str], None] | None,
+        pending: PendingStart,
+    ) -> str:
+        try:
+            container = create_container(self.client, **container_config(spare, labels))
+            cid = container.id or ""
+            connection = None if sent is None else request_start(self.client, cid)
+            if sent is None or connection is None:
+                container.start()
+                return cid
+            with handover.pending(pending, connection):
+                sent(cid)
+                start_answer(connection)
+        except docker.errors.APIError as exc:
+            raise map_error(exc, "cannot start a spare sandbox") from exc
+        return cid
 
 
 def _unlink_unless_held(path: Path) -> None:

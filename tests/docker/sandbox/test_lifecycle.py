@@ -381,10 +381,7 @@ def test_a_job_in_another_home_does_not_take_a_spare(
     home_a, home_b = tmp_path / "home-a", tmp_path / "home-b"
     done = patchbox("run", "--repo", str(first), *args, "--json", home=home_a)
     assert done.returncode == 0, done.stderr
-    waiting = docker_client.containers.list(
-        filters={"label": [f"{KIND}=spare"], "status": "running"}, sparse=True
-    )
-    assert any(c.attrs["Labels"].get(HOME) for c in waiting)
+    assert running_spare_of(docker_client, home_a) is not None  # offered (started meanwhile)
     again = patchbox("run", "--repo", str(second), *args, "--json", home=home_b)
     assert again.returncode == 0, again.stderr
     job_b = json.loads(again.stdout)["job_id"]
@@ -396,6 +393,22 @@ def test_a_job_in_another_home_does_not_take_a_spare(
     assert record.diagnostics["baseline_source"] == "spare"  # the spare was there to take
     for home in (home_a, home_b):
         env_reap(home)
+
+
+def running_spare_of(client: docker.DockerClient, home: Path, wait: float = 30.0) -> str | None:
+    """The id of a running spare of ``home``, waited for (a job ends once its spare's start
+    is with the daemon, not when the spare runs); None if none runs within ``wait``."""
+    deadline = time.monotonic() + wait
+    while True:
+        found = client.containers.list(
+            filters={"label": [f"{KIND}=spare", f"{HOME}={_home_id(home)}"], "status": "running"},
+            sparse=True,
+        )
+        if found:
+            return found[0].id
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.1)
 
 
 def env_reap(home: Path) -> None:
@@ -459,3 +472,66 @@ def test_no_host_user_path_in_the_sandbox_mountinfo(
     assert sources[0] == ("fifo" if runtime == "runc" else "cache")
     assert "spare" in sources, (sources, offered)
     assert sources[-1] == "cache"
+
+
+HELPER_MARK = "connection.recv(65536)"
+"""A line of the helper's code (controller.sandbox.handover.HELPER), seen in its command line."""
+
+
+def _helpers_running() -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if HELPER_MARK.encode() in argv:
+            found.append(int(proc.name))
+    return found
+
+
+def _held(lock: Path) -> bool:
+    import fcntl
+
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+@pytest.mark.usefixtures("sandbox_image", "spares")
+def test_a_job_ends_before_its_spare_runs_and_the_next_job_takes_it(
+    docker_client: docker.DockerClient, repo: Path, tmp_path: Path, runtime: Runtime
+) -> None:
+    """A job ends once its spare's start is with the daemon. Afterwards the spare runs, the
+    helper that waited for the daemon's answer has ended, the pool key's lock is free and
+    the archive's mount name is gone; the next job on the same baseline, started at once,
+    takes the spare (running or still starting)."""
+    args = write_inputs(tmp_path / "inputs", {"greet": GREET}, [[call("c1", EDIT)]], spares=1)
+    args += ["--runtime", runtime]
+    home = tmp_path / "home"
+    staging = mount_staging_root()
+    before = {p.name for p in staging.iterdir() if p.name.startswith(MOUNT_PREFIX)}
+    try:
+        first = patchbox("run", "--repo", str(repo), *args, "--json", home=home)
+        assert first.returncode == 0, first.stderr
+        second = patchbox("run", "--repo", str(repo), *args, "--json", home=home)
+        assert second.returncode == 0, second.stderr
+        record = JobStore(home / "jobs").load(json.loads(second.stdout)["job_id"])
+        assert record.diagnostics["baseline_source"] == "spare"
+        assert running_spare_of(docker_client, home) is not None  # the second job's
+        deadline = time.monotonic() + 30
+        while _helpers_running() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _helpers_running() == []
+        locks = list((home / "spares").glob("*.offer"))
+        assert locks
+        assert not any(_held(lock) for lock in locks)
+        after = {p.name for p in staging.iterdir() if p.name.startswith(MOUNT_PREFIX)}
+        assert after - before == set()
+    finally:
+        env_reap(home)

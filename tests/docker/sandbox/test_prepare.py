@@ -22,8 +22,15 @@ from controller.errors import ErrorCode, PatchboxError, SandboxError
 from controller.repo.health import SnapshotLimits
 from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.cache import BaselineCache
-from controller.sandbox.docker import DockerSandbox
-from controller.sandbox.labels import KIND, ControllerIdentity, current_identity, new_job_id
+from controller.sandbox.docker import DockerSandbox, container_config
+from controller.sandbox.dockerclient import create_container
+from controller.sandbox.labels import (
+    HOME,
+    KIND,
+    ControllerIdentity,
+    current_identity,
+    new_job_id,
+)
 from controller.sandbox.prepare import prepare
 from controller.sandbox.reaper import reap
 from controller.sandbox.spares import POOL_KEY, SparePool, pool_key
@@ -263,6 +270,32 @@ def test_a_spare_is_claimed_once(
         docker_client.containers.get(cid)
     assert pool.sweep() >= 1
     assert not (pool.root / cid).exists()
+
+
+def test_a_spare_whose_start_is_still_on_its_way_is_claimed_and_started(
+    docker_client: docker.DockerClient, spec: SandboxSpec, pool: SparePool, tmp_path: Path
+) -> None:
+    """A spare created and not started yet (its start sent by a job that ended, not carried
+    out yet, or never) is offered to nobody else, and a job claims it, starts it and greets
+    it."""
+    archive = tmp_path / "empty.tar"
+    archive.write_bytes(b"\0" * 1024)
+    key = pool_key(hashlib.sha256(spec.job_id.encode()).hexdigest()[:40], spec)
+    loaded = spec.model_copy(update={"preload": str(archive)})
+    labels = {**current_identity().labels("spare", "spare"), POOL_KEY: key, HOME: pool.home}
+    spare = loaded.model_copy(update={"idle_exit": 300.0, "job_id": "spare"})
+    cid = create_container(docker_client, **container_config(spare, labels)).id or ""
+    assert pool.waiting(key)
+    assert pool.offer(key, loaded, current_identity()) is None  # one is on its way
+    claimed = pool.claim(key, current_identity())
+    assert claimed is not None
+    assert claimed.id == cid
+    with DockerSandbox.claim(docker_client, loaded, claimed) as box:
+        assert box.hello.preload is not None
+        assert box.hello.preload.error is None
+        assert box.list_files().files == []
+    with pytest.raises(docker.errors.NotFound):
+        docker_client.containers.get(cid)
 
 
 def test_jobs_ending_together_on_one_baseline_start_one_spare(

@@ -17,8 +17,8 @@ import pytest
 
 from controller.paths import patchbox_home
 from controller.sandbox.labels import HOME, JOB, current_identity
-from controller.sandbox.reaper import SPARE_START_GRACE, reap
-from controller.sandbox.spares import SPARE
+from controller.sandbox.reaper import reap
+from controller.sandbox.spares import SPARE, SPARE_START_GRACE
 from tests.support.sandbox import SandboxFactory
 
 pytestmark = pytest.mark.docker
