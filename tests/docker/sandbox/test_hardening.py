@@ -404,8 +404,8 @@ def test_memory_balloon_is_limit_exceeded(
     ``grandchild``: the balloon runs under ``sh``, which survives and exits 0 after it.
     runc OOM-kills only the balloon: the container keeps running (State.OOMKilled stays
     false) and the verdict comes from Docker's ``oom`` event. gVisor dies as a whole:
-    the channel closes, the container exits 137 with State.OOMKilled. Either way the
-    sandbox is not used again.
+    the channel closes, the container exits 137 (State.OOMKilled set, or not yet: Docker's
+    flag, seen false once under gVisor). Either way the sandbox is not used again.
     """
     box = make_sandbox(runtime, limits=SMALL)
     balloon = textwrap.dedent(BALLOON)
@@ -424,8 +424,10 @@ def test_memory_balloon_is_limit_exceeded(
         state = _state(box)
         assert (state["Running"], state["OOMKilled"]) == (True, False)
     else:
+        # Killed whole (SIGKILL). Docker's own ``OOMKilled`` flag is set from an event that,
+        # under gVisor, may be handled after the exit: the verdict above does not use it.
         state = _state(box, until_exited=True)
-        assert (state["Running"], state["OOMKilled"], state["ExitCode"]) == (False, True, 137)
+        assert (state["Running"], state["ExitCode"]) == (False, 137)
 
 
 def test_late_oom_event_still_fails_that_call(
