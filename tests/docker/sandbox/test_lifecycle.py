@@ -50,6 +50,7 @@ from controller.sandbox.reaper import reap
 from controller.sandbox.spares import SparePool, pool_key
 from tests.support.cli import job_files, patchbox
 from tests.support.jobs import EDIT, GREET, call, check_call, make_repo
+from tests.support.locks import held
 from tests.support.paths import REPO_ROOT
 
 pytestmark = pytest.mark.docker
@@ -490,19 +491,6 @@ def _helpers_running() -> list[int]:
     return found
 
 
-def _held(lock: Path) -> bool:
-    import fcntl
-
-    fd = os.open(lock, os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
-
-
 @pytest.mark.usefixtures("sandbox_image", "spares")
 def test_a_job_ends_before_its_spare_runs_and_the_next_job_takes_it(
     docker_client: docker.DockerClient, repo: Path, tmp_path: Path, runtime: Runtime
@@ -530,7 +518,7 @@ def test_a_job_ends_before_its_spare_runs_and_the_next_job_takes_it(
         assert _helpers_running() == []
         locks = list((home / "spares").glob("*.offer"))
         assert locks
-        assert not any(_held(lock) for lock in locks)
+        assert not any(held(lock) for lock in locks)
         after = {p.name for p in staging.iterdir() if p.name.startswith(MOUNT_PREFIX)}
         assert after - before == set()
     finally:

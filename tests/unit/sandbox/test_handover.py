@@ -5,8 +5,6 @@ name's folder and ends; the command itself exits at once, its output closed."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import os
 import socket
 import subprocess
 import sys
@@ -15,6 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.support.locks import held
 
 HOLDER = """\
 import fcntl, os, socket, sys
@@ -30,17 +30,6 @@ with handover.pending(handover.PendingStart(lock, folder), connection):
     print(handover.hand_over(timeout=float(sys.argv[4])), flush=True)
     os._exit(0)
 """
-
-
-def _held(path: Path) -> bool:
-    fd = os.open(path, os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
 
 
 def _until(condition: object, wait: float = 20.0) -> bool:
@@ -99,10 +88,10 @@ def test_the_command_ends_at_once_and_the_helper_finishes_after_the_answer(
         assert took < 15
         assert daemon.got.startswith(b"POST /start")
         time.sleep(0.3)
-        assert _held(lock)  # the helper holds the key until the answer
+        assert held(lock)  # the helper holds the key until the answer
         assert folder.exists()  # the mount name stays until the daemon answered
         daemon.answer.set()
-        assert _until(lambda: not _held(lock))
+        assert _until(lambda: not held(lock))
         if with_folder:
             assert _until(lambda: not folder.exists())
         else:
@@ -122,7 +111,7 @@ def test_a_helper_gives_up_after_its_timeout(tmp_path: Path) -> None:
         argv = [sys.executable, "-c", HOLDER, str(tmp_path / "d.sock"), str(lock), str(folder)]
         done = subprocess.run([*argv, "1"], capture_output=True, text=True, timeout=30, check=False)
         assert done.returncode == 0, done.stderr
-        assert _until(lambda: not _held(lock), wait=15)
+        assert _until(lambda: not held(lock), wait=15)
         assert not folder.exists()
     finally:
         daemon.close()
