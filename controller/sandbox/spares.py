@@ -240,8 +240,8 @@ class SparePool:
         (:func:`~controller.sandbox.cache.mount_alias`). Returns the container id, or None.
 
         ``sent``, when given, is called with the container's id as soon as the daemon has
-        its start, before the daemon answers (a daemon on a unix socket; elsewhere after the
-        answer): from then on the process may end, :func:`~controller.sandbox.handover.
+        its start, before the daemon answers (a daemon on a unix socket; elsewhere once it
+        answered): from then on the process may end, :func:`~controller.sandbox.handover.
         hand_over` leaving the answer to a helper."""
         if self.max_spares <= 0:
             return None
@@ -259,8 +259,7 @@ class SparePool:
         waiting = [
             s
             for s in self._spares(running=False)
-            if (s.status == "running" or s.starting)
-            and self.claimed_by_live_controller(s.id) is None
+            if s.usable and self.claimed_by_live_controller(s.id) is None
         ]
         if any(s.key == key for s in waiting):
             return None
@@ -295,19 +294,25 @@ class SparePool:
         sent: Callable[[str], None] | None,
         pending: PendingStart,
     ) -> str:
+        announce = sent or _nobody
         try:
             container = create_container(self.client, **container_config(spare, labels))
             cid = container.id or ""
             connection = None if sent is None else request_start(self.client, cid)
-            if sent is None or connection is None:
+            if connection is None:  # not asked for, or not a unix socket: the answer first
                 container.start()
+                announce(cid)
                 return cid
             with handover.pending(pending, connection):
-                sent(cid)
+                announce(cid)
                 start_answer(connection)
         except docker.errors.APIError as exc:
             raise map_error(exc, "cannot start a spare sandbox") from exc
         return cid
+
+
+def _nobody(_: str) -> None:
+    """No one to tell that a spare's start was sent."""
 
 
 def _unlink_unless_held(path: Path) -> None:

@@ -23,7 +23,7 @@ from controller.repo.health import SnapshotLimits
 from controller.sandbox.base import Runtime, SandboxSpec
 from controller.sandbox.cache import BaselineCache
 from controller.sandbox.docker import DockerSandbox, container_config
-from controller.sandbox.dockerclient import create_container
+from controller.sandbox.dockerclient import create_container, request_start, start_answer
 from controller.sandbox.labels import (
     HOME,
     KIND,
@@ -296,6 +296,29 @@ def test_a_spare_whose_start_is_still_on_its_way_is_claimed_and_started(
         assert box.list_files().files == []
     with pytest.raises(docker.errors.NotFound):
         docker_client.containers.get(cid)
+
+
+def test_a_start_sent_on_its_own_connection_runs_and_a_refusal_gives_the_daemons_reason(
+    docker_client: docker.DockerClient, spec: SandboxSpec
+) -> None:
+    """``request_start`` + ``start_answer`` against the real daemon: a created container
+    runs; a second start of it is answered ``304`` (no error); a container that is gone is
+    a ``SandboxError`` naming it."""
+    labels = current_identity().labels(spec.job_id, "sandbox")
+    cid = create_container(docker_client, **container_config(spec, labels)).id or ""
+    try:
+        for _ in range(2):
+            connection = request_start(docker_client, cid)
+            assert connection is not None
+            start_answer(connection)
+        assert docker_client.api.inspect_container(cid)["State"]["Status"] == "running"
+    finally:
+        docker_client.api.remove_container(cid, force=True)
+    connection = request_start(docker_client, cid)
+    assert connection is not None
+    with pytest.raises(SandboxError, match=r"(?i)no such container") as info:
+        start_answer(connection)
+    assert info.value.message.startswith("cannot start a spare sandbox: ")
 
 
 def test_jobs_ending_together_on_one_baseline_start_one_spare(
